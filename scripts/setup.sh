@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtualenv in .venv with the CPU build of torch and swarmrl (editable).
+# torch is installed first, pinned to 2.13.0, so no later requirement can pull a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp=.venv/.swarmrl-installed
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres]" 2>&1 | grep -v "is ignored" || true
+.venv/bin/python -c "import torch, swarmrl; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+touch "$stamp"

@@ -1,0 +1,3 @@
+from swarmrl.cli import main
+
+main()

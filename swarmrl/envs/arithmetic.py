@@ -1,0 +1,84 @@
+"""Synthetic arithmetic: ``a+b`` with n-digit operands and the two-step ``a*b+c``.
+
+Prompts are the bare expression followed by ``=`` (e.g. ``12*7+33=``); the expected completion is
+the integer result then EOS. Deterministic by seed; the train/held-out split is by expression.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from swarmrl.envs.base import Environment, Split, Task, heldout_bucket, register_env
+
+_INT = re.compile(r"^\s*(-?\d+)\s*$")
+
+
+class ArithmeticEnv(Environment):
+    def __init__(self, kind: str = "mul_add", digits: int = 3, max_factor: int = 19, max_addend: int = 99,
+                 heldout_pct: float = 10.0) -> None:
+        if kind not in ("add", "mul_add"):
+            raise ValueError(f"kind must be 'add' or 'mul_add', not {kind!r}")
+        if not 1 <= digits <= 9:
+            raise ValueError("digits must be in [1, 9]")
+        if not 0 < heldout_pct < 100:
+            raise ValueError("heldout_pct must be in (0, 100)")
+        self.kind, self.digits, self.max_factor, self.max_addend = kind, digits, max_factor, max_addend
+        self.heldout_pct = heldout_pct
+        self.name = "add" if kind == "add" else "mul_add"
+
+    def _draw(self, rng: random.Random) -> tuple[str, int]:
+        if self.kind == "add":
+            hi = 10**self.digits - 1
+            a, b = rng.randint(0, hi), rng.randint(0, hi)
+            return f"{a}+{b}", a + b
+        a, b, c = rng.randint(0, self.max_factor), rng.randint(0, self.max_factor), rng.randint(0, self.max_addend)
+        return f"{a}*{b}+{c}", a * b + c
+
+    def space_size(self) -> int:
+        if self.kind == "add":
+            return (10**self.digits) ** 2
+        return (self.max_factor + 1) ** 2 * (self.max_addend + 1)
+
+    def sample(self, seed: int, n: int, split: Split = "train") -> list[Task]:
+        rng = random.Random(f"{self.name}:{seed}")
+        want_heldout = split == "heldout"
+        out: list[Task] = []
+        seen: set[str] = set()
+        # held-out is ~heldout_pct of the space; heldout sets are de-duplicated
+        limit = max(1000, 200 * n)
+        tries = 0
+        while len(out) < n:
+            tries += 1
+            if tries > limit:
+                raise ValueError(f"could not draw {n} distinct {split} tasks from {self.name}")
+            expr, ans = self._draw(rng)
+            if heldout_bucket(expr, self.heldout_pct) != want_heldout:
+                continue
+            if want_heldout:
+                if expr in seen:
+                    continue
+                seen.add(expr)
+            out.append(Task(task_id=f"{self.name}:{expr}", env=self.name, prompt=f"{expr}=",
+                            verification_info={"answer": ans}, task_type="arithmetic",
+                            demonstration=str(ans)))
+        return out
+
+    def verify(self, task: Task, completion: str) -> float:
+        m = _INT.match(completion)
+        if m is None:
+            return 0.0
+        try:
+            return 1.0 if int(m.group(1)) == int(task.verification_info["answer"]) else 0.0
+        except (KeyError, ValueError, TypeError):
+            return 0.0
+
+
+@register_env("add")
+def _add(digits: int = 3, heldout_pct: float = 10.0) -> ArithmeticEnv:
+    return ArithmeticEnv("add", digits=digits, heldout_pct=heldout_pct)
+
+
+@register_env("mul_add")
+def _mul_add(max_factor: int = 19, max_addend: int = 99, heldout_pct: float = 10.0) -> ArithmeticEnv:
+    return ArithmeticEnv("mul_add", max_factor=max_factor, max_addend=max_addend, heldout_pct=heldout_pct)

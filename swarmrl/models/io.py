@@ -1,0 +1,70 @@
+"""Loading and saving HF causal LMs: any local model directory works wherever a model is expected."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from transformers.utils import logging as _hf_logging  # noqa: E402
+
+_hf_logging.disable_progress_bar()
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=resolve_dtype(dtype), local_files_only=True)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def load_tokenizer(path: str | Path):
+    tok = AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
+    """Save as safetensors + tokenizer, written to a temp dir and renamed (a crash leaves no half model)."""
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        old = out.with_name(out.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
+    return out

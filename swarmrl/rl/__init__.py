@@ -1,0 +1,1 @@
+"""Asynchronous GRPO: rollouts, advantages, filtering, loss, trainer and inference workers."""

@@ -1,0 +1,120 @@
+"""SFT warm start: next-token loss on the demonstration (plus EOS), prompt tokens masked out."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from pydantic import Field
+
+from swarmrl.config import StrictModel
+from swarmrl.envs.base import Task
+from swarmrl.envs.config import TaskConfig
+from swarmrl.eval.evaluate import evaluate
+from swarmrl.inference.prompts import encode_prompt
+from swarmrl.models.io import load_model, load_tokenizer, save_model
+from swarmrl.models.tiny import ModelInitConfig, init_model
+from swarmrl.utils.metrics import MetricsWriter
+
+
+class SFTConfig(StrictModel):
+    model: str | None = None  # a HF model dir; None = initialise a fresh tiny model
+    init: ModelInitConfig = Field(default_factory=ModelInitConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    out: str = "runs/sft"
+    minutes: float | None = Field(3.0, gt=0)  # wall-clock budget (None: use steps)
+    steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    eval_at_minutes: list[float] = Field(default_factory=lambda: [1.0, 2.0])
+    eval_n: int = Field(512, ge=1)
+    threads: int | None = 2
+    seed: int = 0
+    chat_template: bool = False
+
+
+def _batch(tokenizer, tasks: list[Task], chat_template: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seqs, labels = [], []
+    for t in tasks:
+        if t.demonstration is None:
+            raise ValueError(f"task {t.task_id} has no demonstration to train on")
+        p = encode_prompt(tokenizer, t.prompt, chat_template)
+        a = tokenizer.encode(t.demonstration, add_special_tokens=False) + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(seqs), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, l) in enumerate(zip(seqs, labels)):  # right padding for training
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(l)] = torch.tensor(l)
+        mask[i, : len(s)] = 1
+    return ids, mask, lab
+
+
+def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if cfg.minutes is None and cfg.steps is None:
+        raise ValueError("set minutes or steps")
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.model:
+        model, tok = load_model(cfg.model), load_tokenizer(cfg.model)
+    else:
+        model, tok = init_model(cfg.init)
+    env = cfg.task.build()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    evals = sorted(cfg.eval_at_minutes)
+    results: list[dict] = []
+    metrics = MetricsWriter(out / "metrics.jsonl")
+    model.train()
+    t0 = time.perf_counter()
+    train_time = 0.0  # excludes evaluation time, so "after N minutes" means N minutes of training
+    step = 0
+    max_new = max(len(str(t.demonstration)) for t in env.heldout_set(64)) + 2
+    while True:
+        if cfg.steps is not None and step >= cfg.steps:
+            break
+        if cfg.minutes is not None and train_time >= cfg.minutes * 60:
+            break
+        ts = time.perf_counter()
+        tasks = env.sample(seed=cfg.seed * 1_000_003 + step, n=cfg.batch_size)
+        ids, mask, lab = _batch(tok, tasks, cfg.chat_template)
+        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        train_time += time.perf_counter() - ts
+        row = {"step": step, "train_s": round(train_time, 2), "loss": float(loss.detach())}
+        while evals and train_time >= evals[0] * 60:
+            evals.pop(0)
+            acc = evaluate(model, tok, env, n=cfg.eval_n, max_new_tokens=max_new, chat_template=cfg.chat_template)
+            row["heldout_acc"] = acc["accuracy"]
+            results.append({"train_minutes": round(train_time / 60, 2), "step": step, "heldout_acc": acc["accuracy"]})
+        metrics.write(**row)
+        if on_progress and (step % 10 == 0 or "heldout_acc" in row):
+            on_progress(row)
+        if not math.isfinite(row["loss"]):
+            raise FloatingPointError(f"loss became {row['loss']} at step {step}")
+    final = evaluate(model, tok, env, n=cfg.eval_n, max_new_tokens=max_new, chat_template=cfg.chat_template)
+    results.append({"train_minutes": round(train_time / 60, 2), "step": step, "heldout_acc": final["accuracy"]})
+    metrics.write(step=step, train_s=round(train_time, 2), heldout_acc=final["accuracy"], final=True)
+    metrics.close()
+    model.eval()
+    save_model(model, tok, out / "model")
+    summary = {"model": str(out / "model"), "steps": step, "train_s": round(train_time, 1),
+               "wall_s": round(time.perf_counter() - t0, 1), "evals": results, "final_heldout_acc": final["accuracy"]}
+    (out / "summary.json").write_text(__import__("json").dumps(summary, indent=2))
+    return summary
