@@ -1,0 +1,88 @@
+"""`swarmrl run`, `swarmrl rl trainer|worker`, `swarmrl filter`, `swarmrl plot`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.rl.config import RLConfig
+
+rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True)
+
+
+@rl_app.command("trainer")
+def trainer(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Run the GRPO trainer on a run directory (resumes from its newest checkpoint). Works under torchrun."""
+    cfg = resolve(RLConfig, config, set_, print_config=print_config)
+    from swarmrl.rl.trainer import run_trainer
+
+    steps = run_trainer(cfg)
+    console.print(f"trainer finished at step {steps}")
+
+
+@rl_app.command("worker")
+def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (letters, digits, _ . -).")],
+           config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Run an inference worker on a run directory until the trainer is done."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.]+", worker_id):
+        console.print("[red]error:[/red] --id may only contain letters, digits, '_' and '.'")
+        raise typer.Exit(2)
+    cfg = resolve(RLConfig, config, set_, print_config=print_config)
+    from swarmrl.rl.worker import run_worker
+
+    run_worker(cfg, worker_id)
+
+
+def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+        steps: Annotated[Optional[int], typer.Option(help="Trainer steps.")] = None,
+        workers: Annotated[Optional[int], typer.Option(help="Number of inference workers.")] = None,
+        async_level: Annotated[Optional[int], typer.Option("--async-level", help="Max policy staleness (0 = sync).")] = None,
+        run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Run directory.")] = None) -> None:
+    """The main job: warm start (if needed), then a trainer and workers on loopback, with live progress."""
+    from swarmrl.rl.launcher import RunConfig, launch
+
+    extra = (opt("rl.steps", steps) + opt("rl.workers.num", workers) + opt("rl.async_level", async_level)
+             + opt("rl.run_dir", run_dir))
+    default_cfg = Path("configs/run.toml")
+    cfg = resolve(RunConfig, config or (default_cfg if default_cfg.is_file() else None), set_, extra, print_config)
+    from rich.live import Live
+    from rich.table import Table
+
+    def table(s: dict) -> Table:
+        t = Table(title=f"swarmrl run: {cfg.rl.task.name}, {cfg.rl.workers.num} workers, async_level {cfg.rl.async_level}")
+        for col in ("elapsed", "step", "task reward", "held-out acc", "async lag", "gen tok/s", "trainer wait"):
+            t.add_column(col, justify="right")
+        f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+        acc = "-" if s["heldout_acc"] is None else f"{100 * s['heldout_acc']:.1f}% (from {100 * s['first_acc']:.1f}%)"
+        t.add_row(f"{s['elapsed_s']:.0f}s", f"{s['step']}/{cfg.rl.steps}", f(s["reward"], ".3f"), acc,
+                  f(s["lag"], ".2f"), f(s["tokens_per_s"], ".0f"),
+                  "-" if s["wait_frac"] is None else f"{100 * s['wait_frac']:.0f}%")
+        return t
+
+    with Live(table({"elapsed_s": 0, "step": 0, "reward": None, "heldout_acc": None, "first_acc": None, "lag": None,
+                     "tokens_per_s": None, "wait_frac": None}), console=console, refresh_per_second=2,
+              transient=False) as lv:
+        summary = launch(cfg, progress=lambda m: console.print(m, highlight=False), live=lambda s: lv.update(table(s)))
+    typer.echo(json.dumps(summary, indent=2))
+    console.print(f"held-out accuracy {100 * summary['heldout_acc_initial']:.1f}% -> "
+                  f"{100 * summary['heldout_acc_final']:.1f}% in {summary['wall_s']:.0f}s; curves: {summary['curves']}; "
+                  f"model: {summary['final_model']}")
+
+
+def plot(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
+    """Draw a run's curves to RUN_DIR/curves.png."""
+    from swarmrl.rl.plot import plot_run
+
+    typer.echo(str(plot_run(run_dir)))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(rl_app, name="rl")
+    app.command("run")(run)
+    app.command("plot")(plot)

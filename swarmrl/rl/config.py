@@ -1,0 +1,79 @@
+"""Configuration of an asynchronous GRPO run (trainer, workers, launcher share it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from swarmrl.config import StrictModel
+from swarmrl.envs.config import TaskConfig
+from swarmrl.inference.sampler import SamplingParams
+from swarmrl.rl.budget import BudgetConfig
+
+
+class LossConfig(StrictModel):
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    delta: float | None = Field(4.0, gt=1)  # upper bound on the ratio (None: plain PPO clip)
+    normalization: Literal["sequence", "token", "constant"] = "token"
+    constant: float | None = Field(None, gt=0)  # for normalization = "constant"
+    entropy_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0)  # > 0 keeps a frozen reference copy of the initial policy
+    use_std: bool = True  # advantages divided by the group std
+
+
+class OptimConfig(StrictModel):
+    lr: float = Field(5e-5, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch: int = Field(256, ge=1)  # sequences per forward/backward
+
+
+class EvalSection(StrictModel):
+    every_steps: int = Field(5, ge=0)  # 0: only at the end
+    n: int = Field(256, ge=1)
+    max_new_tokens: int = Field(8, ge=1)
+
+
+class WorkerSection(StrictModel):
+    num: int = Field(2, ge=0)
+    prompts_per_batch: int = Field(16, ge=1)
+    threads: int = Field(1, ge=1)
+    poll_s: float = Field(0.05, gt=0)
+    proofs: bool = False  # attach TOPLOC proofs (needs swarmrl.toploc)
+
+
+class TrainerSection(StrictModel):
+    threads: int = Field(1, ge=1)
+    poll_s: float = Field(0.02, gt=0)
+
+
+class RLConfig(StrictModel):
+    run_dir: str = "runs/rl"
+    model: str = "runs/warmstart/model"  # initial policy (any HF causal LM dir)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    chat_template: bool = False
+    async_level: int = Field(2, ge=0)
+    steps: int = Field(60, ge=1)
+    max_minutes: float | None = Field(None, gt=0)  # trainer stops early after this much wall time
+    prompts_per_step: int = Field(32, ge=1)  # informative groups the trainer uses per step
+    group_size: int = Field(8, ge=2)
+    filter_ties: bool = True
+    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=8, temperature=1.0))
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    workers: WorkerSection = Field(default_factory=WorkerSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    keep_versions: int = Field(4, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "RLConfig":
+        if self.keep_versions < self.async_level + 1:
+            raise ValueError(f"keep_versions ({self.keep_versions}) must be >= async_level + 1 "
+                             f"({self.async_level + 1}) so workers can still load the policies they may use")
+        return self

@@ -1,0 +1,178 @@
+"""`swarmrl run` for the async RL loop: warm start if needed, then a trainer and N worker processes.
+
+The launcher only starts, watches and restarts processes and reads their metrics files; trainer
+and workers talk through the run directory (see ``swarmrl.rl.store``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import Field
+
+from swarmrl.config import StrictModel, dump_config
+from swarmrl.rl.config import RLConfig
+from swarmrl.rl.store import RunDir
+from swarmrl.sft.train import SFTConfig
+from swarmrl.utils.metrics import read_metrics
+
+
+class WarmstartSection(StrictModel):
+    enabled: bool = True
+    reuse: bool = True  # skip if the warm-start model already exists
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(out="runs/warmstart", minutes=2.0, eval_at_minutes=[]))
+
+
+class RunConfig(StrictModel):
+    rl: RLConfig = Field(default_factory=RLConfig)
+    warmstart: WarmstartSection = Field(default_factory=WarmstartSection)
+    fresh: bool = True  # delete an existing run_dir first (False: resume it)
+    max_worker_restarts: int = Field(5, ge=0)
+    final_eval_n: int = Field(512, ge=1)
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    f = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=f, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _stop(p: subprocess.Popen, grace: float = 10.0) -> None:
+    if p.poll() is not None:
+        return
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def prepare_warmstart(cfg: RunConfig, progress: Callable[[str], None]) -> str:
+    model = Path(cfg.rl.model)
+    if (model / "config.json").is_file() and cfg.warmstart.reuse:
+        progress(f"warm start: reusing {model}")
+        return str(model)
+    if not cfg.warmstart.enabled:
+        raise FileNotFoundError(f"initial model {model} does not exist and warm start is disabled")
+    from swarmrl.sft.train import run_sft
+
+    sft = cfg.warmstart.sft.model_copy(update={"task": cfg.rl.task})
+    progress(f"warm start: SFT of a fresh tiny model on {sft.task.name} for {sft.minutes} min")
+
+    def cb(row: dict) -> None:
+        if row["step"] % 100 == 0:
+            progress(f"  sft step {row['step']}  loss {row['loss']:.3f}")
+
+    summary = run_sft(sft, cb)
+    src = Path(summary["model"])
+    if src.resolve() != model.resolve():
+        if model.exists():
+            shutil.rmtree(model)
+        model.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, model)
+    progress(f"warm start: held-out accuracy {summary['final_heldout_acc']:.3f} after {summary['steps']} steps")
+    return str(model)
+
+
+def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callable[[dict], None] | None = None) -> dict:
+    """Run the whole job; returns a summary dict."""
+    prepare_warmstart(cfg, progress)
+    root = Path(cfg.rl.run_dir)
+    if cfg.fresh and root.exists():
+        shutil.rmtree(root)
+    run = RunDir(root)
+    cfg_path = root / "rl.toml"
+    cfg_path.write_text(dump_config(cfg.rl))
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    trainer = _spawn(["rl", "trainer", "--config", str(cfg_path)], logs / "trainer.log")
+    workers = {f"w{i}": _spawn(["rl", "worker", "--config", str(cfg_path), "--id", f"w{i}"], logs / f"w{i}.log")
+               for i in range(cfg.rl.workers.num)}
+    restarts = 0
+    try:
+        while trainer.poll() is None:
+            for wid, p in list(workers.items()):
+                if p.poll() is not None and not run.is_done():
+                    if restarts >= cfg.max_worker_restarts:
+                        raise RuntimeError(f"worker {wid} keeps failing; see {logs / (wid + '.log')}")
+                    restarts += 1
+                    progress(f"worker {wid} exited with {p.returncode}; restarting it")
+                    workers[wid] = _spawn(["rl", "worker", "--config", str(cfg_path), "--id", wid],
+                                          logs / f"{wid}.log")
+            if live is not None:
+                live(snapshot(root, t0))
+            time.sleep(1.0)
+        if trainer.returncode != 0:
+            raise RuntimeError(f"trainer failed with exit code {trainer.returncode}; see {logs / 'trainer.log'}")
+    finally:
+        if trainer.poll() is None:
+            trainer.terminate()
+        run.done_flag.touch()
+        for p in workers.values():
+            _stop(p)
+    if live is not None:
+        live(snapshot(root, t0))
+    return finish(cfg, root, time.monotonic() - t0)
+
+
+def snapshot(root: Path, t0: float) -> dict:
+    rows = read_metrics(root / "metrics" / "trainer.jsonl")
+    steps = [r for r in rows if "reward" in r]
+    evals = [r for r in rows if "heldout_acc" in r]
+    tps = []
+    for f in sorted((root / "metrics").glob("worker-*.jsonl")):
+        w = [r for r in read_metrics(f) if "tokens_per_s" in r]
+        if w:
+            tps.append(sum(r["tokens_per_s"] for r in w[-5:]) / len(w[-5:]))
+    last = steps[-1] if steps else {}
+    return {"elapsed_s": time.monotonic() - t0, "step": last.get("step", -1) + 1 if last else 0,
+            "reward": last.get("task_reward"), "lag": last.get("lag_mean"),
+            "heldout_acc": evals[-1]["heldout_acc"] if evals else None,
+            "first_acc": evals[0]["heldout_acc"] if evals else None,
+            "tokens_per_s": sum(tps) if tps else None, "wait_frac": (sum(r["wait_s"] for r in steps) /
+                                                                     max(1e-9, steps[-1]["wall_s"])) if steps else None}
+
+
+def finish(cfg: RunConfig, root: Path, wall_s: float) -> dict:
+    from swarmrl.rl.plot import plot_run
+
+    run = RunDir(root)
+    latest = run.latest_version()
+    final_dir = root / "final_model"
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    shutil.copytree(run.version_dir(latest), final_dir, ignore=shutil.ignore_patterns("trainer_state.pt"))
+    png = plot_run(root)
+    rows = read_metrics(root / "metrics" / "trainer.jsonl")
+    evals = [r for r in rows if "heldout_acc" in r]
+    steps = {r["step"]: r for r in rows if "reward" in r}
+    from swarmrl.eval.evaluate import EvalConfig, evaluate_path
+
+    ev = EvalConfig(model=str(final_dir), task=cfg.rl.task, n=cfg.final_eval_n,
+                    max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.chat_template)
+    final = evaluate_path(ev)
+    init = evaluate_path(ev.model_copy(update={"model": cfg.rl.model}))
+    summary = {
+        "run_dir": str(root), "final_model": str(final_dir), "curves": str(png), "steps": len(steps),
+        "wall_s": round(wall_s, 1), "heldout_acc_initial": init["accuracy"], "heldout_acc_final": final["accuracy"],
+        "heldout_n": final["n"], "async_level": cfg.rl.async_level, "workers": cfg.rl.workers.num,
+        "trainer_wait_frac": round(sum(r["wait_s"] for r in steps.values()) / max(1e-9, max((r["wall_s"] for r in steps.values()), default=1e-9)), 3),
+        "mean_lag": round(sum(r["lag_mean"] for r in steps.values()) / max(1, len(steps)), 3),
+        "curve": [{"version": r["version"], "wall_s": r.get("wall_s"), "heldout_acc": r["heldout_acc"]} for r in evals],
+    }
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

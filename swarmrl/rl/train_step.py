@@ -1,0 +1,109 @@
+"""One GRPO update on a batch of rollout sequences, shared by single-process and DDP trainers.
+
+Normalisation weights are computed from the GLOBAL batch, and each rank's loss is scaled by the
+world size (DDP averages gradients), so 2 ranks produce the same update as 1 rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from swarmrl.rl.config import LossConfig
+from swarmrl.rl.loss import grpo_token_loss, token_weights
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    advantage: float
+    temperature: float
+
+
+def _pack(seqs: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion; completion token t sits at position len(prompt) + t."""
+    full = [s.prompt_ids + s.completion_ids for s in seqs]
+    width = max(len(f) for f in full)
+    n = len(seqs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    cmask = torch.zeros((n, width - 1), dtype=torch.float32)
+    old = torch.zeros((n, width - 1), dtype=torch.float32)
+    for i, (s, f) in enumerate(zip(seqs, full)):
+        ids[i, : len(f)] = torch.tensor(f)
+        attn[i, : len(f)] = 1
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        # logits at position j predict token j+1: completion tokens are predicted at p-1 .. p+c-2
+        cmask[i, p - 1: p - 1 + c] = 1.0
+        old[i, p - 1: p - 1 + c] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return {"ids": ids, "attn": attn, "cmask": cmask, "old": old}
+
+
+def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False):
+    out = model(input_ids=packed["ids"], attention_mask=packed["attn"])
+    logits = out.logits[:, :-1, :].float() / max(temperature, 1e-6)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    target = packed["ids"][:, 1:]
+    logp = logp_all.gather(-1, target[..., None]).squeeze(-1)
+    ent = None
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+@dataclass
+class StepStats:
+    loss: float
+    clip_frac: float
+    clip_low_frac: float
+    clip_high_frac: float
+    delta_frac: float
+    ratio_mean: float
+    ratio_max: float
+    entropy: float
+    kl: float
+    tokens: int
+
+
+def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_id: int, micro_batch: int,
+                         max_tokens: int, world_size: int = 1, total_sequences: int | None = None,
+                         total_tokens: int | None = None, ref_model=None) -> StepStats:
+    """Backward over ``seqs`` (this rank's share); returns stats for this share."""
+    lengths = [len(s.completion_ids) for s in seqs]
+    weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
+                                total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
+    agg = {k: 0.0 for k in ("loss", "clip", "low", "high", "delta", "ratio", "ent", "kl")}
+    rmax, ntok = 0.0, 0
+    for start in range(0, len(seqs), micro_batch):
+        mb = seqs[start: start + micro_batch]
+        packed = _pack(mb, pad_id)
+        temps = {s.temperature for s in mb}
+        if len(temps) != 1:
+            raise ValueError("a micro-batch mixes sampling temperatures")
+        temp = temps.pop() or 1.0
+        logp, ent = sequence_logprobs(model, packed, temp, with_entropy=True)
+        w = torch.zeros_like(packed["old"])
+        for i, s in enumerate(mb):
+            p = len(s.prompt_ids)
+            w[i, p - 1: p - 1 + len(s.completion_ids)] = weights_all[start + i]
+        adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32)
+        ref = None
+        if ref_model is not None and loss_cfg.kl_coef:
+            with torch.no_grad():
+                ref, _ = sequence_logprobs(ref_model, packed, temp)
+        st = grpo_token_loss(logp, packed["old"], adv, w, packed["cmask"], clip_eps=loss_cfg.clip_eps,
+                             delta=loss_cfg.delta, entropy=ent, entropy_coef=loss_cfg.entropy_coef,
+                             ref_logp=ref, kl_coef=loss_cfg.kl_coef)
+        (st.loss * world_size).backward()
+        agg["loss"] += float(st.loss.detach())
+        for key, val in (("clip", st.clip_frac), ("low", st.clip_low_frac), ("high", st.clip_high_frac),
+                         ("delta", st.delta_frac), ("ratio", st.ratio_mean), ("ent", st.entropy), ("kl", st.kl)):
+            agg[key] += val * st.tokens
+        rmax = max(rmax, st.ratio_max)
+        ntok += st.tokens
+    n = max(ntok, 1)
+    return StepStats(agg["loss"], agg["clip"] / n, agg["low"] / n, agg["high"] / n, agg["delta"] / n,
+                     agg["ratio"] / n, rmax, agg["ent"] / n, agg["kl"] / n, ntok)

@@ -1,0 +1,264 @@
+"""The GRPO trainer process: gathers rollouts for each step, updates the policy, writes checkpoints.
+
+Trainer step n starts from policy version n, uses only rollouts generated for step n with a
+policy no older than n - async_level, and commits version n + 1 (model + optimizer state in one
+directory, renamed into place). Killed at any point, it restarts from the newest committed
+version; the step that was in flight is redone from scratch, so no rollout is trained on twice.
+
+Data parallel: launched under torchrun (WORLD_SIZE > 1), rank 0 gathers and broadcasts the
+batch, every rank back-propagates its share with global normalisation weights, and gradients are
+summed with one all-reduce (what DDP does), so every rank holds the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+from swarmrl.eval.evaluate import evaluate
+from swarmrl.models.io import load_model, load_tokenizer
+from swarmrl.rl.advantages import group_advantages, is_informative
+from swarmrl.rl.config import RLConfig
+from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
+from swarmrl.rl.store import RunDir
+from swarmrl.rl.train_step import Sequence, accumulate_gradients
+from swarmrl.utils.metrics import MetricsWriter
+
+
+@dataclass
+class Batch:
+    groups: list[list[Rollout]]
+    files: list[str]
+    wait_s: float
+    stats: dict = field(default_factory=dict)
+
+
+def select_groups(rows_by_file: list[tuple[str, list[Rollout]]], step: int, cfg: RLConfig) -> tuple[list[list[Rollout]], dict]:
+    """Apply the staleness gate, completeness and tie filters; keep files' order. Pure function."""
+    k = cfg.async_level
+    groups: "OrderedDict[str, list[Rollout]]" = OrderedDict()
+    stale = wrong_step = 0
+    for _name, rows in rows_by_file:
+        for r in rows:
+            if r.step != step:
+                wrong_step += 1
+                continue
+            if r.policy_version < step - k or r.policy_version > step:
+                stale += 1
+                continue
+            groups.setdefault(f"{r.worker_id}/{r.group_id}", []).append(r)
+    complete = [g for g in groups.values() if len(g) == cfg.group_size]
+    tied = [g for g in complete if not is_informative([r.reward for r in g])]
+    usable = [g for g in complete if is_informative([r.reward for r in g])] if cfg.filter_ties else complete
+    stats = {"stale_rows": stale, "wrong_step_rows": wrong_step, "incomplete_groups": len(groups) - len(complete),
+             "tied_groups": len(tied), "usable_groups": len(usable)}
+    return usable, stats
+
+
+class Trainer:
+    def __init__(self, cfg: RLConfig) -> None:
+        self.cfg = cfg
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1 and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+        torch.set_num_threads(cfg.trainer.threads)
+        self.run = RunDir(cfg.run_dir)
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.env = cfg.task.build()
+        self.metrics = MetricsWriter(self.run.metrics / "trainer.jsonl") if self.rank == 0 else None
+        self._setup()
+
+    # ---- state -------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg = self.cfg
+        latest = self.run.latest_version()
+        src = self.run.version_dir(latest) if latest is not None else cfg.model
+        self.model = load_model(src)
+        self.model.train()
+        self.ref_model = None
+        if cfg.loss.kl_coef:
+            self.ref_model = load_model(cfg.model)
+            self.ref_model.requires_grad_(False)
+        o = cfg.optim
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
+        self.step = 0
+        if latest is not None:
+            state_path = self.run.version_dir(latest) / "trainer_state.pt"
+            if state_path.exists():
+                state = torch.load(state_path, weights_only=False)
+                self.opt.load_state_dict(state["optimizer"])
+                self.sched.load_state_dict(state["scheduler"])
+                torch.set_rng_state(state["rng"])
+            self.step = latest
+            self.resumed = True
+        else:
+            self.resumed = False
+            if self.rank == 0:
+                self._commit(0, consumed=[])
+        self._barrier()
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def _commit(self, version: int, consumed: list[str]) -> None:
+        staged = self.run.staging_dir(version)
+        was = self.model.training
+        self.model.eval()
+        self.model.save_pretrained(staged, safe_serialization=True)
+        self.tokenizer.save_pretrained(staged)
+        self.model.train(was)
+        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                    "rng": torch.get_rng_state(), "step": version, "consumed": consumed},
+                   staged / "trainer_state.pt")
+        self.run.commit_version(version, staged)
+        self.run.prune_versions(self.cfg.keep_versions)
+
+    # ---- data --------------------------------------------------------------------------------
+    def gather(self, step: int, deadline: float | None) -> Batch | None:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        cache: dict[str, list[Rollout]] = {}
+        rejected_files: list[str] = []
+        last_log = t0
+        while True:
+            files = self.run.rollout_files(step)
+            for f in files:
+                if f.name not in cache and f.name not in rejected_files:
+                    try:
+                        cache[f.name] = read_rollouts(f)
+                    except RolloutError as e:
+                        rejected_files.append(f.name)
+                        self._log_event("rejected_file", file=f.name, reason=str(e))
+            usable, stats = select_groups(list(cache.items()), step, cfg)
+            if len(usable) >= cfg.prompts_per_step:
+                break
+            announced = sum(int(f.name.rsplit("-g", 1)[1].split(".")[0]) for f in files)
+            missing = announced - len(usable)
+            if missing > 0 and all(f.name in cache or f.name in rejected_files for f in files):
+                if self.run.deficit(step) != missing:
+                    self.run.set_deficit(step, missing)
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            if self.run.is_done():
+                return None
+            if time.perf_counter() - last_log > 30:
+                last_log = time.perf_counter()
+                self._log_event("waiting", step=step, usable=len(usable), need=cfg.prompts_per_step)
+            time.sleep(cfg.trainer.poll_s)
+        chosen = usable[: cfg.prompts_per_step]
+        used = sorted({r for g in chosen for r in [g[0].worker_id]})
+        stats["workers"] = used
+        stats["surplus_groups"] = len(usable) - len(chosen)
+        return Batch(chosen, sorted(cache), time.perf_counter() - t0, stats)
+
+    def _log_event(self, kind: str, **kw) -> None:
+        if self.metrics is not None:
+            self.metrics.write(event=kind, **kw)
+
+    # ---- update ------------------------------------------------------------------------------
+    def update(self, groups: list[list[Rollout]]) -> dict:
+        cfg = self.cfg
+        seqs: list[Sequence] = []
+        for g in groups:
+            adv = group_advantages([r.reward for r in g], use_std=cfg.loss.use_std)  # recomputed, not trusted
+            for r, a in zip(g, adv):
+                seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature))
+        total_tokens = sum(len(s.completion_ids) for s in seqs)
+        mine = seqs[self.rank:: self.world]
+        self.opt.zero_grad(set_to_none=True)
+        st = accumulate_gradients(self.model, mine, cfg.loss, self.tokenizer.pad_token_id, cfg.optim.micro_batch,
+                                  max_tokens=cfg.sampling.max_new_tokens, world_size=1,
+                                  total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model)
+        if self.world > 1:
+            allreduce_grads(self.model)
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
+        self.opt.step()
+        self.sched.step()
+        return {"loss": st.loss, "clip_frac": st.clip_frac, "clip_low_frac": st.clip_low_frac,
+                "clip_high_frac": st.clip_high_frac, "delta_frac": st.delta_frac, "ratio_mean": st.ratio_mean,
+                "ratio_max": st.ratio_max, "entropy": st.entropy, "kl": st.kl, "grad_norm": gnorm,
+                "train_tokens": total_tokens, "lr": self.sched.get_last_lr()[0]}
+
+    def evaluate(self) -> float:
+        res = evaluate(self.model, self.tokenizer, self.env, n=self.cfg.eval.n,
+                       max_new_tokens=self.cfg.eval.max_new_tokens, chat_template=self.cfg.chat_template)
+        self.model.train()
+        return res["accuracy"]
+
+    # ---- loop --------------------------------------------------------------------------------
+    def run_loop(self) -> int:
+        cfg = self.cfg
+        t_start = time.monotonic()
+        deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else None
+        if self.rank == 0 and not self.resumed and cfg.eval.every_steps:
+            self._log_event("eval", step=0, version=0, heldout_acc=self.evaluate(), wall_s=0.0)
+        while self.step < cfg.steps:
+            n = self.step
+            batch = None
+            if self.rank == 0:
+                batch = self.gather(n, deadline)
+            if self.world > 1:
+                obj = [batch]
+                torch.distributed.broadcast_object_list(obj, src=0)
+                batch = obj[0]
+            if batch is None:
+                break
+            t1 = time.perf_counter()
+            info = self.update(batch.groups)
+            train_s = time.perf_counter() - t1
+            if self.rank == 0:
+                rows = [r for g in batch.groups for r in g]
+                lags = [n - r.policy_version for r in rows]
+                row = {"step": n, "version": n + 1, "wall_s": round(time.monotonic() - t_start, 3),
+                       "wait_s": round(batch.wait_s, 4), "train_s": round(train_s, 4),
+                       "reward": sum(r.reward for r in rows) / len(rows),
+                       "task_reward": sum(r.task_reward for r in rows) / len(rows),
+                       "lag_mean": sum(lags) / len(lags), "lag_max": max(lags),
+                       "completion_len": sum(len(r.completion_ids) for r in rows) / len(rows),
+                       "files": batch.files, **batch.stats, **info}
+                if cfg.eval.every_steps and (n + 1) % cfg.eval.every_steps == 0:
+                    te = time.perf_counter()
+                    row["heldout_acc"] = self.evaluate()
+                    row["eval_s"] = round(time.perf_counter() - te, 3)
+                self._commit(n + 1, consumed=batch.files)
+                self.metrics.write(**row)
+                if not math.isfinite(info["loss"]):
+                    raise FloatingPointError(f"loss is {info['loss']} at step {n}")
+            self._barrier()
+            self.step = n + 1
+        if self.rank == 0:
+            final = self.evaluate()
+            self._log_event("final", step=self.step, version=self.step, heldout_acc=final, wall_s=round(time.monotonic() - t_start, 3))
+            self.run.done_flag.write_text(str(self.step))
+            self.metrics.close()
+        self._barrier()
+        return self.step
+
+
+def allreduce_grads(model: torch.nn.Module) -> None:
+    """Sum gradients across ranks in one flat buffer (weights already hold the global normalisation)."""
+    for p in model.parameters():  # a rank with no sequences still joins with zeros
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off: off + g.numel()].view_as(g))
+        off += g.numel()
+
+
+def run_trainer(cfg: RLConfig) -> int:
+    return Trainer(cfg).run_loop()
+
+
+__all__ = ["Trainer", "run_trainer", "select_groups", "allreduce_grads"]

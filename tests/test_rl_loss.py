@@ -1,0 +1,106 @@
+import math
+
+import pytest
+import torch
+
+from swarmrl.rl.advantages import group_advantages, is_informative
+from swarmrl.rl.loss import grpo_token_loss, token_weights
+
+
+def _lp(ratios):
+    """current logprobs whose ratio against old = 0 is exactly `ratios`"""
+    return torch.tensor([[math.log(r) for r in ratios]], dtype=torch.float64, requires_grad=True)
+
+
+def test_positive_advantage_clips_high_side_only():
+    logp = _lp([0.5, 1.0, 1.5])
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    w = torch.full((1, 3), 1 / 3, dtype=torch.float64)
+    st = grpo_token_loss(logp, old, torch.tensor([1.0], dtype=torch.float64), w, torch.ones(1, 3))
+    # -min(r*A, clip(r)*A): 0.5 -> -0.5 (below 1-eps is NOT clipped for A>0), 1 -> -1, 1.5 -> -1.2
+    assert st.loss.item() == pytest.approx(-(0.5 + 1.0 + 1.2) / 3)
+    st.loss.backward()
+    # d/dlogp of -r*A*w = -r*w ; the clipped token has zero gradient
+    assert logp.grad[0].tolist() == pytest.approx([-0.5 / 3, -1.0 / 3, 0.0])
+    assert st.clip_high_frac == pytest.approx(1 / 3) and st.clip_low_frac == 0.0
+
+
+def test_negative_advantage_low_clip_and_delta_cap():
+    logp = _lp([0.5, 1.0, 1.5, 6.0])
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    w = torch.full((1, 4), 0.25, dtype=torch.float64)
+    st = grpo_token_loss(logp, old, torch.tensor([-1.0], dtype=torch.float64), w, torch.ones(1, 4), delta=4.0)
+    # A=-1: 0.5 -> max(0.5, 0.8)=0.8 (clipped), 1 -> 1, 1.5 -> 1.5 (unclipped side), 6 -> capped at delta 4
+    assert st.loss.item() == pytest.approx((0.8 + 1.0 + 1.5 + 4.0) / 4)
+    st.loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.0, 0.25, 1.5 * 0.25, 0.0])
+    assert st.delta_frac == pytest.approx(0.25) and st.clip_low_frac == pytest.approx(0.25)
+    # without delta the ratio 6 token is unbounded
+    st2 = grpo_token_loss(_lp([0.5, 1.0, 1.5, 6.0]), old, torch.tensor([-1.0], dtype=torch.float64), w,
+                          torch.ones(1, 4), delta=None)
+    assert st2.loss.item() == pytest.approx((0.8 + 1.0 + 1.5 + 6.0) / 4)
+
+
+def test_mask_ignores_padding_values():
+    logp = torch.tensor([[0.0, -1.0, 50.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1.0, -50.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    w = torch.full((1, 3), 0.5)
+    st = grpo_token_loss(logp, old, torch.tensor([2.0]), w, mask)
+    assert st.loss.item() == pytest.approx(-2.0)  # two tokens at ratio 1, A=2, weight 0.5
+    assert st.tokens == 2 and st.ratio_max == pytest.approx(1.0)
+    st.loss.backward()
+    assert logp.grad[0, 2].item() == 0.0
+
+
+@pytest.mark.parametrize("norm,expected", [
+    ("sequence", [0.25, 0.125]),
+    ("token", [1 / 6, 1 / 6]),
+    ("constant", [1 / 8, 1 / 8]),
+])
+def test_normalization_weights(norm, expected):
+    w = token_weights([2, 4], norm, max_tokens=4)
+    assert [float(x[0]) for x in w] == pytest.approx(expected)
+    assert [len(x) for x in w] == [2, 4]
+
+
+def test_global_weights_for_a_share_of_the_batch():
+    # a rank holding 1 of 4 sequences must use the global counts
+    w = token_weights([3], "token", total_sequences=4, total_tokens=12)
+    assert float(w[0][0]) == pytest.approx(1 / 12)
+    w = token_weights([3], "sequence", total_sequences=4)
+    assert float(w[0][0]) == pytest.approx(1 / 12)
+
+
+def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
+    logp = torch.tensor([[-1.0, -2.0]])
+    w = torch.full((1, 2), 0.5)
+    same = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp, kl_coef=1.0)
+    assert same.kl == pytest.approx(0.0)
+    diff = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=1.0)
+    assert diff.kl == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
+    assert diff.loss.item() == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
+
+
+def test_entropy_bonus_lowers_loss():
+    logp = torch.zeros(1, 2)
+    ent = torch.full((1, 2), 2.0)
+    w = torch.full((1, 2), 0.5)
+    base = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent, entropy_coef=0.0)
+    bonus = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent, entropy_coef=0.1)
+    assert base.loss.item() == 0.0 and bonus.loss.item() == pytest.approx(-0.2)
+    assert bonus.entropy == pytest.approx(2.0)
+
+
+def test_group_advantages_with_and_without_std():
+    assert group_advantages([1, 0, 0, 1]) == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    assert group_advantages([1, 0, 0, 1], use_std=False) == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    assert group_advantages([0.3, 0.3, 0.3]) == pytest.approx([0, 0, 0])
+    assert group_advantages([]) == []
+
+
+def test_tied_groups_are_uninformative():
+    assert not is_informative([1.0, 1.0, 1.0])
+    assert not is_informative([0.0] * 8)
+    assert is_informative([0.0, 1.0])
+    assert not is_informative([1.0])  # a single sample has no group baseline
