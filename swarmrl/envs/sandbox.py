@@ -91,7 +91,7 @@ class SandboxLimits:
     max_program_bytes: int = 64 * 1024
     max_cases: int = 64
     max_input_bytes: int = 4 * 1024**2  # all case inputs together
-    audit_hook: bool = True
+    audit_hook: bool = True  # forced on in the fallback, where it is the main barrier
 
 
 @dataclass
@@ -195,7 +195,8 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
                 "nofile": int(limits.nofile), "fs_bytes": int(limits.fs_bytes),
                 "nproc": int(limits.nproc) if uid is not None else None}
         spec = {"program": program, "mode": mode, "prelude": prelude, "cases": cases, "wall_s": limits.wall_s,
-                "cpu_s": limits.cpu_s, "out_bytes": int(limits.out_bytes) + 1, "audit": limits.audit_hook,
+                "cpu_s": limits.cpu_s, "out_bytes": int(limits.out_bytes) + 1,
+                "audit": limits.audit_hook or not isolate,  # the fallback always needs the hook
                 "read_roots": read_roots + [work_in, tmp_in], "write_roots": [work_in, tmp_in],
                 "sweep": (not isolate) and uid is not None}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
