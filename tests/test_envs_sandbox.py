@@ -19,7 +19,7 @@ from swarmrl.envs.code import CodeEnv
 from swarmrl.envs.sandbox import _UID_BASE, _UID_SPAN, SandboxLimits, isolation_level, run_program
 
 PROJECT_FILE = Path(__file__).resolve().parents[1] / "swarmrl" / "envs" / "base.py"
-FAST = dict(wall_s=1.5, cpu_s=2)
+FAST = dict(wall_s=1.0, cpu_s=1)
 
 CONFIGS = [("namespaces", True), ("namespaces", False), ("fallback", True)]
 
@@ -248,3 +248,18 @@ def test_hostile_completion_gets_zero_reward():
     assert env.verify(task, "```python\nwhile True: pass\n```") == 0.0
     assert env.verify(task, "```python\nimport os\nwhile True: os.fork()\n```") == 0.0
     assert sandbox_procs() == []
+
+
+def test_large_input_and_concurrent_runs():
+    from concurrent.futures import ThreadPoolExecutor
+
+    big = "7\n" * 1_000_000  # 2 MB of stdin
+    prog = "import sys\nprint(sum(map(int, sys.stdin.read().split())))"
+
+    def one(i):
+        run = run_program(prog, [{"input": big if i == 0 else f"{i} {i}\n"}], "stdio", SandboxLimits(wall_s=20, cpu_s=20))
+        return run.results[0].stdout.strip()
+
+    with ThreadPoolExecutor(4) as ex:
+        outs = list(ex.map(one, range(6)))
+    assert outs == ["7000000"] + [str(2 * i) for i in range(1, 6)]

@@ -169,3 +169,23 @@ def test_code_bad_verification_info(cenv):
 def test_code_oversized_completion(cenv):
     t = code_task({"test_cases": [{"input": "", "output": "1\n"}]})
     assert cenv.verify(t, "print(1)\n#" + "x" * (cenv.max_completion_chars + 10)) == 0.0
+
+
+def test_sympy_fallback_is_whitelisted(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    import swarmrl.envs.math as m
+
+    path = Path(m.__file__).with_name("_mathcheck_worker.py")
+    spec = importlib.util.spec_from_file_location("_mathcheck_worker_test", path)
+    w = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w)
+    assert w._sympy_equal(r"\frac{1}{3}+x", "x+1/3")
+    assert w._sympy_equal("x^2+2x+1", "(x+1)^2")
+    assert not w._sympy_equal("2x", "3x")
+    marker = tmp_path / "pwned"
+    for evil in [f"__import__('os').system('touch {marker}')", "().__class__.__bases__", "exec(1)", "open(1)"]:
+        assert w._latex_to_expr(evil) is None
+        assert not w._sympy_equal(evil, "1")
+    assert not marker.exists()

@@ -60,7 +60,7 @@ def _latex_to_expr(s: str) -> str | None:
 
 def _sympy_equal(gold: str, pred: str) -> bool:
     import sympy
-    from sympy.parsing.sympy_parser import parse_expr
+    from sympy.parsing.sympy_parser import implicit_multiplication, parse_expr, standard_transformations
 
     g, p = _latex_to_expr(gold), _latex_to_expr(pred)
     if not g or not p:
@@ -68,9 +68,13 @@ def _sympy_equal(gold: str, pred: str) -> bool:
     names = {n: sympy.Symbol(n) for n in "abcdfghjklmnopqrstuvwxyz"}
     names.update(pi=sympy.pi, E=sympy.E, I=sympy.I, oo=sympy.oo, sqrt=sympy.sqrt, exp=sympy.exp,
                  log=sympy.log, sin=sympy.sin, cos=sympy.cos, tan=sympy.tan)
+    # only what parse_expr's generated code needs; no builtins (the input is also whitelisted above)
+    glob = {"__builtins__": {}, **{k: getattr(sympy, k) for k in
+                                   ("Integer", "Float", "Rational", "Symbol", "Add", "Mul", "Pow")}, **names}
+    tr = standard_transformations + (implicit_multiplication,)
     try:
-        ge = parse_expr(g, local_dict=names, global_dict={"__builtins__": {}, **names}, evaluate=False)
-        pe = parse_expr(p, local_dict=names, global_dict={"__builtins__": {}, **names}, evaluate=False)
+        ge = parse_expr(g, local_dict=dict(names), global_dict=glob, transformations=tr, evaluate=False)
+        pe = parse_expr(p, local_dict=dict(names), global_dict=glob, transformations=tr, evaluate=False)
         return bool(sympy.simplify(ge - pe) == 0)
     except Exception:  # noqa: BLE001
         return False
