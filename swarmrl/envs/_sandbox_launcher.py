@@ -55,13 +55,23 @@ def mount(src, dst, fstype, flags, data=None) -> None:
     check(libc.mount(b(src), b(dst), b(fstype), flags, b(data)), f"mount {src} on {dst}")
 
 
-def set_limits(a: dict) -> None:
+def set_limits(a: dict, nproc: bool) -> None:
     lim = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_AS, a["mem_bytes"]), (resource.RLIMIT_CPU, a["cpu_s"]),
            (resource.RLIMIT_FSIZE, a["fsize_bytes"]), (resource.RLIMIT_NOFILE, a["nofile"])]
-    if a.get("nproc"):
+    if a.get("nproc") and nproc:
         lim.append((resource.RLIMIT_NPROC, a["nproc"]))
     for r, v in lim:
         resource.setrlimit(r, (v, v))
+
+
+def nproc_is_per_userns() -> bool:
+    """RLIMIT_NPROC counts per user namespace only since Linux 5.14; before that, in a user namespace
+    it would also count all the caller's own processes and threads outside."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
 
 
 def write_file(path: str, text: str) -> None:
@@ -104,7 +114,7 @@ def build_root(a: dict) -> None:
         mount("/dev/" + d, t, None, MS_BIND)
         mount(None, t, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC)
     for d, mode in (("/work", 0o700), ("/tmp", 0o1777)):
-        os.mkdir(root + d, mode)
+        os.makedirs(root + d, exist_ok=True)  # may already hold a bind (an interpreter under /tmp)
         os.chmod(root + d, mode)
         if a["uid"] is not None:
             os.chown(root + d, a["uid"], a["uid"])
@@ -135,7 +145,7 @@ def main() -> None:
     with open(a["harness"], encoding="utf-8") as f:  # read before the host filesystem disappears
         source = f.read()
     if not a["isolate"]:
-        set_limits(a)
+        set_limits(a, nproc=a["uid"] is not None)  # a fresh uid's count starts at 1
         drop_uid(a)
         exec_harness(a, a["workdir"], source)
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
@@ -156,7 +166,7 @@ def main() -> None:
     # pid 1 of the new namespace: dies with the launcher, takes every descendant with it
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
     build_root(a)
-    set_limits(a)
+    set_limits(a, nproc=outer_uid == 0 or nproc_is_per_userns())
     if outer_uid == 0:
         drop_uid(a)
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # cleared by setuid

@@ -193,7 +193,7 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
                 "uid": uid, "ro_paths": _ro_paths(python), "mem_bytes": int(limits.mem_bytes),
                 "cpu_s": int(limits.cpu_s) * n + 5, "fsize_bytes": int(max(limits.out_bytes, limits.max_input_bytes, 1 << 16)) + 1,
                 "nofile": int(limits.nofile), "fs_bytes": int(limits.fs_bytes),
-                "nproc": int(limits.nproc) if uid is not None else None}
+                "nproc": int(limits.nproc) if (uid is not None or isolate) else None}
         spec = {"program": program, "mode": mode, "prelude": prelude, "cases": cases, "wall_s": limits.wall_s,
                 "cpu_s": limits.cpu_s, "out_bytes": int(limits.out_bytes) + 1,
                 "audit": limits.audit_hook or not isolate,  # the fallback always needs the hook
