@@ -72,6 +72,15 @@ def test_benign_program_runs(iso, audit):
 
 
 @pytest.mark.parametrize("iso,audit", _params())
+def test_exit_builtins_and_stdin_buffer(iso, audit):
+    r = run1("import sys\ndata = sys.stdin.buffer.read()\nprint(len(data))\nexit()\nprint('unreached')", iso, audit,
+             stdin="abc")
+    assert r.status == "ok" and r.completed and r.stdout == "3\n"
+    r = run1("quit(2)", iso, audit)
+    assert r.status == "exit" and r.code == 2 and not r.completed
+
+
+@pytest.mark.parametrize("iso,audit", _params())
 def test_cannot_read_etc_passwd(iso, audit):
     r = run1("print(open('/etc/passwd').read().split(':')[0])", iso, audit)
     assert "root" not in r.stdout

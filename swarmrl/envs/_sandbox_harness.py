@@ -90,7 +90,9 @@ def run_child(spec, case, work, res_w, nonce):
         if spec["audit"]:
             install_audit_hook(spec["read_roots"], spec["write_roots"])
         del spec
-        ns = {"__name__": "__main__" if mode == "stdio" else "solution", "__builtins__": __builtins__}
+        # -S leaves out site, which is what defines exit()/quit(); solutions often call them
+        ns = {"__name__": "__main__" if mode == "stdio" else "solution", "__builtins__": __builtins__,
+              "exit": sys.exit, "quit": sys.exit}
         exec(program, ns)
         payload = b""
         if mode == "function":

@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -137,6 +138,9 @@ def isolation_level() -> str:
                          isolation="namespaces")
             ok = probe.error is None and probe.results and probe.results[0].stdout.strip() == "42"
             _level = "namespaces" if ok else "fallback"
+            if not ok:
+                warnings.warn("code sandbox: kernel namespaces unavailable, using the weaker fallback "
+                              f"(rlimits + audit hook): {probe.error}", RuntimeWarning, stacklevel=2)
         return _level
 
 
