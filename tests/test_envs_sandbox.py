@@ -272,3 +272,15 @@ def test_large_input_and_concurrent_runs():
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(one, range(6)))
     assert outs == ["7000000"] + [str(2 * i) for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("iso,audit", _params())
+def test_native_escape_hatches(iso, audit):
+    prog = ("import ctypes, sys\nlibc = ctypes.CDLL(None)\nsys.stdout.flush()\n"
+            "libc.system(b'cat /etc/passwd')\nprint('ran')")
+    r = run1(prog, iso, audit)
+    assert "root:" not in r.stdout
+    if audit:
+        assert "ran" not in r.stdout and "denied" in r.stderr
+    r = run1("import _posixsubprocess\nprint('imported')", iso, audit)
+    assert ("imported" not in r.stdout) == audit

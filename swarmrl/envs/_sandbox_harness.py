@@ -29,6 +29,10 @@ def install_audit_hook(read_roots, write_roots):
                "sys.remote_exec", "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid", "mmap.")
     write_events = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
                     "os.link", "os.truncate", "os.utime", "shutil.rmtree", "os.chflags", "os.mkfifo", "os.mknod"}
+    # modules that reach processes, sockets or native code without an audit event of their own
+    blocked_imports = {"_posixsubprocess", "_ctypes", "ctypes", "_socket", "socket", "subprocess", "pty",
+                       "multiprocessing", "_multiprocessing", "mmap", "_xxsubinterpreters", "_testcapi",
+                       "_testinternalcapi", "resource", "fcntl", "termios"}
     read_events = {"os.listdir", "os.scandir", "os.chdir", "glob.glob", "os.walk", "os.fwalk", "shutil.copyfile"}
 
     def inside(p, roots):
@@ -47,6 +51,9 @@ def install_audit_hook(read_roots, write_roots):
                 isinstance(flags, int) and flags & wflags)
             if path is not None and not inside(path, write_roots if writing else read_roots):
                 raise PermissionError(f"sandbox: open({path!r}) denied")
+        elif event == "import":
+            if args and str(args[0]).split(".")[0] in blocked_imports:
+                raise PermissionError(f"sandbox: import {args[0]} denied")
         elif event.startswith(blocked):
             raise PermissionError(f"sandbox: {event} denied")
         elif event in write_events:
@@ -58,6 +65,9 @@ def install_audit_hook(read_roots, write_roots):
             if isinstance(p, (str, bytes, os.PathLike)) and not inside(p, read_roots):
                 raise PermissionError(f"sandbox: {event}({p!r}) denied")
 
+    for name in list(sys.modules):  # forget what the harness itself loaded, so re-imports are seen
+        if name.split(".")[0] in blocked_imports:
+            del sys.modules[name]
     sys.addaudithook(hook)
 
 

@@ -190,7 +190,8 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
             os.chown(work, uid, uid)
         # the stdlib paths, as seen by the interpreter that runs inside
         stdlib = os.path.realpath(os.path.dirname(os.__file__))
-        read_roots = [os.path.realpath(sys.base_prefix), "/dev", "/usr/lib/python3", stdlib]
+        devs = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
+        read_roots = [os.path.realpath(sys.base_prefix), "/usr/lib/python3", stdlib] + devs
         work_in = "/work" if isolate else work
         tmp_in = "/tmp" if isolate else work
         args = {"isolate": isolate, "python": python, "harness": str(_HARNESS), "root": root, "workdir": work,
