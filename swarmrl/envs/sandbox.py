@@ -179,6 +179,9 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
     # outside namespaces the private uid must be able to reach the interpreter on the host fs
     drop = os.geteuid() == 0 and (isolate or _others_can_run(python))
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if drop else None
+    if not isolate and os.geteuid() == 0 and uid is None:
+        _warn_once("code sandbox: fallback isolation as root with an interpreter other users cannot run "
+                   f"({python}): untrusted code runs as root behind the audit hook only")
     base = tempfile.mkdtemp(prefix="swarmrl-sbx-")
     try:
         os.chmod(base, 0o711)
@@ -230,6 +233,15 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
         return SandboxRun(isolation=isolation, results=results)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 def _others_can_run(python: str) -> bool:
