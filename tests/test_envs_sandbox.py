@@ -18,6 +18,10 @@ from swarmrl.envs.base import Task
 from swarmrl.envs.code import CodeEnv
 from swarmrl.envs.sandbox import _UID_BASE, _UID_SPAN, SandboxLimits, isolation_level, run_program
 
+# the fallback here runs as root behind the audit hook only (the interpreter lives under /root); that is
+# exactly the layer these tests exercise, so its warning is expected
+pytestmark = pytest.mark.filterwarnings("ignore:code sandbox:RuntimeWarning")
+
 PROJECT_FILE = Path(__file__).resolve().parents[1] / "swarmrl" / "envs" / "base.py"
 FAST = dict(wall_s=1.0, cpu_s=1)
 

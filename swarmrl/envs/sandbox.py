@@ -37,7 +37,10 @@ program runs (``audit_hook=True``, the default; a second layer under namespaces)
 under the interpreter's stdlib, the work dir, ``/tmp`` and ``/dev`` (writes only under the work dir
 and ``/tmp``), listing/removing/renaming files likewise; ``socket``, ``subprocess``, ``os.system``,
 ``os.exec*``, ``os.spawn*``, ``os.posix_spawn``, ``os.fork``, ``os.kill``, ``ctypes``, ``mmap``,
-``setrlimit`` all raise ``PermissionError``. An audit hook is NOT a security boundary on its own (a
+``setrlimit`` all raise ``PermissionError``, and so does importing ``_posixsubprocess``, ``ctypes``,
+``socket``, ``subprocess``, ``multiprocessing``, ``pty``, ``mmap``, ``resource``, ``fcntl`` (modules
+that reach processes, sockets or native code; the harness's own copies are dropped from
+``sys.modules`` first so a re-import is seen). An audit hook is NOT a security boundary on its own (a
 determined program can reach native code through channels that raise no audit event).
 
 Isolation ``"fallback"`` (no namespaces available): only the rlimits, the audit hook, a scrubbed
