@@ -40,6 +40,25 @@ class ArithmeticEnv(Environment):
             return (10**self.digits) ** 2
         return (self.max_factor + 1) ** 2 * (self.max_addend + 1)
 
+    def _task(self, expr: str, ans: int) -> Task:
+        return Task(task_id=f"{self.name}:{expr}", env=self.name, prompt=f"{expr}=", verification_info={"answer": ans},
+                    task_type="arithmetic", demonstration=str(ans))
+
+    def _enumerate(self) -> list[tuple[str, int]]:
+        if self.kind == "add":
+            hi = 10**self.digits
+            return [(f"{a}+{b}", a + b) for a in range(hi) for b in range(hi)]
+        return [(f"{a}*{b}+{c}", a * b + c) for a in range(self.max_factor + 1) for b in range(self.max_factor + 1)
+                for c in range(self.max_addend + 1)]
+
+    def heldout_set(self, n: int, seed: int = 1234) -> list[Task]:
+        """Distinct held-out tasks; a small space returns all of its held-out tasks when it has fewer than n."""
+        if self.space_size() <= 200_000:
+            pool = [(e, a) for e, a in self._enumerate() if heldout_bucket(e, self.heldout_pct)]
+            random.Random(f"{self.name}:heldout:{seed}").shuffle(pool)
+            return [self._task(e, a) for e, a in pool[:n]]
+        return self.sample(seed, n, split="heldout")
+
     def sample(self, seed: int, n: int, split: Split = "train") -> list[Task]:
         rng = random.Random(f"{self.name}:{seed}")
         want_heldout = split == "heldout"
@@ -59,9 +78,7 @@ class ArithmeticEnv(Environment):
                 if expr in seen:
                     continue
                 seen.add(expr)
-            out.append(Task(task_id=f"{self.name}:{expr}", env=self.name, prompt=f"{expr}=",
-                            verification_info={"answer": ans}, task_type="arithmetic",
-                            demonstration=str(ans)))
+            out.append(self._task(expr, ans))
         return out
 
     def verify(self, task: Task, completion: str) -> float:
