@@ -75,6 +75,18 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
                   f"model: {summary['final_model']}")
 
 
+def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+            model: Annotated[Optional[str], typer.Option(help="Policy used to estimate solve rates.")] = None,
+            task: Annotated[Optional[str], typer.Option(help="Task name.")] = None,
+            out: Annotated[Optional[str], typer.Option(help="Output JSONL task list.")] = None) -> None:
+    """Offline filtering: keep training tasks whose estimated solve rate lies in a band (default [0.1, 0.8])."""
+    from swarmrl.rl.filter import FilterConfig, run_filter
+
+    cfg = resolve(FilterConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("out", out),
+                  print_config)
+    typer.echo(json.dumps(run_filter(cfg, progress=lambda m: console.print(m, highlight=False)), indent=2))
+
+
 def plot(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
     """Draw a run's curves to RUN_DIR/curves.png."""
     from swarmrl.rl.plot import plot_run
@@ -86,3 +98,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(rl_app, name="rl")
     app.command("run")(run)
     app.command("plot")(plot)
+    app.command("filter")(filter_)

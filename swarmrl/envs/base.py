@@ -91,7 +91,7 @@ def make_env(name: str, **params: Any) -> Environment:
 def _load_builtin() -> None:
     # Importing the modules registers their environments.
     import swarmrl.envs.arithmetic  # noqa: F401
-    for mod in ("swarmrl.envs.math", "swarmrl.envs.code"):
+    for mod in ("swarmrl.envs.math", "swarmrl.envs.code", "swarmrl.envs.filtered"):
         try:
             __import__(mod)
         except ModuleNotFoundError as e:  # optional modules not yet present
