@@ -1,0 +1,175 @@
+"""Validator verdicts over a real orchestrator: honest work credited; forged rewards, self-chosen tasks
+and too-old policies rejected, slashed, credits revoked, node ejected; pluggable and lazy checks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
+from swarmrl.protocol.config import ValidatorConfig
+from swarmrl.protocol.schemas import VerdictRequest
+from swarmrl.protocol.signing import generate_key
+from swarmrl.protocol.validator import SkipCheck, Validator, default_checks, lazy_check
+
+
+def _validator(srv, keys, tmp, **kw) -> Validator:
+    vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "val"), **kw)
+    return Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+
+
+def _node(srv) -> NodeClient:
+    n = NodeClient(srv.url, generate_key())
+    n.register(throughput=10.0, stake=200.0)
+    return n
+
+
+@pytest.fixture()
+def env(tmp_path):
+    cfg, keys = make_cfg(tmp_path, slash_fraction=0.25, async_window=1)
+    with running(cfg, run_sweeper=False) as srv:
+        yield srv, keys, tmp_path, cfg
+
+
+def test_honest_accepted_then_forgery_slashes_and_revokes(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    node = _node(srv)
+    a0 = node.heartbeat().assignments[0]
+    node.submit(a0.assignment_id, write(rollouts_for(node.node_id, a0, correct=False), tmp / "s0.parquet"))
+    [(sid0, v0)] = val.run_once()
+    assert v0.accepted, v0.reason
+    assert {c.name for c in v0.checks if c.skipped} >= {"toploc", "sampling"}  # module absent or no model here
+    bal = node.ledger()
+    assert bal.credits_locked == cfg.credit_per_sample * len(a0.tasks) * a0.group_size and bal.stake == 200.0
+    tc = TrainerClient(srv.url, keys["trainer"])
+    assert [x.submission_id for x in tc.accepted(0).items] == [sid0]
+
+    tc.set_step(1, 1)
+    a1 = [x for x in node.heartbeat().assignments if x.step == 1][0]
+    forged = rollouts_for(node.node_id, a1, correct=False, forge_rewards=True)  # wrong answers claimed correct
+    node.submit(a1.assignment_id, write(forged, tmp / "s1.parquet"))
+    [(sid1, v1)] = val.run_once()
+    assert not v1.accepted and v1.reason.startswith("rewards:") and "verifier gives 0" in v1.reason
+    bal = node.ledger()
+    assert bal.status == "ejected"
+    assert bal.stake == pytest.approx(200.0 * (1 - 0.25))
+    assert bal.credits_locked == 0.0  # the earlier, honest credit was still in its window: revoked
+    kinds = [e.kind for e in bal.entries]
+    assert kinds == ["stake", "credit", "slash", "revoke"]
+    assert bal.entries[3].ref_id == bal.entries[1].id
+    with pytest.raises(ApiError) as e:
+        node.heartbeat()
+    assert e.value.status == 403
+    assert tc.accepted(1).items == []
+    # the rejected assignment's tasks go back to the pool for an honest node
+    honest = _node(srv)
+    hb = honest.heartbeat()
+    assert any(x.reassigned_from == node.node_id and x.seed == a1.seed for x in hb.assignments)
+
+
+def test_wrong_tasks_rejected(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    node = _node(srv)
+    a = node.heartbeat().assignments[0]
+    easy = [(f"mul_add:0*0+{i}", f"0*0+{i}=", i) for i in range(len(a.tasks))]  # node picks easy tasks
+    node.submit(a.assignment_id, write(rollouts_for(node.node_id, a, tasks=easy), tmp / "easy.parquet"))
+    [(_, v)] = val.run_once()
+    assert not v.accepted and v.reason.startswith("tasks:") and "seeded assignment" in v.reason
+    assert node.ledger().status == "ejected"
+
+
+def test_too_old_policy_rejected(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    tc = TrainerClient(srv.url, keys["trainer"])
+    tc.set_step(5, 5)
+    node = _node(srv)
+    a = node.heartbeat().assignments[0]
+    stale = rollouts_for(node.node_id, a, policy_version=2)  # window is [4, 5]
+    node.submit(a.assignment_id, write(stale, tmp / "old.parquet"))
+    [(_, v)] = val.run_once()
+    assert not v.accepted and v.reason.startswith("policy:") and "outside the async window" in v.reason
+    # a submission for a step that fell out of the window while waiting is refused too
+    node2 = _node(srv)
+    a2 = node2.heartbeat().assignments[0]
+    node2.submit(a2.assignment_id, write(rollouts_for(node2.node_id, a2), tmp / "late.parquet"))
+    tc.set_step(8, 8)
+    [(_, v2)] = val.run_once()
+    assert not v2.accepted and "older than the async window" in v2.reason
+
+
+def test_challenge_window_and_double_verdict(tmp_path):
+    cfg, keys = make_cfg(tmp_path, challenge_window_s=0.5)
+    with running(cfg, run_sweeper=False) as srv:
+        val = _validator(srv, keys, tmp_path)
+        node = _node(srv)
+        a = node.heartbeat().assignments[0]
+        node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "a.parquet"))
+        [(sid, v)] = val.run_once()
+        assert v.accepted
+        vc = ValidatorClient(srv.url, keys["validator"])
+        with pytest.raises(ApiError) as e:
+            vc.verdict(VerdictRequest(submission_id=sid, accepted=True))
+        assert e.value.status == 409
+        deadline = time.monotonic() + 10
+        while node.ledger().credits_locked > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        bal = node.ledger()
+        assert bal.credits_unlocked > 0 and bal.credits_locked == 0
+        with pytest.raises(ApiError) as e:  # window closed: the credit can no longer be challenged
+            vc.verdict(VerdictRequest(submission_id=sid, accepted=False, reason="late challenge"))
+        assert e.value.status == 409 and "window is closed" in e.value.detail
+        assert node.ledger().status == "active"
+
+
+def test_pluggable_and_lazy_checks(env, tmp_path):
+    srv, keys, tmp, cfg = env
+    calls = []
+
+    def fake_toploc(model, prompt_ids, completion_ids, proofs):
+        calls.append(len(completion_ids))
+        return (False, "proof mismatch at chunk 0") if len(calls) > 1 else (True, "ok")
+
+    import sys
+    import types
+
+    mod = types.ModuleType("fake_toploc_mod")
+    mod.verify = fake_toploc
+    sys.modules["fake_toploc_mod"] = mod
+    try:
+        vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v2"),
+                               toploc_check="fake_toploc_mod:verify", sampling_check="no_such_module_xyz:check")
+        checks = default_checks(vcfg)
+        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer(), checks=checks)
+        val._model = object()  # the check receives whatever model the validator loaded
+        node = _node(srv)
+        a = node.heartbeat().assignments[0]
+        node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp / "p.parquet"))
+        [(_, v)] = val.run_once()
+        assert not v.accepted and v.reason == "toploc: row 1: proof mismatch at chunk 0"
+    finally:
+        del sys.modules["fake_toploc_mod"]
+    # a missing module is skipped with its reason; require_proofs turns the skip into a rejection
+    chk = lazy_check("toploc", "no_such_module_xyz:verify", lambda fn, m, r: fn(m, r))
+    with pytest.raises(SkipCheck, match="no_such_module_xyz"):
+        chk(None)
+    node2 = _node(srv)
+    a2 = node2.heartbeat().assignments[0]
+    node2.submit(a2.assignment_id, write(rollouts_for(node2.node_id, a2), tmp / "q.parquet"))
+    strict = _validator(srv, keys, tmp, toploc_check="no_such_module_xyz:verify", require_proofs=True)
+    [(_, v2)] = strict.run_once()
+    assert not v2.accepted and "required but skipped" in v2.reason
+
+
+def test_optimistic_mode_lists_pending(tmp_path):
+    cfg, keys = make_cfg(tmp_path, optimistic=True)
+    with running(cfg, run_sweeper=False) as srv:
+        node = _node(srv)
+        a = node.heartbeat().assignments[0]
+        rep = node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "a.parquet"))
+        lst = TrainerClient(srv.url, keys["trainer"]).accepted(0)
+        assert lst.optimistic and [(x.submission_id, x.status) for x in lst.items] == [(rep.submission_id, "pending")]
