@@ -255,6 +255,8 @@ class Validator:
             from swarmrl.models import load_tokenizer
 
             self.tokenizer = load_tokenizer(cfg.model_dir)
+        if self.tokenizer is None:
+            log.warning("no model_dir: completions cannot be decoded, so rewards are NOT re-checked")
         self._model: Any = None
         self.work = Path(cfg.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
