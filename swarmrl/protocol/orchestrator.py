@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import threading
 import time
@@ -32,13 +34,19 @@ from swarmrl.protocol.schemas import (AcceptedList, AssignmentSpec, Balance, Err
                                       HeartbeatRequest, LedgerRow, NodeInfo, PendingList, PendingSubmission,
                                       RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionInfo,
                                       SubmitReply, TaskSpec, VerdictReply, VerdictRequest)
-from swarmrl.protocol.signing import (SignatureError, body_sha256, check_timestamp, node_id_for, parse_headers,
-                                      verify_signature)
+from swarmrl.protocol.signing import (SignatureError, SignedHeaders, body_sha256, check_timestamp, node_id_for,
+                                      parse_headers, verify_signature)
 from swarmrl.protocol.store import ContentStore, UploadTooLarge
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")
 
 UPLOAD_PREFIX = "/v1/submissions/upload/"
+
+
+@functools.lru_cache(maxsize=65536)
+def _tasks(env: str, params_json: str, seed: int, n: int) -> tuple[TaskSpec, ...]:
+    return tuple(TaskSpec(task_id=t.task_id, prompt=t.prompt)
+                 for t in assigned_tasks(env, json.loads(params_json), seed, n))
 
 
 class ProtocolError(Exception):
@@ -89,6 +97,9 @@ class Orchestrator:
         self.db.create_all()
         self.store = ContentStore(data / "store")
         self.limiter = RateLimiter(cfg.rate_limit_per_s, cfg.rate_limit_burst)
+        # False only after a query found no orphaned assignment and nothing was orphaned since
+        # (this process is the only writer of assignment states)
+        self._orphans_hint = True
         self._install_principals()
 
     # ---- state -------------------------------------------------------------------------------
@@ -110,16 +121,16 @@ class Orchestrator:
 
     @staticmethod
     def _state(s) -> tuple[int, int]:  # noqa: ANN001
-        return int(s.get(State, "step").value), int(s.get(State, "policy_version").value)
+        kv = dict(s.execute(select(State.key, State.value).where(State.key.in_(("step", "policy_version")))).all())
+        return int(kv["step"]), int(kv["policy_version"])
 
     def current(self) -> tuple[int, int]:
         with self.db.tx() as s:
             return self._state(s)
 
     # ---- authentication ------------------------------------------------------------------------
-    def authenticate(self, method: str, path: str, headers: Any, actual_sha256: str | None,
-                     roles: tuple[str, ...], allow_unregistered: bool = False, now: float | None = None) -> Principal:
-        now = time.time() if now is None else now
+    def _verify(self, method: str, path: str, headers: Any, actual_sha256: str | None, now: float) -> SignedHeaders:
+        """The checks that need no database: header syntax, clock skew, signature, body hash, rate."""
         try:
             h = parse_headers(headers)
             check_timestamp(h.timestamp, self.cfg.max_clock_skew_s, now)
@@ -130,30 +141,38 @@ class Orchestrator:
             raise ProtocolError(401, "body does not match the signed content hash (tampered or corrupted)")
         if not self.limiter.allow(h.public_key):
             raise ProtocolError(429, "rate limit exceeded for this key")
+        return h
+
+    def _admit(self, s, h: SignedHeaders, roles: tuple[str, ...], allow_unregistered: bool) -> Principal:  # noqa: ANN001
+        """Key lookup, ejection and role checks, and the nonce (inside the caller's transaction)."""
         nid = h.node_id
+        node = s.get(Node, nid)
+        if node is None:
+            if not allow_unregistered:
+                raise ProtocolError(401, "unknown key: register first")
+            role = "worker"
+        else:
+            if node.public_key != h.public_key:
+                raise ProtocolError(401, "key does not match the registered node")
+            if node.status == "ejected":
+                raise ProtocolError(403, f"node is ejected: {node.status_reason or 'slashed'}")
+            role = node.role
+        if roles and role not in roles:
+            raise ProtocolError(403, f"role {role!r} may not call this endpoint")
+        # the primary key (public_key, nonce) makes a reused nonce fail the insert
+        s.execute(Nonce.__table__.insert().values(public_key=h.public_key, nonce=h.nonce,
+                                                  expires_at=h.timestamp + self.cfg.max_clock_skew_s + 1.0))
+        return Principal(nid, h.public_key, role, h.content_sha256)
+
+    def authenticate(self, method: str, path: str, headers: Any, actual_sha256: str | None,
+                     roles: tuple[str, ...], allow_unregistered: bool = False, now: float | None = None) -> Principal:
+        now = time.time() if now is None else now
+        h = self._verify(method, path, headers, actual_sha256, now)
         try:
             with self.db.tx() as s:
-                node = s.get(Node, nid)
-                if node is None:
-                    if not allow_unregistered:
-                        raise ProtocolError(401, "unknown key: register first")
-                    role = "worker"
-                else:
-                    if node.public_key != h.public_key:
-                        raise ProtocolError(401, "key does not match the registered node")
-                    if node.status == "ejected":
-                        raise ProtocolError(403, f"node is ejected: {node.status_reason or 'slashed'}")
-                    role = node.role
-                if roles and role not in roles:
-                    raise ProtocolError(403, f"role {role!r} may not call this endpoint")
-                if s.get(Nonce, (h.public_key, h.nonce)) is not None:
-                    raise ProtocolError(401, "replayed nonce")
-                s.add(Nonce(public_key=h.public_key, nonce=h.nonce,
-                            expires_at=h.timestamp + self.cfg.max_clock_skew_s + 1.0))
-                s.flush()
+                return self._admit(s, h, roles, allow_unregistered)
         except IntegrityError:
             raise ProtocolError(401, "replayed nonce") from None
-        return Principal(nid, h.public_key, role, h.content_sha256)
 
     # ---- membership ----------------------------------------------------------------------------
     def register(self, p: Principal, req: RegisterRequest, now: float | None = None) -> RegisterReply:
@@ -176,10 +195,10 @@ class Orchestrator:
                              stake_locked=req.stake)
 
     def _spec(self, a: Assignment) -> AssignmentSpec:
-        tasks = assigned_tasks(a.env, a.env_params, a.seed, a.n_tasks)
+        tasks = _tasks(a.env, json.dumps(a.env_params or {}, sort_keys=True), a.seed, a.n_tasks)
         return AssignmentSpec(assignment_id=a.id, step=a.step, policy_version=a.policy_version, seed=a.seed, env=a.env,
                               env_params=a.env_params or {}, group_size=a.group_size, target_length=a.target_length,
-                              tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks],
+                              tasks=list(tasks),
                               reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None)
 
     def _new_assignment(self, node: Node, origin: str, seed: int, step: int, pv: int, now: float,
@@ -195,39 +214,59 @@ class Orchestrator:
 
     def heartbeat(self, p: Principal, req: HeartbeatRequest, now: float | None = None) -> HeartbeatReply:
         now = time.time() if now is None else now
-        cfg = self.cfg
         try:
             with self.db.tx() as s:
-                node = s.get(Node, p.node_id)
-                node.last_heartbeat = now
-                if node.status == "dead":  # came back: reclaim own orphaned work nobody took
-                    node.status, node.status_reason = "active", None
-                    s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned")
-                              .values(status="open"))
-                step, pv = self._state(s)
-                own = s.execute(select(Assignment.id).where(Assignment.node_id == node.id,
-                                                            Assignment.origin_node_id == node.id,
-                                                            Assignment.step == step)).first()
-                if own is None:
-                    s.add(self._new_assignment(node, node.id, task_seed(node.id, step, cfg.run_secret), step, pv, now))
-                if cfg.reassign_per_heartbeat:
-                    q = (select(Assignment).where(Assignment.status == "orphaned",
-                                                  Assignment.step >= step - cfg.async_window,
-                                                  Assignment.node_id != node.id)
-                         .order_by(Assignment.id).limit(cfg.reassign_per_heartbeat))
-                    if not self.db.is_sqlite:
-                        q = q.with_for_update(skip_locked=True)
-                    for o in s.execute(q).scalars().all():
-                        o.status = "reassigned"
-                        s.add(self._new_assignment(node, o.origin_node_id, o.seed, o.step, pv, now, parent=o.id))
-                        log.info("reassigned assignment %d (node %s) to %s", o.id, o.node_id, node.id)
-                s.flush()
-                open_ = s.execute(select(Assignment).where(Assignment.node_id == node.id, Assignment.status == "open",
-                                                           Assignment.step >= step - cfg.async_window)
-                                  .order_by(Assignment.id)).scalars().all()
-                specs = [self._spec(a) for a in open_]
+                return self._heartbeat_in(s, p, req, now)
         except IntegrityError:
             raise ProtocolError(409, "concurrent heartbeat; retry") from None
+
+    def signed_heartbeat(self, method: str, path: str, headers: Any, actual_sha256: str, req: HeartbeatRequest,
+                         now: float | None = None) -> HeartbeatReply:
+        """Authentication and the heartbeat in one transaction (the hot path)."""
+        now = time.time() if now is None else now
+        h = self._verify(method, path, headers, actual_sha256, now)
+        try:
+            with self.db.tx() as s:
+                p = self._admit(s, h, ("worker",), False)
+                return self._heartbeat_in(s, p, req, now)
+        except IntegrityError as e:
+            if "nonce" in str(e.orig).lower():
+                raise ProtocolError(401, "replayed nonce") from None
+            raise ProtocolError(409, "concurrent heartbeat; retry") from None
+
+    def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> HeartbeatReply:  # noqa: ANN001
+        cfg = self.cfg
+        node = s.get(Node, p.node_id)
+        node.last_heartbeat = now
+        if node.status == "dead":  # came back: reclaim own orphaned work nobody took
+            node.status, node.status_reason = "active", None
+            s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned")
+                      .values(status="open"))
+        step, pv = self._state(s)
+        lo = step - cfg.async_window
+        mine = s.execute(select(Assignment).where(Assignment.node_id == node.id, Assignment.step >= lo)
+                         .order_by(Assignment.id)).scalars().all()
+        if not any(a.step == step and a.origin_node_id == node.id for a in mine):
+            a = self._new_assignment(node, node.id, task_seed(node.id, step, cfg.run_secret), step, pv, now)
+            s.add(a)
+            mine.append(a)
+        if cfg.reassign_per_heartbeat and self._orphans_hint:
+            q = (select(Assignment).where(Assignment.status == "orphaned", Assignment.step >= lo,
+                                          Assignment.node_id != node.id)
+                 .order_by(Assignment.id).limit(cfg.reassign_per_heartbeat))
+            if not self.db.is_sqlite:
+                q = q.with_for_update(skip_locked=True)
+            taken = s.execute(q).scalars().all()
+            if not taken:
+                self._orphans_hint = False
+            for o in taken:
+                o.status = "reassigned"
+                a = self._new_assignment(node, o.origin_node_id, o.seed, o.step, pv, now, parent=o.id)
+                s.add(a)
+                mine.append(a)
+                log.info("reassigned assignment %d (node %s) to %s", o.id, o.node_id, node.id)
+        s.flush()
+        specs = [self._spec(a) for a in mine if a.status == "open"]
         return HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
                               heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(cfg.shardcast_relays),
                               assignments=specs)
@@ -243,6 +282,7 @@ class Orchestrator:
             for n in dead:
                 n.status, n.status_reason = "dead", f"missed {self.cfg.dead_after_missed} heartbeats"
             if ids:
+                self._orphans_hint = True
                 s.execute(update(Assignment).where(Assignment.node_id.in_(ids), Assignment.status == "open")
                           .values(status="orphaned"))
             s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
@@ -366,6 +406,7 @@ class Orchestrator:
                       .values(status="orphaned"))
             a = s.get(Assignment, sub.assignment_id)
             a.status = "orphaned"  # its tasks get redone by an honest node
+            self._orphans_hint = True
             reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
         log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,
                     sub.node_id, req.reason, reply.slashed, reply.revoked)
@@ -468,8 +509,6 @@ class _BodyCap:
 
 
 async def _send_error(send, status: int, detail: str) -> None:  # noqa: ANN001
-    import json
-
     data = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
@@ -552,9 +591,9 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         return orch.register(p, body)
 
     @app.post("/v1/nodes/heartbeat", response_model=HeartbeatReply, responses=_ERRORS, tags=["node"])
-    def heartbeat(body: HeartbeatRequest, p: Principal = Depends(signed("worker"))) -> HeartbeatReply:
+    def heartbeat(body: HeartbeatRequest, request: Request, raw: bytes = Depends(raw_body)) -> HeartbeatReply:
         """Liveness; the reply carries the node's assignments (seeded tasks, budget, weight relays)."""
-        return orch.heartbeat(p, body)
+        return orch.signed_heartbeat(request.method, _signed_path(request), request.headers, body_sha256(raw), body)
 
     @app.put(UPLOAD_PREFIX + "{assignment_id}", response_model=SubmitReply, responses=_ERRORS, tags=["node"],
              openapi_extra={"requestBody": {"required": True, "description": "the rollout parquet file; "
