@@ -67,7 +67,13 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     # the rejected assignment's tasks go back to the pool for an honest node
     honest = _node(srv)
     hb = honest.heartbeat()
-    assert any(x.reassigned_from == node.node_id and x.seed == a1.seed for x in hb.assignments)
+    redo = [x for x in hb.assignments if x.reassigned_from == node.node_id]
+    assert len(redo) == 1 and redo[0].seed == a1.seed and redo[0].tasks == a1.tasks
+    # reassigned work is validated against the original node's seed and accepted
+    honest.submit(redo[0].assignment_id, write(rollouts_for(honest.node_id, redo[0]), tmp / "redo.parquet"))
+    [(_, v2)] = val.run_once()
+    assert v2.accepted, v2.reason
+    assert [x.node_id for x in tc.accepted(1).items] == [honest.node_id]
 
 
 def test_wrong_tasks_rejected(env):

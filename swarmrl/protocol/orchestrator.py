@@ -286,6 +286,8 @@ class Orchestrator:
                 s.execute(update(Assignment).where(Assignment.node_id.in_(ids), Assignment.status == "open")
                           .values(status="orphaned"))
             s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
+        # re-arm the orphan query each sweep: bounds any missed update of the hint to one sweep interval
+        self._orphans_hint = True
         for i in ids:
             log.info("node %s is dead; its open assignments are up for reassignment", i)
         return ids
