@@ -131,3 +131,19 @@ def test_rate_limit_and_body_cap(server):
     big = b'{"status": {"x": "' + b"a" * 10_000 + b'"}}'
     r = _post(srv.url, "/v1/nodes/heartbeat", big, sign_request(nc.key, "POST", "/v1/nodes/heartbeat", big))
     assert r.status_code == 413
+
+
+def test_hostile_inputs_get_clear_4xx(server):
+    srv, keys = server
+    nc = NodeClient(srv.url, generate_key())
+    nc.register(throughput=10.0, stake=100.0)
+    for path in (f"/v1/submissions/upload/{10**30}", "/v1/submissions/upload/-1", "/v1/submissions/upload/abc"):
+        h = sign_request(nc.key, "PUT", path, b"x")
+        r = httpx.put(srv.url + path, content=b"x", headers=h)
+        assert r.status_code == 422, (path, r.status_code)
+    path = "/v1/nodes/heartbeat"
+    for body in (b"not json", b'{"status": 5}', b'{"unknown": 1}', b"\xff\xfe"):
+        r = _post(srv.url, path, body, sign_request(nc.key, "POST", path, body))
+        assert r.status_code == 422, (body, r.status_code)
+    r = httpx.get(srv.url + "/v1/nodes/" + "x" * 5000 + "/ledger")
+    assert r.status_code == 404

@@ -17,9 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -41,6 +41,8 @@ from swarmrl.protocol.store import ContentStore, UploadTooLarge
 log = logging.getLogger("swarmrl.protocol.orchestrator")
 
 UPLOAD_PREFIX = "/v1/submissions/upload/"
+MAX_ID = 2**62
+IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -602,7 +604,7 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
                                             "X-Swarm-Content-SHA256 is its sha256",
                                             "content": {"application/octet-stream": {"schema": {
                                                 "type": "string", "format": "binary"}}}}})
-    async def upload(assignment_id: int, request: Request) -> SubmitReply:
+    async def upload(assignment_id: IdParam, request: Request) -> SubmitReply:
         """Upload a rollout file for an open assignment (streamed under a byte cap, schema-checked)."""
         p = await run_in_threadpool(orch.authenticate, request.method, _signed_path(request), request.headers, None,
                                     ("worker",))
@@ -621,12 +623,12 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
 
     @app.get("/v1/submissions/{submission_id}/file", responses=_ERRORS, tags=["validator", "trainer"],
              response_class=FileResponse)
-    def submission_file(submission_id: int, p: Principal = Depends(signed("validator", "trainer"))) -> FileResponse:
+    def submission_file(submission_id: IdParam, p: Principal = Depends(signed("validator", "trainer"))) -> FileResponse:
         return FileResponse(orch.submission_path(submission_id), media_type="application/octet-stream")
 
     @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
-    def pending(limit: int = 16, p: Principal = Depends(signed("validator"))) -> PendingList:
-        return orch.pending(max(1, min(limit, 256)))
+    def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16, p: Principal = Depends(signed("validator"))) -> PendingList:
+        return orch.pending(limit)
 
     @app.post("/v1/validator/verdicts", response_model=VerdictReply, responses=_ERRORS, tags=["validator"])
     def verdict(body: VerdictRequest, p: Principal = Depends(signed("validator"))) -> VerdictReply:
@@ -640,7 +642,7 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
 
     @app.get("/v1/trainer/steps/{step}/submissions", response_model=AcceptedList, responses=_ERRORS,
              tags=["trainer"])
-    def accepted(step: int, p: Principal = Depends(signed("trainer"))) -> AcceptedList:
+    def accepted(step: Annotated[int, PathParam(ge=0, le=MAX_ID)], p: Principal = Depends(signed("trainer"))) -> AcceptedList:
         """Accepted submissions for a step (plus pending ones when the orchestrator runs optimistic)."""
         return orch.accepted(step)
 
