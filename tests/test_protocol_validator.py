@@ -179,3 +179,24 @@ def test_optimistic_mode_lists_pending(tmp_path):
         rep = node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "a.parquet"))
         lst = TrainerClient(srv.url, keys["trainer"]).accepted(0)
         assert lst.optimistic and [(x.submission_id, x.status) for x in lst.items] == [(rep.submission_id, "pending")]
+
+
+def test_ejection_rejects_pending_work_and_frees_its_tasks(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    tc = TrainerClient(srv.url, keys["trainer"])
+    node = _node(srv)
+    a0 = node.heartbeat().assignments[0]
+    tc.set_step(1, 1)
+    a1 = [x for x in node.heartbeat().assignments if x.step == 1][0]
+    node.submit(a0.assignment_id, write(rollouts_for(node.node_id, a0, correct=False, forge_rewards=True),
+                                        tmp / "bad.parquet"))
+    node.submit(a1.assignment_id, write(rollouts_for(node.node_id, a1), tmp / "fine.parquet"))
+    judged = val.run_once()  # the second verdict meets a 409 (node already ejected) and is skipped
+    assert [v.accepted for _, v in judged] == [False]
+    assert srv.orch.accepted(1).items == []
+    honest = _node(srv)
+    seeds = set()
+    for _ in range(3):  # one reassignment per heartbeat
+        seeds |= {x.seed for x in honest.heartbeat().assignments if x.reassigned_from == node.node_id}
+    assert seeds == {a0.seed, a1.seed}

@@ -404,12 +404,15 @@ class Orchestrator:
                                submission_id=sub.id, now=now)
             node = s.get(Node, sub.node_id)
             node.status, node.status_reason = "ejected", f"invalid submission {sub.id}: {sub.reason}"[:1000]
-            s.execute(update(Submission).where(Submission.node_id == node.id, Submission.status == "pending")
-                      .values(status="rejected", reason="node ejected"))
+            others = s.execute(select(Submission).where(Submission.node_id == node.id,
+                                                         Submission.status == "pending")).scalars().all()
+            for o in others:
+                o.status, o.reason, o.validated_at = "rejected", "node ejected", now
+            # everything the node still held goes back to the pool for honest nodes
+            held = [o.assignment_id for o in others] + [sub.assignment_id]
+            s.execute(update(Assignment).where(Assignment.id.in_(held)).values(status="orphaned"))
             s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "open")
                       .values(status="orphaned"))
-            a = s.get(Assignment, sub.assignment_id)
-            a.status = "orphaned"  # its tasks get redone by an honest node
             self._orphans_hint = True
             reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
         log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,

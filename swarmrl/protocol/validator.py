@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from swarmrl.envs import Task, make_env
 from swarmrl.protocol.assignment import assigned_tasks, task_seed
+from swarmrl.protocol.client import ApiError
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import CheckResult, PendingSubmission, VerdictRequest
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
@@ -283,8 +284,14 @@ class Validator:
                                 [CheckResult(name="hash", ok=False, reason="mismatch")])
                 else:
                     v = judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model)
-            self.client.verdict(VerdictRequest(submission_id=sid, accepted=v.accepted, reason=v.reason,
-                                               checks=v.checks))
+            try:
+                self.client.verdict(VerdictRequest(submission_id=sid, accepted=v.accepted, reason=v.reason,
+                                                   checks=v.checks))
+            except ApiError as e:
+                if e.status != 409:  # 409: decided meanwhile (another validator, or its node was ejected)
+                    raise
+                log.info("submission %d already decided: %s", sid, e.detail)
+                continue
             log.info("submission %d from %s: %s (%s)", sid, item.submission.node_id,
                      "accepted" if v.accepted else "REJECTED", v.reason)
             self.judged += 1
