@@ -12,7 +12,7 @@ from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, Validat
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import VerdictRequest
 from swarmrl.protocol.signing import generate_key
-from swarmrl.protocol.validator import SkipCheck, Validator, default_checks, lazy_check
+from swarmrl.protocol.validator import SkipCheck, Validator, lazy_check
 
 
 def _validator(srv, keys, tmp, **kw) -> Validator:
@@ -134,41 +134,54 @@ def test_challenge_window_and_double_verdict(tmp_path):
 
 def test_pluggable_and_lazy_checks(env, tmp_path):
     srv, keys, tmp, cfg = env
-    calls = []
-
-    def fake_toploc(model, prompt_ids, completion_ids, proofs):
-        calls.append(len(completion_ids))
-        return (False, "proof mismatch at chunk 0") if len(calls) > 1 else (True, "ok")
-
     import sys
     import types
 
+    seen = []
+    fail_from = {"row": 10**9}
+
+    def fake_verify(model, prompt_ids, completion_ids, proofs, claim=None):
+        seen.append((model, claim))
+        ok = len(seen) <= fail_from["row"]
+        return types.SimpleNamespace(passed=ok, reason=None if ok else "proof mismatch at chunk 0",
+                                     sampling=types.SimpleNamespace(passed=True, reasons=[]))
+
     mod = types.ModuleType("fake_toploc_mod")
-    mod.verify = fake_toploc
+    mod.verify = fake_verify
+    mod.claim = lambda row, eos: ("claim", row.temperature, eos)
     sys.modules["fake_toploc_mod"] = mod
     try:
-        vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v2"),
-                               toploc_check="fake_toploc_mod:verify", sampling_check="no_such_module_xyz:check")
-        checks = default_checks(vcfg)
-        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer(), checks=checks)
-        val._model = object()  # the check receives whatever model the validator loaded
+        vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v2"), toploc_check="fake_toploc_mod:verify",
+                               sampling_claim="fake_toploc_mod:claim")
+        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+        val._load_model = lambda version: f"model-v{version}"  # the policy of each row's version
         node = _node(srv)
         a = node.heartbeat().assignments[0]
         node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp / "p.parquet"))
         [(_, v)] = val.run_once()
-        assert not v.accepted and v.reason == "toploc: row 1: proof mismatch at chunk 0"
+        assert v.accepted, v.reason
+        by_name = {c.name: c for c in v.checks}
+        assert by_name["toploc"].ok and not by_name["toploc"].skipped
+        assert by_name["sampling"].ok and not by_name["sampling"].skipped
+        assert seen[0] == ("model-v0", ("claim", 1.0, tokenizer().eos_token_id))
+        fail_from["row"] = len(seen) + 1  # the next submission's second row fails
+        node2 = _node(srv)
+        a2 = node2.heartbeat().assignments[0]
+        node2.submit(a2.assignment_id, write(rollouts_for(node2.node_id, a2), tmp / "p2.parquet"))
+        [(_, v2)] = val.run_once()
+        assert not v2.accepted and v2.reason == "toploc: row 1: proof mismatch at chunk 0"
     finally:
         del sys.modules["fake_toploc_mod"]
     # a missing module is skipped with its reason; require_proofs turns the skip into a rejection
     chk = lazy_check("toploc", "no_such_module_xyz:verify", lambda fn, m, r: fn(m, r))
     with pytest.raises(SkipCheck, match="no_such_module_xyz"):
         chk(None)
-    node2 = _node(srv)
-    a2 = node2.heartbeat().assignments[0]
-    node2.submit(a2.assignment_id, write(rollouts_for(node2.node_id, a2), tmp / "q.parquet"))
+    node3 = _node(srv)
+    a3 = node3.heartbeat().assignments[0]
+    node3.submit(a3.assignment_id, write(rollouts_for(node3.node_id, a3), tmp / "q.parquet"))
     strict = _validator(srv, keys, tmp, toploc_check="no_such_module_xyz:verify", require_proofs=True)
-    [(_, v2)] = strict.run_once()
-    assert not v2.accepted and "required but skipped" in v2.reason
+    [(_, v3)] = strict.run_once()
+    assert not v3.accepted and "required but skipped" in v3.reason
 
 
 def test_optimistic_mode_lists_pending(tmp_path):

@@ -8,8 +8,9 @@ Checks are plain callables ``check(ctx) -> (ok, reason)`` run in order; a check 
 - ``tasks``: groups answer exactly the seeded tasks (group size, prompts, thinking budget)
 - ``policy``: every row's policy version lies inside the async window and was published
 - ``rewards``: completions decoded with the policy's tokenizer and re-scored with the env verifier
-- ``toploc`` and ``sampling``: imported lazily from dotted paths in the config (default
-  ``swarmrl.toploc``); skipped with a logged reason while that module is absent
+- ``toploc`` and ``sampling``: imported lazily from ``module:function`` names in the config (default
+  ``swarmrl.toploc``); skipped with a logged reason while that module is absent. The model is the one
+  of each row's policy version (``model_dir_template``) or ``model_dir``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class CheckContext:
     item: PendingSubmission
     cfg: ValidatorConfig
     tokenizer: Any = None
-    model_loader: Callable[[], Any] | None = None
+    model_loader: Callable[[int], Any] | None = None  # policy version -> model
     cache: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -54,10 +55,10 @@ class CheckContext:
             self.cache["tasks"] = assigned_tasks(a.env, a.env_params, a.seed, len(a.tasks))
         return self.cache["tasks"]
 
-    def model(self) -> Any:
+    def model(self, policy_version: int) -> Any:
         if self.model_loader is None:
             raise SkipCheck("no model_dir configured")
-        return self.model_loader()
+        return self.model_loader(policy_version)
 
 
 Check = Callable[[CheckContext], tuple[bool, str]]
@@ -168,13 +169,24 @@ def _import_dotted(spec: str) -> Callable[..., Any]:
 
 def _result(res: Any) -> tuple[bool, str]:
     if isinstance(res, tuple):
-        return bool(res[0]), str(res[1])
-    return bool(getattr(res, "passed")), str(getattr(res, "reason", ""))
+        return bool(res[0]), str(res[1] or "")
+    return bool(getattr(res, "passed")), str(getattr(res, "reason", "") or "")
+
+
+def _optional_import(spec: str, what: str) -> Callable[..., Any] | None:
+    if not spec:
+        return None
+    try:
+        return _import_dotted(spec)
+    except ImportError as e:
+        log.warning("%s skipped: cannot import %s (%s)", what, spec, e)
+        return None
 
 
 def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any, Rollout], Any]) -> Check:
     """A check whose implementation is imported from ``module:function`` on first use; when the module
-    is missing it is skipped (with the reason logged) instead of failing."""
+    is missing it is skipped (with the reason logged) instead of failing. ``per_row(fn, model, row)``
+    calls it for one row with the model of that row's policy version."""
 
     def check(ctx: CheckContext) -> tuple[bool, str]:
         if not spec:
@@ -184,14 +196,58 @@ def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any,
         except ImportError as e:
             log.warning("%s check skipped: cannot import %s (%s)", name, spec, e)
             raise SkipCheck(f"{spec} not available: {e}") from None
-        model = ctx.model()
         for i, r in enumerate(ctx.rows):
-            ok, reason = _result(per_row(fn, model, r))
+            ok, reason = _result(per_row(fn, ctx.model(r.policy_version), r))
             if not ok:
                 return False, f"row {i}: {reason}"
         return True, f"{len(ctx.rows)} rows pass"
 
     check.__name__ = f"check_{name}"
+    return check
+
+
+def toploc_check(cfg: ValidatorConfig) -> Check:
+    """TOPLOC proofs per row: ``verify_rollout(model, prompt_ids, completion_ids, proofs[, claim=...])``.
+    When ``cfg.sampling_claim`` imports (default ``swarmrl.toploc:claim_from_rollout``) each row's sampling
+    claim (temperature, logprobs, finished) is checked in the same prefill."""
+
+    def per_row(fn: Callable[..., Any], model: Any, r: Rollout, ctx: CheckContext) -> Any:
+        kw = {}
+        claim_fn = ctx.cache.get("claim_fn")
+        eos = getattr(ctx.tokenizer, "eos_token_id", None)
+        if claim_fn is not None and eos is not None:
+            kw["claim"] = claim_fn(r, eos)
+        res = fn(model, list(r.prompt_ids), list(r.completion_ids), list(r.proofs), **kw)
+        ctx.cache.setdefault("toploc_results", []).append(res)
+        return res
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        ctx.cache["claim_fn"] = _optional_import(cfg.sampling_claim, "sampling claims")
+        inner = lazy_check("toploc", cfg.toploc_check, lambda fn, m, r: per_row(fn, m, r, ctx))
+        return inner(ctx)
+
+    check.__name__ = "check_toploc"
+    return check
+
+
+def sampling_check(cfg: ValidatorConfig) -> Check:
+    """A separate per-row sampling check ``fn(model, row)`` when ``cfg.sampling_check`` names one; otherwise
+    the sampling results the TOPLOC check produced in its prefill (skipped when there are none)."""
+    separate = lazy_check("sampling", cfg.sampling_check, lambda fn, m, r: fn(m, r))
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if cfg.sampling_check:
+            return separate(ctx)
+        results = ctx.cache.get("toploc_results") or []
+        samp = [getattr(x, "sampling", None) for x in results]
+        if not samp or all(x is None for x in samp):
+            raise SkipCheck("no sampling results (TOPLOC check skipped or made no sampling claim)")
+        for i, x in enumerate(samp):
+            if x is not None and not x.passed:
+                return False, f"row {i}: " + "; ".join(getattr(x, "reasons", []) or ["implausible sampling"])
+        return True, f"{sum(x is not None for x in samp)} rows plausibly sampled"
+
+    check.__name__ = "check_sampling"
     return check
 
 
@@ -202,9 +258,8 @@ def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
         ("tasks", check_tasks),
         ("policy", check_policy),
         ("rewards", check_rewards),
-        ("toploc", lazy_check("toploc", cfg.toploc_check,
-                              lambda fn, m, r: fn(m, list(r.prompt_ids), list(r.completion_ids), list(r.proofs)))),
-        ("sampling", lazy_check("sampling", cfg.sampling_check, lambda fn, m, r: fn(m, r))),
+        ("toploc", toploc_check(cfg)),
+        ("sampling", sampling_check(cfg)),
     ]
 
 
@@ -216,7 +271,7 @@ class Verdict:
 
 
 def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks: list[tuple[str, Check]],
-          tokenizer: Any = None, model_loader: Callable[[], Any] | None = None) -> Verdict:
+          tokenizer: Any = None, model_loader: Callable[[int], Any] | None = None) -> Verdict:
     results: list[CheckResult] = []
     try:
         rows = read_rollouts(rows_path)
@@ -258,19 +313,29 @@ class Validator:
             self.tokenizer = load_tokenizer(cfg.model_dir)
         if self.tokenizer is None:
             log.warning("no model_dir: completions cannot be decoded, so rewards are NOT re-checked")
-        self._model: Any = None
+        self._models: dict[str, Any] = {}
         self.work = Path(cfg.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.judged = 0
 
-    def _load_model(self) -> Any:
-        if self._model is None:
-            if not self.cfg.model_dir:
-                raise SkipCheck("no model_dir configured")
+    def _load_model(self, policy_version: int) -> Any:
+        """The policy that generated a row: ``model_dir_template`` formatted with the version (e.g. a
+        SHARDCAST download dir), else ``model_dir``. The last two models stay loaded."""
+        if self.cfg.model_dir_template:
+            path = self.cfg.model_dir_template.format(policy_version=policy_version)
+        elif self.cfg.model_dir:
+            path = self.cfg.model_dir
+        else:
+            raise SkipCheck("no model_dir configured")
+        if path not in self._models:
+            if not Path(path, "config.json").is_file():
+                raise SkipCheck(f"no model for policy version {policy_version} at {path}")
             from swarmrl.models import load_model
 
-            self._model = load_model(self.cfg.model_dir)
-        return self._model
+            if len(self._models) >= 2:
+                self._models.pop(next(iter(self._models)))
+            self._models[path] = load_model(path)
+        return self._models[path]
 
     def run_once(self) -> list[tuple[int, Verdict]]:
         out = []
