@@ -55,16 +55,21 @@ def test_real_toploc_proofs(tmp_path):
         val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"),
                                         model_dir=str(tmp_path / "policy")),
                         client=ValidatorClient(srv.url, keys["validator"]))
-        honest, cheat = NodeClient(srv.url, generate_key()), NodeClient(srv.url, generate_key())
-        for n in (honest, cheat):
+        honest, cheat, liar = (NodeClient(srv.url, generate_key()) for _ in range(3))
+        for n in (honest, cheat, liar):
             n.register(throughput=10.0, stake=100.0)
-        ah, ac = honest.heartbeat().assignments[0], cheat.heartbeat().assignments[0]
+        ah, ac, al = (n.heartbeat().assignments[0] for n in (honest, cheat, liar))
         honest.submit(ah.assignment_id, write_rollouts(_rollouts(policy, tok, honest.node_id, ah, 1),
                                                        tmp_path / "h.parquet"))
         cheat.submit(ac.assignment_id, write_rollouts(_rollouts(impostor, tok, cheat.node_id, ac, 2),
                                                       tmp_path / "c.parquet"))
+        lied = _rollouts(policy, tok, liar.node_id, al, 3)
+        for r in lied:  # right model and proofs, but claims every token was near-certain
+            r.logprobs = [-0.001] * len(r.logprobs)
+        liar.submit(al.assignment_id, write_rollouts(lied, tmp_path / "l.parquet"))
         verdicts = {sid: v for sid, v in val.run_once()}
-        hv, cv = verdicts[1], verdicts[2]
+        hv, cv, lv = verdicts[1], verdicts[2], verdicts[3]
+        assert not lv.accepted and "sampling" in lv.reason, lv.reason
         assert hv.accepted, hv.reason
         skipped = {c.name: c.skipped for c in hv.checks}
         assert skipped["toploc"] is False and skipped["sampling"] is False

@@ -77,7 +77,7 @@ class ValidatorConfig(StrictModel):
     reward_tolerance: float = Field(1e-4, ge=0)
     model_dir_template: str = ""  # e.g. "runs/ckpt/v{policy_version}": the policy per version for TOPLOC
     toploc_check: str = "swarmrl.toploc:verify_rollout"  # module:function; skipped (logged) when absent
-    sampling_claim: str = "swarmrl.toploc:claim_from_rollout"  # row -> claim, checked in the TOPLOC prefill
+    sampling_claim: str = "swarmrl.toploc.rollout:claim_from_rollout"  # row -> claim, checked in the TOPLOC prefill
     sampling_check: str = ""  # optional separate module:function(model, row) -> (ok, reason) | .passed/.reason
     require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
     max_batches: int = Field(0, ge=0)  # 0: run forever

@@ -208,7 +208,7 @@ def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any,
 
 def toploc_check(cfg: ValidatorConfig) -> Check:
     """TOPLOC proofs per row: ``verify_rollout(model, prompt_ids, completion_ids, proofs[, claim=...])``.
-    When ``cfg.sampling_claim`` imports (default ``swarmrl.toploc:claim_from_rollout``) each row's sampling
+    When ``cfg.sampling_claim`` imports (default ``swarmrl.toploc.rollout:claim_from_rollout``) each row's sampling
     claim (temperature, logprobs, finished) is checked in the same prefill."""
 
     def per_row(fn: Callable[..., Any], model: Any, r: Rollout, ctx: CheckContext) -> Any:
