@@ -53,6 +53,10 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     node.submit(a1.assignment_id, write(forged, tmp / "s1.parquet"))
     [(sid1, v1)] = val.run_once()
     assert not v1.accepted and v1.reason.startswith("rewards:") and "verifier gives 0" in v1.reason
+    detail = node.submission(sid1)  # the verdict and every check's reason are public and persisted
+    assert detail.status == "rejected" and detail.reason == v1.reason
+    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "rewards"]
+    assert node.submission(sid0).status == "accepted"
     bal = node.ledger()
     assert bal.status == "ejected"
     assert bal.stake == pytest.approx(200.0 * (1 - 0.25))

@@ -72,6 +72,26 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
     run_node(client, handler=None, max_beats=max_beats, on_reply=show)
 
 
+@node_app.command("status")
+def node_status(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")] = "http://127.0.0.1:8700",
+                key: Annotated[Optional[Path], typer.Option(help="Node private key file.")] = None,
+                node_id: Annotated[Optional[str], typer.Option(help="Any node id (instead of --key).")] = None) -> None:
+    """A node's status, stake and credits (locked / unlocked) with its ledger rows, as JSON."""
+    from swarmrl.protocol.client import ApiError, NodeClient
+    from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex
+
+    if node_id is None and key is None:
+        console.print("[red]error:[/red] give --key or --node-id")
+        raise typer.Exit(2)
+    nid = node_id or node_id_for(public_key_hex(load_private_key(key)))
+    with NodeClient(orchestrator, generate_key()) as c:  # public endpoint: no signature needed
+        try:
+            typer.echo(c.ledger(nid).model_dump_json(indent=2))
+        except ApiError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from None
+
+
 @orch_app.command("serve")
 def serve(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
           port: Annotated[Optional[int], typer.Option(help="Port (127.0.0.1 by default).")] = None,

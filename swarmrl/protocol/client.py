@@ -16,7 +16,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarmrl.protocol.schemas import (AcceptedList, Balance, HeartbeatReply, HeartbeatRequest, PendingList,
-                                      RegisterReply, RegisterRequest, StepReply, StepRequest, SubmitReply,
+                                      RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionDetail, SubmitReply,
                                       VerdictReply, VerdictRequest)
 from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex, sign_request
 
@@ -95,6 +95,10 @@ class NodeClient(SignedClient):
         headers["Content-Length"] = str(path.stat().st_size)
         r = self._check(self.http.put(url, content=chunks(), headers=headers))
         return SubmitReply.model_validate_json(r.content)
+
+    def submission(self, submission_id: int) -> SubmissionDetail:
+        r = self._check(self.http.get(f"/v1/submissions/{int(submission_id)}"))
+        return SubmissionDetail.model_validate_json(r.content)
 
     def ledger(self, node_id: str | None = None) -> Balance:
         r = self._check(self.http.get(f"/v1/nodes/{node_id or self.node_id}/ledger"))

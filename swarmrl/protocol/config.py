@@ -88,5 +88,5 @@ class NodeConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""
     stake: float = Field(100.0, ge=0)
-    throughput: float = Field(0.0, ge=0)  # tokens/s; 0: measure
+    throughput: float = Field(0.0, ge=0)  # generation tokens/s as measured by the worker (sets thinking budgets)
     timeout_s: float = Field(30.0, gt=0)

@@ -33,7 +33,7 @@ from swarmrl.protocol.models import Assignment, Node, Nonce, State, Submission
 from swarmrl.protocol.schemas import (AcceptedList, AssignmentSpec, Balance, ErrorBody, Health, HeartbeatReply,
                                       HeartbeatRequest, LedgerRow, NodeInfo, PendingList, PendingSubmission,
                                       RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionInfo,
-                                      SubmitReply, TaskSpec, VerdictReply, VerdictRequest)
+                                      SubmissionDetail, SubmitReply, TaskSpec, VerdictReply, VerdictRequest)
 from swarmrl.protocol.signing import (SignatureError, SignedHeaders, body_sha256, check_timestamp, node_id_for,
                                       parse_headers, verify_signature)
 from swarmrl.protocol.store import ContentStore, UploadTooLarge
@@ -356,6 +356,14 @@ class Orchestrator:
             raise ProtocolError(410, f"file of submission {submission_id} is missing from the store")
         return path
 
+    def submission(self, submission_id: int) -> SubmissionDetail:
+        with self.db.tx() as s:
+            sub = s.get(Submission, submission_id)
+            if sub is None:
+                raise ProtocolError(404, f"no submission {submission_id}")
+            return SubmissionDetail(**self._info(sub).model_dump(), checks=sub.checks or [],
+                                    validator_id=sub.validator_id, validated_at=sub.validated_at)
+
     @staticmethod
     def _info(sub: Submission) -> SubmissionInfo:
         return SubmissionInfo(submission_id=sub.id, node_id=sub.node_id, assignment_id=sub.assignment_id, step=sub.step,
@@ -623,6 +631,11 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
             orch.store.discard(tmp)
             raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
         return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+
+    @app.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=_ERRORS, tags=["public"])
+    def submission(submission_id: IdParam) -> SubmissionDetail:
+        """A submission's status and, once judged, the validator's verdict with the reason of every check."""
+        return orch.submission(submission_id)
 
     @app.get("/v1/submissions/{submission_id}/file", responses=_ERRORS, tags=["validator", "trainer"],
              response_class=FileResponse)

@@ -62,6 +62,13 @@ class SubmitReply(Body):
     status: str
 
 
+class CheckResult(Body):
+    name: str
+    ok: bool
+    reason: str = ""
+    skipped: bool = False
+
+
 class SubmissionInfo(Body):
     submission_id: int
     node_id: str
@@ -75,6 +82,12 @@ class SubmissionInfo(Body):
     created_at: float
 
 
+class SubmissionDetail(SubmissionInfo):
+    checks: list[CheckResult] = Field(default_factory=list)
+    validator_id: str | None = None
+    validated_at: float | None = None
+
+
 class PendingSubmission(Body):
     submission: SubmissionInfo
     assignment: AssignmentSpec
@@ -86,13 +99,6 @@ class PendingSubmission(Body):
 
 class PendingList(Body):
     items: list[PendingSubmission]
-
-
-class CheckResult(Body):
-    name: str
-    ok: bool
-    reason: str = ""
-    skipped: bool = False
 
 
 class VerdictRequest(Body):
