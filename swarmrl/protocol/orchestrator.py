@@ -531,8 +531,11 @@ async def _send_error(send, status: int, detail: str) -> None:  # noqa: ANN001
 
 
 def _signed_path(request: Request) -> str:
-    q = request.url.query
-    return request.url.path + (f"?{q}" if q else "")
+    """The path as sent (percent-encoding untouched) plus the raw query: what the client signed."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else request.url.path
+    q = request.scope.get("query_string", b"").decode("latin-1")
+    return path + (f"?{q}" if q else "")
 
 
 _ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429)}
