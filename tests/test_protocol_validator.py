@@ -57,6 +57,15 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     assert detail.status == "rejected" and detail.reason == v1.reason
     assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "rewards"]
     assert node.submission(sid0).status == "accepted"
+    from swarmrl.utils.metrics import read_metrics
+
+    events = [r for r in read_metrics(tmp / "orch" / "metrics.jsonl") if r["event"] == "verdict"]
+    assert [(e["submission_id"], e["status"]) for e in events] == [(sid0, "accepted"), (sid1, "rejected")]
+    assert events[1]["slashed"] == pytest.approx(50.0) and events[1]["revoked"] == events[0]["credited"]
+    vrows = read_metrics(tmp / "val" / "metrics.jsonl")
+    assert [r["accepted"] for r in vrows] == [True, False]
+    snap = srv.orch.snapshot()
+    assert snap["nodes_ejected"] == 1 and snap["submissions_rejected"] == 1 and snap["submissions_accepted"] == 1
     bal = node.ledger()
     assert bal.status == "ejected"
     assert bal.stake == pytest.approx(200.0 * (1 - 0.25))

@@ -53,6 +53,9 @@ class OrchestratorConfig(StrictModel):
     challenge_window_s: float = Field(24 * 3600.0, ge=0)
     slash_fraction: float = Field(0.5, ge=0, le=1)
     optimistic: bool = False  # trainer may use pending submissions before a verdict
+    # metrics (JSONL): "" = <data_dir>/metrics.jsonl; a snapshot row every metrics_interval_s plus verdict events
+    metrics_path: str = ""
+    metrics_interval_s: float = Field(10.0, gt=0)
 
     @field_validator("validator_keys", "trainer_keys")
     @classmethod

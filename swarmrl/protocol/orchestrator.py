@@ -102,6 +102,9 @@ class Orchestrator:
         # False only after a query found no orphaned assignment and nothing was orphaned since
         # (this process is the only writer of assignment states)
         self._orphans_hint = True
+        self.counters = {"heartbeats": 0, "uploads": 0, "refused": 0}
+        self._metrics = None
+        self._last_metrics = 0.0
         self._install_principals()
 
     # ---- state -------------------------------------------------------------------------------
@@ -238,6 +241,7 @@ class Orchestrator:
 
     def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> HeartbeatReply:  # noqa: ANN001
         cfg = self.cfg
+        self.counters["heartbeats"] += 1
         node = s.get(Node, p.node_id)
         node.last_heartbeat = now
         if node.status == "dead":  # came back: reclaim own orphaned work nobody took
@@ -294,6 +298,31 @@ class Orchestrator:
             log.info("node %s is dead; its open assignments are up for reassignment", i)
         return ids
 
+    def metrics(self):  # noqa: ANN201
+        from swarmrl.utils.metrics import MetricsWriter
+
+        if self._metrics is None:
+            self._metrics = MetricsWriter(self.cfg.metrics_path or Path(self.cfg.data_dir) / "metrics.jsonl")
+        return self._metrics
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counts by state, for the metrics file and operators."""
+        from sqlalchemy import func
+
+        with self.db.tx() as s:
+            step, pv = self._state(s)
+            nodes = dict(s.execute(select(Node.status, func.count()).where(Node.role == "worker")
+                                   .group_by(Node.status)).all())
+            subs = dict(s.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
+        return {"step": step, "policy_version": pv, **{f"nodes_{k}": int(v) for k, v in nodes.items()},
+                **{f"submissions_{k}": int(v) for k, v in subs.items()}, **self.counters}
+
+    def maybe_write_metrics(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now - self._last_metrics >= self.cfg.metrics_interval_s:
+            self._last_metrics = now
+            self.metrics().write(event="snapshot", **self.snapshot())
+
     # ---- submissions -----------------------------------------------------------------------------
     def precheck_upload(self, p: Principal, assignment_id: int) -> None:
         with self.db.tx() as s:
@@ -343,6 +372,7 @@ class Orchestrator:
             raise ProtocolError(409, "duplicate submission (same file or assignment)") from None
         finally:
             self.store.discard(tmp)
+        self.counters["uploads"] += 1
         log.info("submission %d from %s: %d rows, %s", reply.submission_id, p.node_id, reply.n_rows, sha[:12])
         return reply
 
@@ -401,31 +431,40 @@ class Orchestrator:
                 raise ProtocolError(409, f"submission {sub.id} already has a verdict ({sub.status})")
             sub.validator_id, sub.validated_at, sub.checks = p.node_id, now, checks
             reply = VerdictReply(submission_id=sub.id, status="accepted" if req.accepted else "rejected")
+            node_id = sub.node_id
             if req.accepted:
                 sub.status, sub.reason = "accepted", req.reason or None
                 amount = self.cfg.credit_per_sample * sub.n_rows
                 ledger.credit(s, sub.node_id, amount, sub.id, self.cfg.challenge_window_s, now=now)
                 reply.credited = amount
-                return reply
-            sub.status, sub.reason = "rejected", req.reason or "rejected by validator"
-            res = ledger.slash(s, sub.node_id, self.cfg.slash_fraction, f"submission {sub.id}: {sub.reason}",
-                               submission_id=sub.id, now=now)
-            node = s.get(Node, sub.node_id)
-            node.status, node.status_reason = "ejected", f"invalid submission {sub.id}: {sub.reason}"[:1000]
-            others = s.execute(select(Submission).where(Submission.node_id == node.id,
-                                                         Submission.status == "pending")).scalars().all()
-            for o in others:
-                o.status, o.reason, o.validated_at = "rejected", "node ejected", now
-            # everything the node still held goes back to the pool for honest nodes
-            held = [o.assignment_id for o in others] + [sub.assignment_id]
-            s.execute(update(Assignment).where(Assignment.id.in_(held)).values(status="orphaned"))
-            s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "open")
-                      .values(status="orphaned"))
-            self._orphans_hint = True
-            reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
-        log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,
-                    sub.node_id, req.reason, reply.slashed, reply.revoked)
+            else:
+                self._punish(s, sub, req, reply, now)
+        self.metrics().write(event="verdict", submission_id=req.submission_id, node_id=node_id,
+                             validator_id=p.node_id, status=reply.status, credited=reply.credited,
+                             slashed=reply.slashed, revoked=reply.revoked, reason=req.reason[:300])
+        if not req.accepted:
+            log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,
+                        node_id, req.reason, reply.slashed, reply.revoked)
         return reply
+
+    def _punish(self, s, sub: Submission, req: VerdictRequest, reply: VerdictReply, now: float) -> None:  # noqa: ANN001
+        """Reject: slash the stake, revoke in-window credits, eject, reject its pending work, free its tasks."""
+        sub.status, sub.reason = "rejected", req.reason or "rejected by validator"
+        res = ledger.slash(s, sub.node_id, self.cfg.slash_fraction, f"submission {sub.id}: {sub.reason}",
+                           submission_id=sub.id, now=now)
+        node = s.get(Node, sub.node_id)
+        node.status, node.status_reason = "ejected", f"invalid submission {sub.id}: {sub.reason}"[:1000]
+        others = s.execute(select(Submission).where(Submission.node_id == node.id,
+                                                     Submission.status == "pending")).scalars().all()
+        for o in others:
+            o.status, o.reason, o.validated_at = "rejected", "node ejected", now
+        # everything the node still held goes back to the pool for honest nodes
+        held = [o.assignment_id for o in others] + [sub.assignment_id]
+        s.execute(update(Assignment).where(Assignment.id.in_(held)).values(status="orphaned"))
+        s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "open")
+                  .values(status="orphaned"))
+        self._orphans_hint = True
+        reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
 
     # ---- trainer ---------------------------------------------------------------------------------
     def set_step(self, req: StepRequest) -> StepReply:
@@ -558,6 +597,7 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
                     await asyncio.sleep(cfg.sweep_interval_s)
                     try:
                         await run_in_threadpool(orch.sweep)
+                        await run_in_threadpool(orch.maybe_write_metrics)
                     except Exception:  # keep sweeping; a DB hiccup must not kill membership
                         log.exception("sweep failed")
             task = asyncio.create_task(sweeper())

@@ -317,6 +317,9 @@ class Validator:
         self.work = Path(cfg.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.judged = 0
+        from swarmrl.utils.metrics import MetricsWriter
+
+        self.metrics = MetricsWriter(self.work / "metrics.jsonl")
 
     def _load_model(self, policy_version: int) -> Any:
         """The policy that generated a row: ``model_dir_template`` formatted with the version (e.g. a
@@ -341,6 +344,7 @@ class Validator:
         out = []
         for item in self.client.pending().items:
             sid = item.submission.submission_id
+            t0 = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=self.work) as d:
                 path = Path(d) / "rollouts.parquet"
                 sha = self.client.download(sid, path)
@@ -357,6 +361,10 @@ class Validator:
                     raise
                 log.info("submission %d already decided: %s", sid, e.detail)
                 continue
+            self.metrics.write(submission_id=sid, node_id=item.submission.node_id, step=item.submission.step,
+                               rows=item.submission.n_rows, accepted=v.accepted, reason=v.reason[:300],
+                               seconds=time.perf_counter() - t0,
+                               skipped=[c.name for c in v.checks if c.skipped])
             log.info("submission %d from %s: %s (%s)", sid, item.submission.node_id,
                      "accepted" if v.accepted else "REJECTED", v.reason)
             self.judged += 1
