@@ -89,3 +89,11 @@ def test_openapi_documents_bodies(tmp_path):
     assert hb["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("HeartbeatRequest")
     up = paths["/v1/submissions/upload/{assignment_id}"]["put"]
     assert "application/octet-stream" in up["requestBody"]["content"]
+
+
+def test_multi_process_serving_needs_postgres(tmp_path):
+    from swarmrl.protocol.orchestrator import serve
+
+    cfg, _ = make_cfg(tmp_path, workers=2, database_url="")
+    with pytest.raises(ValueError, match="PostgreSQL"):
+        serve(cfg)

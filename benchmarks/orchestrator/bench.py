@@ -99,13 +99,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="per measurement")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--database-url", default="")
+    ap.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
     ap.add_argument("--out", default="", help="write results JSON here")
     args = ap.parse_args()
     counts = [int(x) for x in args.nodes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="swarmrl-bench-"))
     cfg = OrchestratorConfig(data_dir=str(tmp), database_url=args.database_url, port=free_port(),
                              heartbeat_interval_s=3600.0, rate_limit_per_s=1e6, rate_limit_burst=1_000_000,
-                             run_secret="bench", tasks_per_node=8, group_size=4)
+                             run_secret="bench", tasks_per_node=8, group_size=4, workers=args.workers)
     db = Database(cfg.database_url or sqlite_url(tmp / "orchestrator.db"))
     if args.database_url:
         db.drop_all()

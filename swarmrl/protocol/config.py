@@ -21,6 +21,7 @@ def _check_keys(keys: list[str]) -> list[str]:
 class OrchestratorConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(8700, ge=0, le=65535)
+    workers: int = Field(1, ge=1, le=64)  # >1: that many server processes (PostgreSQL only)
     database_url: str = ""  # empty: SQLite file <data_dir>/orchestrator.db; else e.g. postgresql+psycopg2://...
     data_dir: str = "runs/orchestrator"  # content-addressed store lives in <data_dir>/store
     run_secret: str = "change-me"  # mixed into task seeds; validators need it to re-derive assignments

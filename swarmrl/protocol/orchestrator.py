@@ -708,8 +708,29 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     return app
 
 
+_CFG_ENV = "SWARMRL_ORCHESTRATOR_CONFIG"
+
+
+def app_from_env() -> FastAPI:
+    """App factory for multi-process serving: the config travels as JSON in an environment variable."""
+    import os
+
+    return create_app(OrchestratorConfig.model_validate_json(os.environ[_CFG_ENV]))
+
+
 def serve(cfg: OrchestratorConfig) -> None:
+    """Serve on cfg.host:cfg.port. ``workers > 1`` runs that many processes on one socket (PostgreSQL only:
+    SQLite serialises writers through a lock inside one process)."""
+    import os
+
     import uvicorn
 
-    app = create_app(cfg)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
+    if cfg.workers > 1:
+        if not cfg.database_url or cfg.database_url.startswith("sqlite"):
+            raise ValueError("workers > 1 needs a PostgreSQL database_url (SQLite allows one writer process)")
+        Orchestrator(cfg).db.dispose()  # create tables and principals once, before the workers start
+        os.environ[_CFG_ENV] = cfg.model_dump_json()
+        uvicorn.run("swarmrl.protocol.orchestrator:app_from_env", factory=True, host=cfg.host, port=cfg.port,
+                    workers=cfg.workers, log_level="info")
+    else:
+        uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level="info")
