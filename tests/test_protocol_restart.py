@@ -56,3 +56,16 @@ def test_restart_loses_nothing(tmp_path):
         vc = ValidatorClient(srv2.url, keys["validator"])
         sha = vc.download(acc.items[0].submission_id, tmp_path / "dl.parquet")
         assert sha == acc.items[0].sha256
+
+
+def test_removed_validator_key_loses_its_role(tmp_path):
+    cfg, keys = make_cfg(tmp_path)
+    with running(cfg, run_sweeper=False) as srv:
+        ValidatorClient(srv.url, keys["validator"]).pending()
+    cfg2 = cfg.model_copy(update={"validator_keys": []})
+    with running(cfg2, run_sweeper=False) as srv:
+        with pytest.raises(ApiError) as e:
+            ValidatorClient(srv.url, keys["validator"]).pending()
+        assert e.value.status == 403 and "retired" in e.value.detail
+    with running(cfg, run_sweeper=False) as srv:  # listed again: restored
+        assert ValidatorClient(srv.url, keys["validator"]).pending().items == []

@@ -21,7 +21,7 @@ class Node(Base):
     __tablename__ = "nodes"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     public_key: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
-    role: Mapped[str] = mapped_column(String(16), nullable=False)  # worker | validator | trainer
+    role: Mapped[str] = mapped_column(String(16), nullable=False)  # worker | validator | trainer | retired (key removed from config)
     status: Mapped[str] = mapped_column(String(16), nullable=False)  # active | dead | ejected
     hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     throughput: Mapped[float] = mapped_column(Float, default=0.0)  # measured tokens/s

@@ -120,6 +120,11 @@ class Orchestrator:
                                    registered_at=now, last_heartbeat=now))
                     elif node.role != role and node.status != "ejected":
                         node.role = role
+            # keys dropped from the config lose their powers (re-listing them restores them)
+            listed = set(self.cfg.validator_keys) | set(self.cfg.trainer_keys)
+            for node in s.execute(select(Node).where(Node.role.in_(("validator", "trainer")))).scalars():
+                if node.public_key not in listed:
+                    node.role = "retired"
             for key, default in (("step", "0"), ("policy_version", "0")):
                 if s.get(State, key) is None:
                     s.add(State(key=key, value=default))
@@ -613,6 +618,7 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
 
     @app.exception_handler(ProtocolError)
     async def _perr(_req: Request, e: ProtocolError) -> JSONResponse:
+        orch.counters["refused"] += 1
         headers = {"Retry-After": "1"} if e.status == 429 else None
         return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
