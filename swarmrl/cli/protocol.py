@@ -1,0 +1,135 @@
+"""`swarmrl node ...`, `swarmrl orchestrator ...`, `swarmrl validator ...`"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.protocol.config import NodeConfig, OrchestratorConfig, ValidatorConfig
+
+node_app = typer.Typer(help="Node identity and membership.", no_args_is_help=True)
+orch_app = typer.Typer(help="The orchestrator service.", no_args_is_help=True)
+val_app = typer.Typer(help="The validator service.", no_args_is_help=True)
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@node_app.command("keygen")
+def keygen(out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the Ed25519 private key (PEM).")]
+           ) -> None:
+    """Make a node key pair; prints the public key and node id as JSON."""
+    from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex, save_private_key
+
+    key = generate_key()
+    try:
+        save_private_key(key, out)
+    except FileExistsError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+    pub = public_key_hex(key)
+    typer.echo(json.dumps({"public_key": pub, "node_id": node_id_for(pub), "key_file": str(out)}))
+
+
+@node_app.command("pubkey")
+def pubkey(key: Annotated[Path, typer.Option("--key", "-k", help="Private key file.")]) -> None:
+    """Print the public key and node id of a key file."""
+    from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex
+
+    pub = public_key_hex(load_private_key(key))
+    typer.echo(json.dumps({"public_key": pub, "node_id": node_id_for(pub)}))
+
+
+@node_app.command("run")
+def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+             orchestrator: Annotated[Optional[str], typer.Option(help="Orchestrator URL.")] = None,
+             key: Annotated[Optional[Path], typer.Option(help="Node private key file.")] = None,
+             max_beats: Annotated[int, typer.Option(help="Stop after this many heartbeats (0: forever).")] = 0
+             ) -> None:
+    """Register (if needed) and keep heartbeating, printing assignments. Membership only for now:
+    the inference worker that answers assignments plugs in through swarmrl.protocol.node.run_node."""
+    cfg = resolve(NodeConfig, config, set_, opt("orchestrator", orchestrator) + opt("key", key), print_config)
+    if not cfg.key:
+        console.print("[red]error:[/red] key: a node key file is required (swarmrl node keygen --out FILE)")
+        raise typer.Exit(2)
+    _logging()
+    from swarmrl.protocol.client import NodeClient
+    from swarmrl.protocol.node import ensure_registered, run_node
+
+    client = NodeClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
+    ensure_registered(client, cfg.throughput, cfg.stake, {})
+
+    def show(reply) -> None:  # noqa: ANN001
+        typer.echo(json.dumps({"step": reply.step, "policy_version": reply.policy_version,
+                               "assignments": [a.assignment_id for a in reply.assignments]}))
+
+    run_node(client, handler=None, max_beats=max_beats, on_reply=show)
+
+
+@node_app.command("status")
+def node_status(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")] = "http://127.0.0.1:8700",
+                key: Annotated[Optional[Path], typer.Option(help="Node private key file.")] = None,
+                node_id: Annotated[Optional[str], typer.Option(help="Any node id (instead of --key).")] = None) -> None:
+    """A node's status, stake and credits (locked / unlocked) with its ledger rows, as JSON."""
+    from swarmrl.protocol.client import ApiError, NodeClient
+    from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex
+
+    if node_id is None and key is None:
+        console.print("[red]error:[/red] give --key or --node-id")
+        raise typer.Exit(2)
+    nid = node_id or node_id_for(public_key_hex(load_private_key(key)))
+    with NodeClient(orchestrator, generate_key()) as c:  # public endpoint: no signature needed
+        try:
+            typer.echo(c.ledger(nid).model_dump_json(indent=2))
+        except ApiError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from None
+
+
+@orch_app.command("serve")
+def serve(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+          port: Annotated[Optional[int], typer.Option(help="Port (127.0.0.1 by default).")] = None,
+          database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: SQLite in data_dir).")] = None,
+          data_dir: Annotated[Optional[Path], typer.Option(help="State directory (DB, uploads).")] = None) -> None:
+    """Run the orchestrator HTTP service (OpenAPI schema at /openapi.json, docs at /docs)."""
+    cfg = resolve(OrchestratorConfig, config, set_,
+                  opt("port", port) + opt("database_url", database_url) + opt("data_dir", data_dir), print_config)
+    _logging()
+    from swarmrl.protocol.orchestrator import serve as run
+
+    run(cfg)
+
+
+@val_app.command("run")
+def validator_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+                  orchestrator: Annotated[Optional[str], typer.Option(help="Orchestrator URL.")] = None,
+                  key: Annotated[Optional[Path], typer.Option(help="Validator private key file.")] = None,
+                  model_dir: Annotated[Optional[Path], typer.Option(help="Policy model dir (tokenizer).")] = None
+                  ) -> None:
+    """Poll for pending submissions, check them, post signed verdicts."""
+    cfg = resolve(ValidatorConfig, config, set_,
+                  opt("orchestrator", orchestrator) + opt("key", key) + opt("model_dir", model_dir), print_config)
+    if not cfg.key:
+        console.print("[red]error:[/red] key: the validator's key file is required")
+        raise typer.Exit(2)
+    _logging()
+    from swarmrl.protocol.validator import Validator
+
+    v = Validator(cfg)
+    try:
+        v.run()
+    except KeyboardInterrupt:
+        pass
+    typer.echo(json.dumps({"judged": v.judged}))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(node_app, name="node")
+    app.add_typer(orch_app, name="orchestrator")
+    app.add_typer(val_app, name="validator")

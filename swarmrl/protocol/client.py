@@ -1,0 +1,143 @@
+"""Clients of the orchestrator API: every call is signed with the caller's Ed25519 key (httpx).
+
+``NodeClient`` is what an inference worker uses (register, heartbeat, submit); ``ValidatorClient``
+and ``TrainerClient`` add the calls of those roles. Errors come back as ``ApiError`` carrying the
+HTTP status and the server's reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from swarmrl.protocol.schemas import (AcceptedList, Balance, HeartbeatReply, HeartbeatRequest, PendingList,
+                                      RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionDetail, SubmitReply,
+                                      VerdictReply, VerdictRequest)
+from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex, sign_request
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class SignedClient:
+    def __init__(self, base_url: str, key: Ed25519PrivateKey | str | Path, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.key = key if isinstance(key, Ed25519PrivateKey) else load_private_key(key)
+        self.public_key = public_key_hex(self.key)
+        self.node_id = node_id_for(self.public_key)
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self):  # noqa: ANN204
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _check(r: httpx.Response) -> httpx.Response:
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except (ValueError, AttributeError):
+                detail = r.text
+            raise ApiError(r.status_code, detail if isinstance(detail, str) else json.dumps(detail))
+        return r
+
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+                ) -> httpx.Response:
+        """Sign and send; ``path`` plus the encoded query is what gets signed."""
+        data = b"" if body is None else (body.model_dump_json().encode() if hasattr(body, "model_dump_json")
+                                         else json.dumps(body).encode())
+        url = httpx.URL(path, params=params)
+        signed_path = url.raw_path.decode("ascii")
+        headers = sign_request(self.key, method, signed_path, data)
+        if data:
+            headers["Content-Type"] = "application/json"
+        return self._check(self.http.request(method, signed_path, content=data, headers=headers))
+
+
+class NodeClient(SignedClient):
+    def register(self, throughput: float, stake: float, hardware: dict[str, Any] | None = None) -> RegisterReply:
+        req = RegisterRequest(hardware=hardware or {}, throughput=throughput, stake=stake)
+        return RegisterReply.model_validate_json(self.request("POST", "/v1/nodes/register", req).content)
+
+    def heartbeat(self, status: dict[str, Any] | None = None) -> HeartbeatReply:
+        req = HeartbeatRequest(status=status or {})
+        return HeartbeatReply.model_validate_json(self.request("POST", "/v1/nodes/heartbeat", req).content)
+
+    def submit(self, assignment_id: int, path: str | Path) -> SubmitReply:
+        """Upload a rollout parquet file (streamed) for an assignment."""
+        path = Path(path)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        digest = h.hexdigest()
+        url = f"/v1/submissions/upload/{int(assignment_id)}"
+        headers = sign_request(self.key, "PUT", url, content_sha256=digest)
+        headers["Content-Type"] = "application/octet-stream"
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                yield from iter(lambda: f.read(1 << 20), b"")
+
+        headers["Content-Length"] = str(path.stat().st_size)
+        r = self._check(self.http.put(url, content=chunks(), headers=headers))
+        return SubmitReply.model_validate_json(r.content)
+
+    def submission(self, submission_id: int) -> SubmissionDetail:
+        r = self._check(self.http.get(f"/v1/submissions/{int(submission_id)}"))
+        return SubmissionDetail.model_validate_json(r.content)
+
+    def ledger(self, node_id: str | None = None) -> Balance:
+        r = self._check(self.http.get(f"/v1/nodes/{node_id or self.node_id}/ledger"))
+        return Balance.model_validate_json(r.content)
+
+
+class ValidatorClient(SignedClient):
+    def pending(self, limit: int = 16) -> PendingList:
+        return PendingList.model_validate_json(self.request("GET", "/v1/validator/pending",
+                                                            params={"limit": limit}).content)
+
+    def download(self, submission_id: int, out: str | Path, max_bytes: int = 256 << 20) -> str:
+        """Fetch a submission's file to ``out``; returns its sha256."""
+        url = f"/v1/submissions/{int(submission_id)}/file"
+        headers = sign_request(self.key, "GET", url)
+        h = hashlib.sha256()
+        size = 0
+        with self.http.stream("GET", url, headers=headers) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._check(r)
+            with open(out, "wb") as f:
+                for chunk in r.iter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise ApiError(413, f"file over {max_bytes} bytes")
+                    h.update(chunk)
+                    f.write(chunk)
+        return h.hexdigest()
+
+    def verdict(self, req: VerdictRequest) -> VerdictReply:
+        return VerdictReply.model_validate_json(self.request("POST", "/v1/validator/verdicts", req).content)
+
+
+class TrainerClient(ValidatorClient):
+    def set_step(self, step: int, policy_version: int) -> StepReply:
+        req = StepRequest(step=step, policy_version=policy_version)
+        return StepReply.model_validate_json(self.request("POST", "/v1/trainer/step", req).content)
+
+    def accepted(self, step: int) -> AcceptedList:
+        return AcceptedList.model_validate_json(
+            self.request("GET", f"/v1/trainer/steps/{int(step)}/submissions").content)

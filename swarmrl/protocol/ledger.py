@@ -1,0 +1,85 @@
+"""The ledger: append-only rows; stakes, credits locked for a challenge window, slashing.
+
+Balances are sums. A credit carries ``unlock_at`` (end of its challenge window); slashing a node
+appends a ``slash`` row (a fraction of its stake) and one ``revoke`` row per credit still inside
+its window, each referencing the credit it cancels.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from swarmrl.protocol.models import LedgerEntry
+
+
+def add(s: Session, node_id: str, kind: str, amount: float, *, submission_id: int | None = None,
+        ref_id: int | None = None, unlock_at: float | None = None, note: str | None = None,
+        now: float | None = None) -> LedgerEntry:
+    row = LedgerEntry(node_id=node_id, kind=kind, amount=float(amount), submission_id=submission_id, ref_id=ref_id,
+                      unlock_at=unlock_at, created_at=time.time() if now is None else now, note=note)
+    s.add(row)
+    s.flush()
+    return row
+
+
+def stake_of(s: Session, node_id: str) -> float:
+    q = select(func.coalesce(func.sum(LedgerEntry.amount), 0.0)).where(
+        LedgerEntry.node_id == node_id, LedgerEntry.kind.in_(("stake", "slash")))
+    return float(s.execute(q).scalar_one())
+
+
+def credit(s: Session, node_id: str, amount: float, submission_id: int, window_s: float,
+           now: float | None = None) -> LedgerEntry:
+    now = time.time() if now is None else now
+    return add(s, node_id, "credit", amount, submission_id=submission_id, unlock_at=now + window_s, now=now,
+               note="accepted samples")
+
+
+def credits_in_window(s: Session, node_id: str, now: float) -> list[LedgerEntry]:
+    revoked = select(LedgerEntry.ref_id).where(LedgerEntry.node_id == node_id, LedgerEntry.kind == "revoke",
+                                               LedgerEntry.ref_id.is_not(None))
+    q = select(LedgerEntry).where(LedgerEntry.node_id == node_id, LedgerEntry.kind == "credit",
+                                  LedgerEntry.unlock_at > now, LedgerEntry.id.not_in(revoked))
+    return list(s.execute(q).scalars())
+
+
+@dataclass
+class SlashResult:
+    slashed: float
+    revoked: float
+
+
+def slash(s: Session, node_id: str, fraction: float, reason: str, submission_id: int | None = None,
+          now: float | None = None) -> SlashResult:
+    now = time.time() if now is None else now
+    stake = stake_of(s, node_id)
+    amount = max(0.0, stake) * fraction
+    if amount > 0:
+        add(s, node_id, "slash", -amount, submission_id=submission_id, now=now, note=reason[:500])
+    revoked = 0.0
+    for c in credits_in_window(s, node_id, now):
+        add(s, node_id, "revoke", -c.amount, submission_id=c.submission_id, ref_id=c.id, now=now,
+            note=f"revoked by slash: {reason[:200]}")
+        revoked += c.amount
+    return SlashResult(amount, revoked)
+
+
+@dataclass
+class Balances:
+    stake: float
+    credits_locked: float
+    credits_unlocked: float
+
+
+def balances(s: Session, node_id: str, now: float | None = None) -> Balances:
+    now = time.time() if now is None else now
+    rows = list(s.execute(select(LedgerEntry).where(LedgerEntry.node_id == node_id)).scalars())
+    revoked = {r.ref_id for r in rows if r.kind == "revoke"}
+    stake = sum(r.amount for r in rows if r.kind in ("stake", "slash"))
+    locked = sum(r.amount for r in rows if r.kind == "credit" and r.id not in revoked and (r.unlock_at or 0) > now)
+    unlocked = sum(r.amount for r in rows if r.kind == "credit" and r.id not in revoked and (r.unlock_at or 0) <= now)
+    return Balances(stake, locked, unlocked)

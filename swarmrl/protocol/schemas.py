@@ -1,0 +1,173 @@
+"""Request and response bodies of the orchestrator's HTTP API (they make its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(Body):
+    hardware: dict[str, Any] = Field(default_factory=dict, description="free-form: gpu, memory, cpu...")
+    throughput: float = Field(..., ge=0, le=1e9, description="measured generation throughput, tokens/s")
+    stake: float = Field(..., ge=0, le=1e12, description="stake to lock in the ledger")
+
+
+class RegisterReply(Body):
+    node_id: str
+    heartbeat_interval_s: float
+    stake_locked: float
+
+
+class HeartbeatRequest(Body):
+    status: dict[str, Any] = Field(default_factory=dict, description="free-form worker status")
+
+
+class TaskSpec(Body):
+    task_id: str
+    prompt: str
+
+
+class AssignmentSpec(Body):
+    assignment_id: int
+    step: int
+    policy_version: int
+    seed: int
+    env: str
+    env_params: dict[str, Any]
+    group_size: int
+    target_length: int | None
+    tasks: list[TaskSpec]
+    reassigned_from: str | None = None
+
+
+class HeartbeatReply(Body):
+    node_id: str
+    step: int
+    policy_version: int
+    async_window: int
+    heartbeat_interval_s: float
+    weight_relays: list[str]
+    assignments: list[AssignmentSpec]
+
+
+class SubmitReply(Body):
+    submission_id: int
+    sha256: str
+    n_rows: int
+    status: str
+
+
+class CheckResult(Body):
+    name: str
+    ok: bool
+    reason: str = ""
+    skipped: bool = False
+
+
+class SubmissionInfo(Body):
+    submission_id: int
+    node_id: str
+    assignment_id: int
+    step: int
+    sha256: str
+    size: int
+    n_rows: int
+    status: str
+    reason: str | None = None
+    created_at: float
+
+
+class SubmissionDetail(SubmissionInfo):
+    checks: list[CheckResult] = Field(default_factory=list)
+    validator_id: str | None = None
+    validated_at: float | None = None
+
+
+class PendingSubmission(Body):
+    submission: SubmissionInfo
+    assignment: AssignmentSpec
+    origin_node_id: str
+    current_step: int
+    current_policy_version: int
+    async_window: int
+
+
+class PendingList(Body):
+    items: list[PendingSubmission]
+
+
+class VerdictRequest(Body):
+    submission_id: int
+    accepted: bool
+    reason: str = Field("", max_length=4000)
+    checks: list[CheckResult] = Field(default_factory=list, max_length=64)
+
+
+class VerdictReply(Body):
+    submission_id: int
+    status: str
+    credited: float = 0.0
+    slashed: float = 0.0
+    revoked: float = 0.0
+    ejected: bool = False
+
+
+class StepRequest(Body):
+    step: int = Field(..., ge=0)
+    policy_version: int = Field(..., ge=0)
+
+
+class StepReply(Body):
+    step: int
+    policy_version: int
+
+
+class AcceptedList(Body):
+    step: int
+    optimistic: bool
+    items: list[SubmissionInfo]
+
+
+class LedgerRow(Body):
+    id: int
+    kind: str
+    amount: float
+    submission_id: int | None
+    ref_id: int | None
+    unlock_at: float | None
+    created_at: float
+    note: str | None
+
+
+class Balance(Body):
+    node_id: str
+    status: str
+    stake: float
+    credits_locked: float
+    credits_unlocked: float
+    entries: list[LedgerRow]
+
+
+class NodeInfo(Body):
+    node_id: str
+    role: str
+    status: str
+    throughput: float
+    last_heartbeat: float
+    status_reason: str | None
+
+
+class Health(Body):
+    ok: bool
+    step: int
+    policy_version: int
+    nodes_active: int
+
+
+class ErrorBody(Body):
+    detail: str

@@ -1,0 +1,174 @@
+"""Request signing with Ed25519: the one scheme shared by node clients and the orchestrator.
+
+Pure module (no server or HTTP-library imports). A signed request carries five headers:
+
+- ``X-Swarm-Key``: the signer's Ed25519 public key, 64 hex chars
+- ``X-Swarm-Timestamp``: unix seconds (integer) when signed
+- ``X-Swarm-Nonce``: 32 hex chars, random per request
+- ``X-Swarm-Content-SHA256``: sha256 of the request body, hex (for uploads: of the file streamed)
+- ``X-Swarm-Signature``: Ed25519 signature (hex) over the canonical message
+
+The canonical message is ``swarmrl-req-v1\\n{METHOD}\\n{path?query}\\n{sha256}\\n{timestamp}\\n{nonce}``
+encoded as UTF-8. Node ids are the first 16 bytes of blake2b(public key), hex.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+SCHEME = "swarmrl-req-v1"
+H_KEY = "X-Swarm-Key"
+H_TS = "X-Swarm-Timestamp"
+H_NONCE = "X-Swarm-Nonce"
+H_HASH = "X-Swarm-Content-SHA256"
+H_SIG = "X-Swarm-Signature"
+SIGNED_HEADERS = (H_KEY, H_TS, H_NONCE, H_HASH, H_SIG)
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX128 = re.compile(r"^[0-9a-f]{128}$")
+_NONCE = re.compile(r"^[0-9a-f]{16,64}$")
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+class SignatureError(ValueError):
+    """A request's signature headers are missing, malformed or do not verify."""
+
+
+def generate_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def public_key_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def node_id_for(public_key: str) -> str:
+    """A short stable id for a public key (hex): blake2b-128 of the raw key bytes."""
+    return hashlib.blake2b(bytes.fromhex(public_key), digest_size=16).hexdigest()
+
+
+def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> Path:
+    """Write the key as unencrypted PKCS#8 PEM, mode 0600, refusing to overwrite."""
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"{path} exists; refusing to overwrite a key")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    return path
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    data = Path(path).read_bytes()
+    key = serialization.load_pem_private_key(data, password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} does not hold an Ed25519 private key")
+    return key
+
+
+def parse_public_key(hex_key: str) -> Ed25519PublicKey:
+    if not isinstance(hex_key, str) or not _HEX64.match(hex_key):
+        raise SignatureError("public key must be 64 lowercase hex characters")
+    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(hex_key))
+
+
+def body_sha256(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def canonical_message(method: str, path: str, content_sha256: str, timestamp: int, nonce: str) -> bytes:
+    return f"{SCHEME}\n{method.upper()}\n{path}\n{content_sha256}\n{timestamp}\n{nonce}".encode("utf-8")
+
+
+def sign_request(key: Ed25519PrivateKey, method: str, path: str, body: bytes = b"", *,
+                 content_sha256: str | None = None, timestamp: int | None = None,
+                 nonce: str | None = None) -> dict[str, str]:
+    """The signature headers for one request. ``path`` includes the query string, if any."""
+    digest = content_sha256 if content_sha256 is not None else body_sha256(body)
+    ts = int(time.time()) if timestamp is None else int(timestamp)
+    nonce = nonce or secrets.token_hex(16)
+    sig = key.sign(canonical_message(method, path, digest, ts, nonce))
+    return {H_KEY: public_key_hex(key), H_TS: str(ts), H_NONCE: nonce, H_HASH: digest, H_SIG: sig.hex()}
+
+
+@dataclass(frozen=True)
+class SignedHeaders:
+    public_key: str
+    timestamp: int
+    nonce: str
+    content_sha256: str
+    signature: bytes
+
+    @property
+    def node_id(self) -> str:
+        return node_id_for(self.public_key)
+
+
+def parse_headers(headers) -> SignedHeaders:
+    """Pull and syntax-check the signature headers (``headers``: any case-insensitive mapping)."""
+    missing = [h for h in SIGNED_HEADERS if not headers.get(h)]
+    if missing:
+        raise SignatureError(f"missing signature headers: {', '.join(missing)}")
+    key = headers.get(H_KEY).strip().lower()
+    if not _HEX64.match(key):
+        raise SignatureError(f"{H_KEY} must be 64 hex characters")
+    try:
+        ts = int(headers.get(H_TS))
+    except ValueError:
+        raise SignatureError(f"{H_TS} must be an integer (unix seconds)") from None
+    nonce = headers.get(H_NONCE).strip().lower()
+    if not _NONCE.match(nonce):
+        raise SignatureError(f"{H_NONCE} must be 16-64 hex characters")
+    digest = headers.get(H_HASH).strip().lower()
+    if not _HEX64.match(digest):
+        raise SignatureError(f"{H_HASH} must be a hex sha256")
+    sig = headers.get(H_SIG).strip().lower()
+    if not _HEX128.match(sig):
+        raise SignatureError(f"{H_SIG} must be 128 hex characters")
+    return SignedHeaders(key, ts, nonce, digest, bytes.fromhex(sig))
+
+
+def verify_signature(h: SignedHeaders, method: str, path: str) -> None:
+    """Raise ``SignatureError`` unless ``h.signature`` signs this request under ``h.public_key``."""
+    try:
+        pub = parse_public_key(h.public_key)
+    except ValueError as e:
+        raise SignatureError(f"bad public key: {e}") from None
+    try:
+        pub.verify(h.signature, canonical_message(method, path, h.content_sha256, h.timestamp, h.nonce))
+    except InvalidSignature:
+        raise SignatureError("signature does not verify") from None
+
+
+def check_timestamp(ts: int, max_skew_s: float, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    if abs(now - ts) > max_skew_s:
+        raise SignatureError(f"stale timestamp: {ts} is {now - ts:+.0f}s from server time "
+                             f"(allowed +-{max_skew_s:.0f}s)")
+
+
+# Signed JSON bodies (verdicts kept as evidence) use the same keys over a domain-separated message.
+def sign_blob(key: Ed25519PrivateKey, domain: str, payload: bytes) -> str:
+    return key.sign(f"{SCHEME}:{domain}\n".encode() + payload).hex()
+
+
+def verify_blob(public_key: str, domain: str, payload: bytes, signature_hex: str) -> bool:
+    try:
+        parse_public_key(public_key).verify(bytes.fromhex(signature_hex), f"{SCHEME}:{domain}\n".encode() + payload)
+        return True
+    except (InvalidSignature, ValueError):
+        return False

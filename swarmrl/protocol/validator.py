@@ -1,0 +1,387 @@
+"""The validator: re-checks every pending submission and posts a signed verdict with reasons.
+
+Checks are plain callables ``check(ctx) -> (ok, reason)`` run in order; a check may raise
+``SkipCheck(reason)`` when it cannot run (recorded as skipped, not failed). Built in:
+
+- ``schema``: the file passes ``read_rollouts`` and every row names this node, step and seed
+- ``seed``: the assignment's seed is blake2b(origin node | step | run secret) (re-derived here)
+- ``tasks``: groups answer exactly the seeded tasks (group size, prompts, thinking budget)
+- ``policy``: every row's policy version lies inside the async window and was published
+- ``rewards``: completions decoded with the policy's tokenizer and re-scored with the env verifier
+- ``toploc`` and ``sampling``: imported lazily from ``module:function`` names in the config (default
+  ``swarmrl.toploc``); skipped with a logged reason while that module is absent. The model is the one
+  of each row's policy version (``model_dir_template``) or ``model_dir``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from swarmrl.envs import Task, make_env
+from swarmrl.protocol.assignment import assigned_tasks, task_seed
+from swarmrl.protocol.client import ApiError
+from swarmrl.protocol.config import ValidatorConfig
+from swarmrl.protocol.schemas import CheckResult, PendingSubmission, VerdictRequest
+from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
+
+log = logging.getLogger("swarmrl.protocol.validator")
+
+
+class SkipCheck(Exception):
+    """A check cannot run here (missing module, model, tokenizer); recorded as skipped."""
+
+
+@dataclass
+class CheckContext:
+    rows: list[Rollout]
+    item: PendingSubmission
+    cfg: ValidatorConfig
+    tokenizer: Any = None
+    model_loader: Callable[[int], Any] | None = None  # policy version -> model
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected_tasks(self) -> list[Task]:
+        if "tasks" not in self.cache:
+            a = self.item.assignment
+            self.cache["tasks"] = assigned_tasks(a.env, a.env_params, a.seed, len(a.tasks))
+        return self.cache["tasks"]
+
+    def model(self, policy_version: int) -> Any:
+        if self.model_loader is None:
+            raise SkipCheck("no model_dir configured")
+        return self.model_loader(policy_version)
+
+
+Check = Callable[[CheckContext], tuple[bool, str]]
+
+
+def check_schema(ctx: CheckContext) -> tuple[bool, str]:
+    a, sub = ctx.item.assignment, ctx.item.submission
+    for i, r in enumerate(ctx.rows):
+        if r.worker_id != sub.node_id:
+            return False, f"row {i}: worker_id {r.worker_id!r} is not the submitting node {sub.node_id}"
+        if r.step != a.step:
+            return False, f"row {i}: step {r.step} is not the assignment's step {a.step}"
+        if r.seed != a.seed:
+            return False, f"row {i}: seed {r.seed} is not the assignment's seed {a.seed}"
+    return True, f"{len(ctx.rows)} rows"
+
+
+def check_seed(ctx: CheckContext) -> tuple[bool, str]:
+    a = ctx.item.assignment
+    want = task_seed(ctx.item.origin_node_id, a.step, ctx.cfg.run_secret)
+    if a.seed != want:
+        return False, f"assignment seed {a.seed} is not the one derived for node {ctx.item.origin_node_id}, step {a.step}"
+    return True, "seed re-derived"
+
+
+def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
+    a = ctx.item.assignment
+    expected = ctx.expected_tasks
+    by_id = {t.task_id: t for t in expected}
+    groups: dict[str, list[Rollout]] = defaultdict(list)
+    for r in ctx.rows:
+        groups[r.group_id].append(r)
+    got: Counter[str] = Counter()
+    for gid, rows in groups.items():
+        ids = {r.task_id for r in rows}
+        if len(ids) != 1:
+            return False, f"group {gid!r} mixes tasks {sorted(ids)[:3]}"
+        if len(rows) != a.group_size:
+            return False, f"group {gid!r} has {len(rows)} completions, expected group size {a.group_size}"
+        got[rows[0].task_id] += 1
+    want = Counter(t.task_id for t in expected)
+    if got != want:
+        extra = sorted((got - want).elements())[:3]
+        missing = sorted((want - got).elements())[:3]
+        return False, f"tasks differ from the seeded assignment: unassigned {extra}, missing {missing}"
+    for i, r in enumerate(ctx.rows):
+        t = by_id[r.task_id]
+        if r.env != t.env:
+            return False, f"row {i}: env {r.env!r} is not {t.env!r}"
+        if r.target_length != a.target_length:
+            return False, f"row {i}: thinking budget {r.target_length} is not the assigned {a.target_length}"
+    if ctx.tokenizer is not None:
+        from swarmrl.inference.prompts import encode_prompt
+
+        enc: dict[str, list[int]] = {}
+        for i, r in enumerate(ctx.rows):
+            if r.task_id not in enc:
+                enc[r.task_id] = encode_prompt(ctx.tokenizer, by_id[r.task_id].prompt,
+                                               chat_template=bool(getattr(ctx.tokenizer, "chat_template", None)))
+            if list(r.prompt_ids) != enc[r.task_id]:
+                return False, f"row {i}: prompt tokens are not the assigned task's prompt"
+    return True, f"{len(groups)} groups match the seeded tasks"
+
+
+def check_policy(ctx: CheckContext) -> tuple[bool, str]:
+    a, it = ctx.item.assignment, ctx.item
+    lo = a.step - it.async_window
+    if it.current_step - a.step > it.async_window:
+        return False, f"step {a.step} is older than the async window ({it.async_window}) behind step {it.current_step}"
+    for i, r in enumerate(ctx.rows):
+        if r.policy_version < lo or r.policy_version > a.step:
+            return False, f"row {i}: policy version {r.policy_version} outside the async window [{lo}, {a.step}]"
+        if r.policy_version > it.current_policy_version:
+            return False, f"row {i}: policy version {r.policy_version} was never published (latest {it.current_policy_version})"
+    return True, f"policy versions within [{lo}, {a.step}]"
+
+
+def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
+    if ctx.tokenizer is None:
+        raise SkipCheck("no tokenizer (model_dir) configured")
+    from swarmrl.inference.prompts import decode_completion
+
+    a = ctx.item.assignment
+    env = make_env(a.env, **(a.env_params or {}))
+    by_id = {t.task_id: t for t in ctx.expected_tasks}
+    tol = ctx.cfg.reward_tolerance
+    for i, r in enumerate(ctx.rows):
+        task = by_id.get(r.task_id)
+        if task is None:
+            return False, f"row {i}: unknown task {r.task_id!r}"
+        text = decode_completion(ctx.tokenizer, list(r.completion_ids))
+        want = float(env.verify(task, text))
+        if abs(want - r.task_reward) > tol:
+            return False, f"row {i}: task_reward {r.task_reward:g} but the verifier gives {want:g}"
+        if r.length_penalty < -tol or abs(r.reward - (r.task_reward - r.length_penalty)) > tol:
+            return False, f"row {i}: reward {r.reward:g} != task_reward - length_penalty ({r.task_reward:g} - {r.length_penalty:g})"
+    return True, f"{len(ctx.rows)} rewards recomputed"
+
+
+def _import_dotted(spec: str) -> Callable[..., Any]:
+    mod_name, _, fn_name = spec.partition(":")
+    mod = importlib.import_module(mod_name)
+    try:
+        return getattr(mod, fn_name)
+    except AttributeError:
+        raise ImportError(f"{mod_name} has no {fn_name}") from None
+
+
+def _result(res: Any) -> tuple[bool, str]:
+    if isinstance(res, tuple):
+        return bool(res[0]), str(res[1] or "")
+    return bool(getattr(res, "passed")), str(getattr(res, "reason", "") or "")
+
+
+def _optional_import(spec: str, what: str) -> Callable[..., Any] | None:
+    if not spec:
+        return None
+    try:
+        return _import_dotted(spec)
+    except ImportError as e:
+        log.warning("%s skipped: cannot import %s (%s)", what, spec, e)
+        return None
+
+
+def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any, Rollout], Any]) -> Check:
+    """A check whose implementation is imported from ``module:function`` on first use; when the module
+    is missing it is skipped (with the reason logged) instead of failing. ``per_row(fn, model, row)``
+    calls it for one row with the model of that row's policy version."""
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if not spec:
+            raise SkipCheck(f"{name} check disabled")
+        try:
+            fn = _import_dotted(spec)
+        except ImportError as e:
+            log.warning("%s check skipped: cannot import %s (%s)", name, spec, e)
+            raise SkipCheck(f"{spec} not available: {e}") from None
+        for i, r in enumerate(ctx.rows):
+            ok, reason = _result(per_row(fn, ctx.model(r.policy_version), r))
+            if not ok:
+                return False, f"row {i}: {reason}"
+        return True, f"{len(ctx.rows)} rows pass"
+
+    check.__name__ = f"check_{name}"
+    return check
+
+
+def toploc_check(cfg: ValidatorConfig) -> Check:
+    """TOPLOC proofs per row: ``verify_rollout(model, prompt_ids, completion_ids, proofs[, claim=...])``.
+    When ``cfg.sampling_claim`` imports (default ``swarmrl.toploc.rollout:claim_from_rollout``) each row's sampling
+    claim (temperature, logprobs, finished) is checked in the same prefill."""
+
+    def per_row(fn: Callable[..., Any], model: Any, r: Rollout, ctx: CheckContext) -> Any:
+        kw = {}
+        claim_fn = ctx.cache.get("claim_fn")
+        eos = getattr(ctx.tokenizer, "eos_token_id", None)
+        if claim_fn is not None and eos is not None:
+            kw["claim"] = claim_fn(r, eos)
+        res = fn(model, list(r.prompt_ids), list(r.completion_ids), list(r.proofs), **kw)
+        ctx.cache.setdefault("toploc_results", []).append(res)
+        return res
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        ctx.cache["claim_fn"] = _optional_import(cfg.sampling_claim, "sampling claims")
+        inner = lazy_check("toploc", cfg.toploc_check, lambda fn, m, r: per_row(fn, m, r, ctx))
+        return inner(ctx)
+
+    check.__name__ = "check_toploc"
+    return check
+
+
+def sampling_check(cfg: ValidatorConfig) -> Check:
+    """A separate per-row sampling check ``fn(model, row)`` when ``cfg.sampling_check`` names one; otherwise
+    the sampling results the TOPLOC check produced in its prefill (skipped when there are none)."""
+    separate = lazy_check("sampling", cfg.sampling_check, lambda fn, m, r: fn(m, r))
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if cfg.sampling_check:
+            return separate(ctx)
+        results = ctx.cache.get("toploc_results") or []
+        samp = [getattr(x, "sampling", None) for x in results]
+        if not samp or all(x is None for x in samp):
+            raise SkipCheck("no sampling results (TOPLOC check skipped or made no sampling claim)")
+        for i, x in enumerate(samp):
+            if x is not None and not x.passed:
+                return False, f"row {i}: " + "; ".join(getattr(x, "reasons", []) or ["implausible sampling"])
+        return True, f"{sum(x is not None for x in samp)} rows plausibly sampled"
+
+    check.__name__ = "check_sampling"
+    return check
+
+
+def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
+    return [
+        ("schema", check_schema),
+        ("seed", check_seed),
+        ("tasks", check_tasks),
+        ("policy", check_policy),
+        ("rewards", check_rewards),
+        ("toploc", toploc_check(cfg)),
+        ("sampling", sampling_check(cfg)),
+    ]
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    reason: str
+    checks: list[CheckResult]
+
+
+def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks: list[tuple[str, Check]],
+          tokenizer: Any = None, model_loader: Callable[[int], Any] | None = None) -> Verdict:
+    results: list[CheckResult] = []
+    try:
+        rows = read_rollouts(rows_path)
+    except RolloutError as e:
+        return Verdict(False, f"schema: {e}", [CheckResult(name="schema", ok=False, reason=str(e))])
+    ctx = CheckContext(rows=rows, item=item, cfg=cfg, tokenizer=tokenizer, model_loader=model_loader)
+    for name, check in checks:
+        try:
+            ok, reason = check(ctx)
+        except SkipCheck as e:
+            required = name == "toploc" and cfg.require_proofs
+            results.append(CheckResult(name=name, ok=not required, reason=f"skipped: {e}", skipped=True))
+            if required:
+                return Verdict(False, f"{name}: required but skipped: {e}", results)
+            continue
+        except Exception as e:  # a check crashing on hostile input is a rejection, not a validator crash
+            log.exception("check %s crashed", name)
+            ok, reason = False, f"check crashed: {type(e).__name__}: {e}"
+        results.append(CheckResult(name=name, ok=ok, reason=reason[:1000]))
+        if not ok:
+            return Verdict(False, f"{name}: {reason}"[:4000], results)
+    return Verdict(True, "all checks passed", results)
+
+
+class Validator:
+    """Polls the orchestrator for pending submissions, judges them, posts signed verdicts."""
+
+    def __init__(self, cfg: ValidatorConfig, client: Any = None, checks: list[tuple[str, Check]] | None = None,
+                 tokenizer: Any = None) -> None:
+        from swarmrl.protocol.client import ValidatorClient
+
+        self.cfg = cfg
+        self.client = client or ValidatorClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
+        self.checks = checks if checks is not None else default_checks(cfg)
+        self.tokenizer = tokenizer
+        if self.tokenizer is None and cfg.model_dir:
+            from swarmrl.models import load_tokenizer
+
+            self.tokenizer = load_tokenizer(cfg.model_dir)
+        if self.tokenizer is None:
+            log.warning("no model_dir: completions cannot be decoded, so rewards are NOT re-checked")
+        self._models: dict[str, Any] = {}
+        self.work = Path(cfg.work_dir)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.judged = 0
+        from swarmrl.utils.metrics import MetricsWriter
+
+        self.metrics = MetricsWriter(self.work / "metrics.jsonl")
+
+    def _load_model(self, policy_version: int) -> Any:
+        """The policy that generated a row: ``model_dir_template`` formatted with the version (e.g. a
+        SHARDCAST download dir), else ``model_dir``. The last two models stay loaded."""
+        if self.cfg.model_dir_template:
+            path = self.cfg.model_dir_template.format(policy_version=policy_version)
+        elif self.cfg.model_dir:
+            path = self.cfg.model_dir
+        else:
+            raise SkipCheck("no model_dir configured")
+        if path not in self._models:
+            if not Path(path, "config.json").is_file():
+                raise SkipCheck(f"no model for policy version {policy_version} at {path}")
+            from swarmrl.models import load_model
+
+            if len(self._models) >= 2:
+                self._models.pop(next(iter(self._models)))
+            self._models[path] = load_model(path)
+        return self._models[path]
+
+    def run_once(self) -> list[tuple[int, Verdict]]:
+        out = []
+        for item in self.client.pending().items:
+            sid = item.submission.submission_id
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory(dir=self.work) as d:
+                path = Path(d) / "rollouts.parquet"
+                sha = self.client.download(sid, path)
+                if sha != item.submission.sha256:
+                    v = Verdict(False, "stored file does not match its recorded hash",
+                                [CheckResult(name="hash", ok=False, reason="mismatch")])
+                else:
+                    v = judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model)
+            try:
+                self.client.verdict(VerdictRequest(submission_id=sid, accepted=v.accepted, reason=v.reason,
+                                                   checks=v.checks))
+            except ApiError as e:
+                if e.status != 409:  # 409: decided meanwhile (another validator, or its node was ejected)
+                    raise
+                log.info("submission %d already decided: %s", sid, e.detail)
+                continue
+            self.metrics.write(submission_id=sid, node_id=item.submission.node_id, step=item.submission.step,
+                               rows=item.submission.n_rows, accepted=v.accepted, reason=v.reason[:300],
+                               seconds=time.perf_counter() - t0,
+                               skipped=[c.name for c in v.checks if c.skipped])
+            log.info("submission %d from %s: %s (%s)", sid, item.submission.node_id,
+                     "accepted" if v.accepted else "REJECTED", v.reason)
+            self.judged += 1
+            out.append((sid, v))
+        return out
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        batches = 0
+        while not stop.is_set():
+            try:
+                done = self.run_once()
+            except Exception as e:  # orchestrator down or hiccup: keep polling
+                log.warning("validator poll failed: %s", e)
+                done = []
+            batches += 1
+            if self.cfg.max_batches and batches >= self.cfg.max_batches:
+                return
+            if not done:
+                stop.wait(self.cfg.poll_interval_s)

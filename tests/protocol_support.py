@@ -1,0 +1,121 @@
+"""Shared helpers for the protocol tests: real uvicorn servers on ephemeral loopback ports, keys,
+and honest/forged rollout files for an assignment."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import uvicorn
+
+from swarmrl.protocol.config import OrchestratorConfig
+from swarmrl.protocol.db import Database
+from swarmrl.protocol.orchestrator import Orchestrator, create_app
+from swarmrl.protocol.schemas import AssignmentSpec
+from swarmrl.protocol.signing import generate_key, public_key_hex
+from swarmrl.rl.rollouts import Rollout, write_rollouts
+
+DB_ENV = "SWARMRL_TEST_DATABASE_URL"
+
+
+def database_url(tmp: Path) -> str:
+    """SQLite file under ``tmp`` unless SWARMRL_TEST_DATABASE_URL names a server (then wiped first)."""
+    url = os.environ.get(DB_ENV, "")
+    if not url:
+        return ""
+    db = Database(url)
+    db.drop_all()
+    db.dispose()
+    return url
+
+
+def make_cfg(tmp: Path, **kw) -> tuple[OrchestratorConfig, dict]:
+    validator, trainer = generate_key(), generate_key()
+    base = dict(data_dir=str(tmp / "orch"), database_url=database_url(tmp), run_secret="test-secret",
+                validator_keys=[public_key_hex(validator)], trainer_keys=[public_key_hex(trainer)],
+                tasks_per_node=3, group_size=2, heartbeat_interval_s=10.0, sweep_interval_s=0.1,
+                rate_limit_per_s=1000.0, rate_limit_burst=1000)
+    base.update(kw)
+    return OrchestratorConfig(**base), {"validator": validator, "trainer": trainer}
+
+
+class Server:
+    def __init__(self, cfg: OrchestratorConfig, run_sweeper: bool = True) -> None:
+        self.orch = Orchestrator(cfg)
+        self.app = create_app(cfg, self.orch, run_sweeper=run_sweeper)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> "Server":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.orch.db.dispose()
+
+
+@contextmanager
+def running(cfg: OrchestratorConfig, run_sweeper: bool = True) -> Iterator[Server]:
+    s = Server(cfg, run_sweeper).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+_TOK = None
+
+
+def tokenizer():
+    global _TOK
+    if _TOK is None:
+        from swarmrl.models import build_char_tokenizer
+
+        _TOK = build_char_tokenizer()
+    return _TOK
+
+
+def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge_rewards: bool = False,
+                 policy_version: int | None = None, tasks: list[tuple[str, str, int]] | None = None) -> list[Rollout]:
+    """Rows answering assignment ``a``: correct answers (or wrong ones), honest rewards unless forged.
+    ``tasks`` overrides the tasks answered (task_id, prompt, answer) to model a node choosing its own."""
+    from swarmrl.envs import make_env
+
+    tok = tokenizer()
+    env = make_env(a.env, **a.env_params)
+    if tasks is None:
+        tasks = [(t.task_id, t.prompt, t.verification_info["answer"]) for t in env.sample(a.seed, len(a.tasks))]
+    rows = []
+    for gi, (task_id, prompt, answer) in enumerate(tasks):
+        for k in range(a.group_size):
+            text = str(answer) if correct else str(answer + 1)
+            comp = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+            reward = 1.0 if correct else 0.0
+            if forge_rewards:
+                reward = 1.0
+            rows.append(Rollout(worker_id=node_id, step=a.step,
+                                policy_version=a.policy_version if policy_version is None else policy_version,
+                                task_id=task_id, env=a.env, group_id=f"{a.assignment_id}-{gi}",
+                                prompt_ids=tok.encode(prompt, add_special_tokens=False), completion_ids=comp,
+                                logprobs=[-0.1] * len(comp), reward=reward, task_reward=reward, length_penalty=0.0,
+                                advantage=0.0, target_length=a.target_length, temperature=1.0, finished=True,
+                                seed=a.seed, proofs=[]))
+    return rows
+
+
+def write(rows: list[Rollout], path: Path) -> Path:
+    return write_rollouts(rows, path)

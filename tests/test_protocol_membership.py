@@ -1,0 +1,96 @@
+"""Joining, stake, heartbeats, seeded assignments, thinking budgets, dead-node reassignment."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from protocol_support import make_cfg, running
+from swarmrl.envs import make_env
+from swarmrl.protocol.assignment import task_seed, thinking_budget
+from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient
+from swarmrl.protocol.signing import generate_key
+
+
+def test_seed_and_budget_are_pure():
+    assert task_seed("a" * 32, 3, "s") == task_seed("a" * 32, 3, "s")
+    assert task_seed("a" * 32, 3, "s") != task_seed("a" * 32, 4, "s")
+    assert task_seed("a" * 32, 3, "s") != task_seed("b" * 32, 3, "s")
+    assert task_seed("a" * 32, 3, "s") != task_seed("a" * 32, 3, "t")
+    assert 0 <= task_seed("a" * 32, 3, "s") < 2**63
+    tiers = [64, 128, 256]
+    assert thinking_budget(1.0, tiers, 8, 4, 60) == 64  # slow: smallest
+    assert thinking_budget(64 * 32 / 60 + 0.1, tiers, 8, 4, 60) == 64
+    assert thinking_budget(128 * 32 / 60 + 0.1, tiers, 8, 4, 60) == 128
+    assert thinking_budget(1e6, tiers, 8, 4, 60) == 256
+    assert thinking_budget(1e6, [], 8, 4, 60) is None
+
+
+def test_register_stake_heartbeat_assignment(tmp_path):
+    cfg, keys = make_cfg(tmp_path, min_stake=100.0, shardcast_relays=["http://127.0.0.1:9/r1"])
+    with running(cfg, run_sweeper=False) as srv:
+        slow, fast = NodeClient(srv.url, generate_key()), NodeClient(srv.url, generate_key())
+        with pytest.raises(ApiError) as e:
+            slow.register(throughput=1.0, stake=10.0)
+        assert e.value.status == 422 and "below the minimum" in e.value.detail
+        reg = slow.register(throughput=1.0, stake=120.0, hardware={"gpu": "none"})
+        assert reg.node_id == slow.node_id and reg.stake_locked == 120.0
+        with pytest.raises(ApiError) as e:
+            slow.register(throughput=1.0, stake=120.0)
+        assert e.value.status == 409
+        fast.register(throughput=1e6, stake=100.0)
+        assert slow.ledger().stake == 120.0
+
+        hb = slow.heartbeat()
+        assert hb.step == 0 and hb.weight_relays == ["http://127.0.0.1:9/r1"] and len(hb.assignments) == 1
+        a = hb.assignments[0]
+        assert a.seed == task_seed(slow.node_id, 0, cfg.run_secret)
+        want = make_env(cfg.task.name).sample(a.seed, cfg.tasks_per_node)
+        assert [t.task_id for t in a.tasks] == [t.task_id for t in want]
+        assert a.group_size == cfg.group_size
+        # a second heartbeat returns the same assignment, not a new one
+        assert [x.assignment_id for x in slow.heartbeat().assignments] == [a.assignment_id]
+        fa = fast.heartbeat().assignments[0]
+        assert fa.seed != a.seed  # tasks differ per node
+        assert a.target_length == cfg.budget_tiers[0] and fa.target_length == cfg.budget_tiers[-1]
+
+        # the trainer advances the step; new assignments follow, old ones stay inside the async window
+        tc = TrainerClient(srv.url, keys["trainer"])
+        tc.set_step(1, 1)
+        with pytest.raises(ApiError) as e:
+            tc.set_step(0, 0)
+        assert e.value.status == 409
+        hb = slow.heartbeat()
+        assert hb.step == 1 and hb.policy_version == 1
+        assert sorted(x.step for x in hb.assignments) == [0, 1]
+        new = [x for x in hb.assignments if x.step == 1][0]
+        assert new.seed == task_seed(slow.node_id, 1, cfg.run_secret) and new.policy_version == 1
+
+
+def test_dead_node_work_is_reassigned(tmp_path):
+    cfg, keys = make_cfg(tmp_path, heartbeat_interval_s=0.2, dead_after_missed=3, sweep_interval_s=0.05)
+    with running(cfg, run_sweeper=True) as srv:
+        quitter, worker = NodeClient(srv.url, generate_key()), NodeClient(srv.url, generate_key())
+        quitter.register(throughput=10.0, stake=100.0)
+        worker.register(throughput=10.0, stake=100.0)
+        lost = quitter.heartbeat().assignments[0]
+        # worker keeps beating; quitter goes silent and must be declared dead
+        deadline = time.monotonic() + 20
+        taken = None
+        while time.monotonic() < deadline:
+            hb = worker.heartbeat()
+            taken = next((x for x in hb.assignments if x.reassigned_from == quitter.node_id), None)
+            if taken is not None:
+                break
+            time.sleep(0.1)
+        assert taken is not None, "dead node's assignment was never reassigned"
+        assert worker.ledger().status == "active"
+        info = srv.orch.node_info(quitter.node_id)
+        assert info.status == "dead" and "missed 3" in info.status_reason
+        # same seed and tasks as the lost assignment: re-derivable by validators from the origin node
+        assert taken.seed == lost.seed and [t.task_id for t in taken.tasks] == [t.task_id for t in lost.tasks]
+        # the quitter comes back: alive again, but its taken-over assignment is gone
+        hb = quitter.heartbeat()
+        assert srv.orch.node_info(quitter.node_id).status == "active"
+        assert lost.assignment_id not in [x.assignment_id for x in hb.assignments]

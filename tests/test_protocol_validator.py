@@ -1,0 +1,228 @@
+"""Validator verdicts over a real orchestrator: honest work credited; forged rewards, self-chosen tasks
+and too-old policies rejected, slashed, credits revoked, node ejected; pluggable and lazy checks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
+from swarmrl.protocol.config import ValidatorConfig
+from swarmrl.protocol.schemas import VerdictRequest
+from swarmrl.protocol.signing import generate_key
+from swarmrl.protocol.validator import SkipCheck, Validator, lazy_check
+
+
+def _validator(srv, keys, tmp, **kw) -> Validator:
+    vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "val"), **kw)
+    return Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+
+
+def _node(srv) -> NodeClient:
+    n = NodeClient(srv.url, generate_key())
+    n.register(throughput=10.0, stake=200.0)
+    return n
+
+
+@pytest.fixture()
+def env(tmp_path):
+    cfg, keys = make_cfg(tmp_path, slash_fraction=0.25, async_window=1)
+    with running(cfg, run_sweeper=False) as srv:
+        yield srv, keys, tmp_path, cfg
+
+
+def test_honest_accepted_then_forgery_slashes_and_revokes(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    node = _node(srv)
+    a0 = node.heartbeat().assignments[0]
+    node.submit(a0.assignment_id, write(rollouts_for(node.node_id, a0, correct=False), tmp / "s0.parquet"))
+    [(sid0, v0)] = val.run_once()
+    assert v0.accepted, v0.reason
+    assert {c.name for c in v0.checks if c.skipped} >= {"toploc", "sampling"}  # module absent or no model here
+    bal = node.ledger()
+    assert bal.credits_locked == cfg.credit_per_sample * len(a0.tasks) * a0.group_size and bal.stake == 200.0
+    tc = TrainerClient(srv.url, keys["trainer"])
+    assert [x.submission_id for x in tc.accepted(0).items] == [sid0]
+
+    tc.set_step(1, 1)
+    a1 = [x for x in node.heartbeat().assignments if x.step == 1][0]
+    forged = rollouts_for(node.node_id, a1, correct=False, forge_rewards=True)  # wrong answers claimed correct
+    node.submit(a1.assignment_id, write(forged, tmp / "s1.parquet"))
+    [(sid1, v1)] = val.run_once()
+    assert not v1.accepted and v1.reason.startswith("rewards:") and "verifier gives 0" in v1.reason
+    detail = node.submission(sid1)  # the verdict and every check's reason are public and persisted
+    assert detail.status == "rejected" and detail.reason == v1.reason
+    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "rewards"]
+    assert node.submission(sid0).status == "accepted"
+    from swarmrl.utils.metrics import read_metrics
+
+    events = [r for r in read_metrics(tmp / "orch" / "metrics.jsonl") if r["event"] == "verdict"]
+    assert [(e["submission_id"], e["status"]) for e in events] == [(sid0, "accepted"), (sid1, "rejected")]
+    assert events[1]["slashed"] == pytest.approx(50.0) and events[1]["revoked"] == events[0]["credited"]
+    vrows = read_metrics(tmp / "val" / "metrics.jsonl")
+    assert [r["accepted"] for r in vrows] == [True, False]
+    snap = srv.orch.snapshot()
+    assert snap["nodes_ejected"] == 1 and snap["submissions_rejected"] == 1 and snap["submissions_accepted"] == 1
+    bal = node.ledger()
+    assert bal.status == "ejected"
+    assert bal.stake == pytest.approx(200.0 * (1 - 0.25))
+    assert bal.credits_locked == 0.0  # the earlier, honest credit was still in its window: revoked
+    kinds = [e.kind for e in bal.entries]
+    assert kinds == ["stake", "credit", "slash", "revoke"]
+    assert bal.entries[3].ref_id == bal.entries[1].id
+    with pytest.raises(ApiError) as e:
+        node.heartbeat()
+    assert e.value.status == 403
+    assert tc.accepted(1).items == []
+    # the rejected assignment's tasks go back to the pool for an honest node
+    honest = _node(srv)
+    hb = honest.heartbeat()
+    redo = [x for x in hb.assignments if x.reassigned_from == node.node_id]
+    assert len(redo) == 1 and redo[0].seed == a1.seed and redo[0].tasks == a1.tasks
+    # reassigned work is validated against the original node's seed and accepted
+    honest.submit(redo[0].assignment_id, write(rollouts_for(honest.node_id, redo[0]), tmp / "redo.parquet"))
+    [(_, v2)] = val.run_once()
+    assert v2.accepted, v2.reason
+    assert [x.node_id for x in tc.accepted(1).items] == [honest.node_id]
+
+
+def test_wrong_tasks_rejected(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    node = _node(srv)
+    a = node.heartbeat().assignments[0]
+    easy = [(f"mul_add:0*0+{i}", f"0*0+{i}=", i) for i in range(len(a.tasks))]  # node picks easy tasks
+    node.submit(a.assignment_id, write(rollouts_for(node.node_id, a, tasks=easy), tmp / "easy.parquet"))
+    [(_, v)] = val.run_once()
+    assert not v.accepted and v.reason.startswith("tasks:") and "seeded assignment" in v.reason
+    assert node.ledger().status == "ejected"
+
+
+def test_too_old_policy_rejected(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    tc = TrainerClient(srv.url, keys["trainer"])
+    tc.set_step(5, 5)
+    node = _node(srv)
+    a = node.heartbeat().assignments[0]
+    stale = rollouts_for(node.node_id, a, policy_version=2)  # window is [4, 5]
+    node.submit(a.assignment_id, write(stale, tmp / "old.parquet"))
+    [(_, v)] = val.run_once()
+    assert not v.accepted and v.reason.startswith("policy:") and "outside the async window" in v.reason
+    # a submission for a step that fell out of the window while waiting is refused too
+    node2 = _node(srv)
+    a2 = node2.heartbeat().assignments[0]
+    node2.submit(a2.assignment_id, write(rollouts_for(node2.node_id, a2), tmp / "late.parquet"))
+    tc.set_step(8, 8)
+    [(_, v2)] = val.run_once()
+    assert not v2.accepted and "older than the async window" in v2.reason
+
+
+def test_challenge_window_and_double_verdict(tmp_path):
+    cfg, keys = make_cfg(tmp_path, challenge_window_s=0.5)
+    with running(cfg, run_sweeper=False) as srv:
+        val = _validator(srv, keys, tmp_path)
+        node = _node(srv)
+        a = node.heartbeat().assignments[0]
+        node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "a.parquet"))
+        [(sid, v)] = val.run_once()
+        assert v.accepted
+        vc = ValidatorClient(srv.url, keys["validator"])
+        with pytest.raises(ApiError) as e:
+            vc.verdict(VerdictRequest(submission_id=sid, accepted=True))
+        assert e.value.status == 409
+        deadline = time.monotonic() + 10
+        while node.ledger().credits_locked > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        bal = node.ledger()
+        assert bal.credits_unlocked > 0 and bal.credits_locked == 0
+        with pytest.raises(ApiError) as e:  # window closed: the credit can no longer be challenged
+            vc.verdict(VerdictRequest(submission_id=sid, accepted=False, reason="late challenge"))
+        assert e.value.status == 409 and "window is closed" in e.value.detail
+        assert node.ledger().status == "active"
+
+
+def test_pluggable_and_lazy_checks(env, tmp_path):
+    srv, keys, tmp, cfg = env
+    import sys
+    import types
+
+    seen = []
+    fail_from = {"row": 10**9}
+
+    def fake_verify(model, prompt_ids, completion_ids, proofs, claim=None):
+        seen.append((model, claim))
+        ok = len(seen) <= fail_from["row"]
+        return types.SimpleNamespace(passed=ok, reason=None if ok else "proof mismatch at chunk 0",
+                                     sampling=types.SimpleNamespace(passed=True, reasons=[]))
+
+    mod = types.ModuleType("fake_toploc_mod")
+    mod.verify = fake_verify
+    mod.claim = lambda row, eos: ("claim", row.temperature, eos)
+    sys.modules["fake_toploc_mod"] = mod
+    try:
+        vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v2"), toploc_check="fake_toploc_mod:verify",
+                               sampling_claim="fake_toploc_mod:claim")
+        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+        val._load_model = lambda version: f"model-v{version}"  # the policy of each row's version
+        node = _node(srv)
+        a = node.heartbeat().assignments[0]
+        node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp / "p.parquet"))
+        [(_, v)] = val.run_once()
+        assert v.accepted, v.reason
+        by_name = {c.name: c for c in v.checks}
+        assert by_name["toploc"].ok and not by_name["toploc"].skipped
+        assert by_name["sampling"].ok and not by_name["sampling"].skipped
+        assert seen[0] == ("model-v0", ("claim", 1.0, tokenizer().eos_token_id))
+        fail_from["row"] = len(seen) + 1  # the next submission's second row fails
+        node2 = _node(srv)
+        a2 = node2.heartbeat().assignments[0]
+        node2.submit(a2.assignment_id, write(rollouts_for(node2.node_id, a2), tmp / "p2.parquet"))
+        [(_, v2)] = val.run_once()
+        assert not v2.accepted and v2.reason == "toploc: row 1: proof mismatch at chunk 0"
+    finally:
+        del sys.modules["fake_toploc_mod"]
+    # a missing module is skipped with its reason; require_proofs turns the skip into a rejection
+    chk = lazy_check("toploc", "no_such_module_xyz:verify", lambda fn, m, r: fn(m, r))
+    with pytest.raises(SkipCheck, match="no_such_module_xyz"):
+        chk(None)
+    node3 = _node(srv)
+    a3 = node3.heartbeat().assignments[0]
+    node3.submit(a3.assignment_id, write(rollouts_for(node3.node_id, a3), tmp / "q.parquet"))
+    strict = _validator(srv, keys, tmp, toploc_check="no_such_module_xyz:verify", require_proofs=True)
+    [(_, v3)] = strict.run_once()
+    assert not v3.accepted and "required but skipped" in v3.reason
+
+
+def test_optimistic_mode_lists_pending(tmp_path):
+    cfg, keys = make_cfg(tmp_path, optimistic=True)
+    with running(cfg, run_sweeper=False) as srv:
+        node = _node(srv)
+        a = node.heartbeat().assignments[0]
+        rep = node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "a.parquet"))
+        lst = TrainerClient(srv.url, keys["trainer"]).accepted(0)
+        assert lst.optimistic and [(x.submission_id, x.status) for x in lst.items] == [(rep.submission_id, "pending")]
+
+
+def test_ejection_rejects_pending_work_and_frees_its_tasks(env):
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    tc = TrainerClient(srv.url, keys["trainer"])
+    node = _node(srv)
+    a0 = node.heartbeat().assignments[0]
+    tc.set_step(1, 1)
+    a1 = [x for x in node.heartbeat().assignments if x.step == 1][0]
+    node.submit(a0.assignment_id, write(rollouts_for(node.node_id, a0, correct=False, forge_rewards=True),
+                                        tmp / "bad.parquet"))
+    node.submit(a1.assignment_id, write(rollouts_for(node.node_id, a1), tmp / "fine.parquet"))
+    judged = val.run_once()  # the second verdict meets a 409 (node already ejected) and is skipped
+    assert [v.accepted for _, v in judged] == [False]
+    assert srv.orch.accepted(1).items == []
+    honest = _node(srv)
+    seeds = set()
+    for _ in range(3):  # one reassignment per heartbeat
+        seeds |= {x.seed for x in honest.heartbeat().assignments if x.reassigned_from == node.node_id}
+    assert seeds == {a0.seed, a1.seed}
