@@ -203,6 +203,7 @@ def atomic_write(path: str | Path, data: bytes, fsync: bool = True) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)  # world-readable like any served file (mkstemp makes 0600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if fsync:

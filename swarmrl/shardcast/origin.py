@@ -19,6 +19,8 @@ highest published version is persisted, so a restarted origin never reuses one. 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -122,6 +124,17 @@ class Origin:
         self._reserved = self._last
 
     # ---- state ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self):  # type: ignore[no-untyped-def]
+        """Thread lock + an flock on <dir>/.lock, so `shardcast publish` processes serialise."""
+        with self._lock:
+            with open(self.root / ".lock", "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+
     def _cleanup_tmp(self) -> None:
         for p in self.root.glob("v*.tmp"):
             shutil.rmtree(p, ignore_errors=True)
@@ -163,7 +176,8 @@ class Origin:
         src = Path(path)
         if not src.is_file():
             raise FileNotFoundError(src)
-        with self._lock:
+        with self._locked():
+            self._reserved = max(self._reserved, self._recover_last_version())
             v = self._reserved + 1 if version is None else int(version)
             if v <= self._reserved:
                 raise ValueError(f"version {v} is not above the last published version {self._reserved} "
@@ -198,7 +212,7 @@ class Origin:
         finally:
             if staged:
                 src.unlink(missing_ok=True)
-        with self._lock:
+        with self._locked():
             entries = [e for e in self._entries() if e.version != version] + [m.dist_entry()]
             entries.sort(key=lambda e: e.version)
             keep, drop = entries[-self.keep:], entries[:-self.keep]
