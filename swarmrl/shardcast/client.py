@@ -152,7 +152,10 @@ async def server_versions(session: aiohttp.ClientSession, url: str, *, since: in
     q = f"?since={since}&wait={wait}" if since is not None and wait > 0 else ""
     async with session.get(f"{url}/versions.json{q}", timeout=_timeout(wait + 15.0)) as r:
         if r.status == 200:
-            data = json.loads(await _read_limited(r, 1 << 20))
+            try:
+                data = json.loads(await _read_limited(r, 1 << 20))
+            except (ValueError, RecursionError) as e:
+                raise LayoutError(f"versions.json is not JSON: {type(e).__name__}") from None
             if not isinstance(data, dict):
                 raise LayoutError("versions.json is not an object")
             comp = {int(v) for v in data.get("complete", []) if type(v) is int and v > 0}
@@ -167,7 +170,8 @@ async def server_versions(session: aiohttp.ClientSession, url: str, *, since: in
     return {e.version for e in entries}, set(), None
 
 
-async def discover(session: aiohttp.ClientSession, pool: ServerPool) -> None:
+async def discover(session: aiohttp.ClientSession, pool: ServerPool,
+                   which: list[ServerState] | None = None) -> None:
     """Refresh every server's advertised versions; unreachable servers count a failure."""
     async def one(s: ServerState) -> None:
         try:
@@ -175,7 +179,7 @@ async def discover(session: aiohttp.ClientSession, pool: ServerPool) -> None:
             s.versions = comp | part
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, LayoutError, ValueError) as e:
             pool.failure(s, f"discovery: {type(e).__name__}: {e}")
-    await asyncio.gather(*(one(s) for s in pool.healthy()))
+    await asyncio.gather(*(one(s) for s in (pool.healthy() if which is None else which)))
 
 
 async def get_manifest(session: aiohttp.ClientSession, pool: ServerPool, version: int, pub: Any) -> Manifest:
@@ -287,9 +291,13 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
             avoid.clear()
             s = pool.pick(m.version, avoid)
             if s is None:
-                raise FetchError(f"shard {index} of v{m.version}: no usable server left ({pool.report()})"
-                                 + (f"; errors: {'; '.join(errors[-5:])}" if errors else ""))
-            await asyncio.sleep(min(0.2 * attempts, 2.0))
+                attempts += 1
+                if attempts >= max_attempts or not pool.healthy():
+                    raise FetchError(f"shard {index} of v{m.version}: no usable server left ({pool.report()})"
+                                     + (f"; errors: {'; '.join(errors[-5:])}" if errors else ""))
+                await asyncio.sleep(min(0.5 * attempts, 3.0))  # servers may still learn of the version
+                continue
+            await asyncio.sleep(min(0.1 * attempts, 2.0))
         attempts += 1
         s.active += 1
         t0 = time.perf_counter()
@@ -339,7 +347,10 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
 
 async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, indices: list[int],
                           sink: ShardSink, *, parallel: int = 8, max_attempts: int = 6,
-                          read_timeout: float = 30.0, on_shard: Callable[[int], None] | None = None) -> None:
+                          read_timeout: float = 30.0, on_shard: Callable[[int], None] | None = None,
+                          refresh_s: float | None = None) -> None:
+    """Fetch ``indices`` of ``m`` into ``sink``. ``refresh_s``: re-ask servers that do not list the
+    version yet that often (a relay that is still learning of it joins in when it does)."""
     queue = list(indices)
     queue.reverse()
 
@@ -350,13 +361,21 @@ async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: M
             if on_shard:
                 on_shard(idx)
 
+    async def refresher() -> None:
+        while True:
+            await asyncio.sleep(refresh_s)
+            lagging = [s for s in pool.healthy() if m.version not in s.versions]
+            if lagging:
+                await discover(session, pool, lagging)
+
     tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(parallel, len(indices))))]
+    helper = [asyncio.create_task(refresher())] if refresh_s else []
     try:
         await asyncio.gather(*tasks)
     finally:
-        for t in tasks:
+        for t in tasks + helper:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *helper, return_exceptions=True)
 
 
 def hash_file(path: Path) -> str:
@@ -451,7 +470,8 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                     on_shard(len(done), manifest.num_shards)
 
             await download_shards(session, pool, manifest, todo, sink, parallel=parallel,
-                                  max_attempts=max_attempts, read_timeout=read_timeout, on_shard=shard_done)
+                                  max_attempts=max_attempts, read_timeout=read_timeout, on_shard=shard_done,
+                                  refresh_s=1.0)
             if fsync:
                 await asyncio.to_thread(os.fsync, sink.fd)
         finally:

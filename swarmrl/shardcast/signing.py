@@ -90,14 +90,15 @@ def sign_manifest(manifest: Manifest, key: Ed25519PrivateKey) -> bytes:
     return json.dumps({"manifest": body, "signature": sig}, sort_keys=True, indent=1).encode()
 
 
-def verify_manifest(data: bytes, pub: Ed25519PublicKey, expect_version: int | None = None) -> Manifest:
+def verify_manifest(data: bytes, pub: Ed25519PublicKey | str | Path, expect_version: int | None = None) -> Manifest:
     """Parse + verify an untrusted envelope; raises LayoutError/SignatureError with a clear reason."""
+    pub = load_public_key(pub)
     if len(data) > MAX_MANIFEST_BYTES:
         raise LayoutError(f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         env = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LayoutError(f"manifest is not JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise LayoutError(f"manifest is not JSON: {type(e).__name__}") from None
     if not isinstance(env, dict) or set(env) != {"manifest", "signature"}:
         raise LayoutError("manifest envelope must be {manifest, signature}")
     sig = env["signature"]
