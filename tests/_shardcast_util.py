@@ -35,16 +35,22 @@ def raw_http(port: int, request: bytes, timeout: float = 5.0) -> bytes:
     """Send raw bytes (no client-side path normalisation) and return the full response."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(request)
-        chunks = []
+        buf = b""
         try:
             while True:
                 c = s.recv(65536)
                 if not c:
                     break
-                chunks.append(c)
+                buf += c
+                head, sep, body = buf.partition(b"\r\n\r\n")
+                if sep:  # stop after one complete response (the server may keep the connection)
+                    for line in head.split(b"\r\n")[1:]:
+                        k, _, v = line.partition(b":")
+                        if k.strip().lower() == b"content-length" and len(body) >= int(v):
+                            return buf
         except (socket.timeout, ConnectionResetError):
             pass
-    return b"".join(chunks)
+    return buf
 
 
 def status_of(resp: bytes) -> int:
