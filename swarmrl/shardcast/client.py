@@ -171,14 +171,19 @@ async def server_versions(session: aiohttp.ClientSession, url: str, *, since: in
 
 
 async def discover(session: aiohttp.ClientSession, pool: ServerPool,
-                   which: list[ServerState] | None = None) -> None:
-    """Refresh every server's advertised versions; unreachable servers count a failure."""
+                   which: list[ServerState] | None = None, count_failures: bool = True) -> None:
+    """Refresh every server's advertised versions; unreachable servers count a failure (unless
+    ``count_failures`` is False: while waiting for a version, a server still starting up is fine)."""
     async def one(s: ServerState) -> None:
         try:
             comp, part, _ = await server_versions(session, s.url)
             s.versions = comp | part
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, LayoutError, ValueError) as e:
-            pool.failure(s, f"discovery: {type(e).__name__}: {e}")
+            msg = f"discovery: {type(e).__name__}: {e}"
+            if count_failures:
+                pool.failure(s, msg)
+            else:
+                s.last_error = msg
     await asyncio.gather(*(one(s) for s in (pool.healthy() if which is None else which)))
 
 
@@ -426,7 +431,7 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
         manifest = None
         last_err: Exception | None = None
         while manifest is None:
-            await discover(session, pool)
+            await discover(session, pool, count_failures=time.monotonic() >= deadline)
             listed = sorted({v for s in pool.healthy() for v in s.versions
                              if (v == want if want is not None else v >= max(min_version, 1))}, reverse=True)
             for v in listed:
