@@ -182,10 +182,6 @@ class Relay:
             out.append((v, m.num_shards, have))
         return out
 
-    def _newest_local(self) -> int:
-        vs = [e.version for e in self._complete_entries()] + list(self._syncing)
-        return max(vs, default=0)
-
     # ---- watching upstreams -------------------------------------------------------------------------
     async def _watch(self, url: str) -> None:
         assert self._session is not None
@@ -213,14 +209,15 @@ class Relay:
                 backoff = min(backoff * 2, 10.0)
 
     def _consider(self, versions: set[int]) -> None:
+        """Mirror the newest ``keep`` versions an upstream offers that we do not hold yet."""
         complete = {e.version for e in self._complete_entries()}
-        newest = sorted(versions, reverse=True)[: self.keep]
-        floor = max(complete | set(self._syncing), default=0)
-        for v in sorted(newest):
-            if v > floor - self.keep and v not in complete and v not in self._syncing:
-                if complete and v < min(complete) and len(complete) >= self.keep:
-                    continue
-                self._start_sync(v)
+        window_full = len(complete) >= self.keep
+        for v in sorted(versions, reverse=True)[: self.keep]:
+            if v in complete or v in self._syncing:
+                continue
+            if window_full and v < min(complete):
+                continue  # older than everything we keep: it would be pruned at once
+            self._start_sync(v)
 
     def _start_sync(self, v: int) -> None:
         if v in self._syncing:
