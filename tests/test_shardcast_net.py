@@ -41,7 +41,7 @@ def ckpt(tmp_path):
 def test_origin_to_two_relays_to_clients(tmp_path, origin, ckpt):
     """origin -> relay A, relay B (B also chained under A) -> 4 concurrent clients, all verified."""
     async def main():
-        ra = Relay(tmp_path / "ra", [origin.url], origin.public_key)
+        ra = Relay(tmp_path / "ra", [origin.url], origin.public_key, metrics=tmp_path / "ra.jsonl")
         rb = Relay(tmp_path / "rb", [ra_url := await ra.start(), origin.url], origin.public_key)
         rb_url = await rb.start()
         origin.publish(ckpt, version=100)
@@ -63,6 +63,10 @@ def test_origin_to_two_relays_to_clients(tmp_path, origin, ckpt):
                 (tmp_path / "origin" / "v100" / shard_name(21)).read_bytes()
         await rb.stop()
         await ra.stop()
+        from swarmrl.utils.metrics import read_metrics
+
+        (row,) = read_metrics(tmp_path / "ra.jsonl")
+        assert row["event"] == "relay_synced" and row["version"] == 100 and row["bytes_fetched"] == SIZE
 
     asyncio.run(main())
 
@@ -393,3 +397,29 @@ def test_static_file_server_interop_and_unreachable_error(tmp_path, origin, ckpt
             fetch(["http://127.0.0.1:9"], tmp_path / "o.bin", origin.public_key)
     finally:
         httpd.shutdown()
+
+
+def test_origin_dir_served_by_separate_server_long_poll_sees_publish(tmp_path, ckpt):
+    """The trainer publishes with the API (no server); a separate server process on the same
+    directory (here: a ShardServer instance) wakes its long-poll readers when the version lands."""
+    o = Origin(tmp_path / "o", shard_size=SHARD)
+
+    async def main():
+        srv = ShardServer(o.root, watch_s=0.05)
+        await srv.start()
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{srv.url}/versions.json") as r:
+                first = await r.json()
+            assert first["complete"] == []
+            poll = asyncio.create_task(s.get(f"{srv.url}/versions.json?since={first['seq']}&wait=30"))
+            await asyncio.sleep(0.2)
+            assert not poll.done()  # held open: nothing new yet
+            await asyncio.to_thread(o.publish_sync, ckpt, 77)
+            r = await asyncio.wait_for(poll, 10)
+            assert (await r.json())["complete"] == [77]
+        await srv.stop()
+
+    asyncio.run(main())
+    o.close()

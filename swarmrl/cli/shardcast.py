@@ -101,7 +101,8 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
 
     async def run() -> None:
         relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep, parallel=cfg.parallel,
-                      poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s)
+                      poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s,
+                      metrics=cfg.metrics)
         url = await relay.start(cfg.host, cfg.port)
         console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
         try:
@@ -146,3 +147,9 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
                   f"{res.seconds:.2f}s ({res.mb_per_s:.1f} MB/s)", highlight=False)
     for url, why in res.excluded.items():
         console.print(f"  excluded {url}: {why}", highlight=False)
+    if cfg.metrics:
+        from swarmrl.utils.metrics import MetricsWriter
+
+        with MetricsWriter(cfg.metrics) as mw:
+            mw.write(event="fetch", version=res.version, size=res.size, seconds=res.seconds, mb_per_s=res.mb_per_s,
+                     bytes_by_server=res.bytes_by_server, excluded=res.excluded)

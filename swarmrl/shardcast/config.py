@@ -39,6 +39,7 @@ class RelayConfig(StrictModel):
     poll_s: float = Field(1.0, gt=0, le=30)
     longpoll_s: float = Field(20.0, gt=0, le=60)
     hold_s: float = Field(20.0, gt=0, le=60)
+    metrics: Optional[str] = Field(None, description="JSONL file: one row per version mirrored")
 
 
 class FetchConfig(StrictModel):
@@ -52,6 +53,7 @@ class FetchConfig(StrictModel):
     wait_s: float = Field(0.0, ge=0)
     verify_whole: bool = True
     fsync: bool = False
+    metrics: Optional[str] = Field(None, description="JSONL file: one row per fetch")
 
     @field_validator("version", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -91,7 +92,8 @@ class _RelaySink:
 class Relay:
     def __init__(self, root: str | Path, upstreams: Iterable[str], origin_pubkey: Any, *, keep: int = 5,
                  parallel: int = 4, poll_s: float = 1.0, longpoll_s: float = 20.0, hold_s: float = 20.0,
-                 exclude_s: float = 10.0, rate_limit_bps: float | None = None) -> None:
+                 exclude_s: float = 10.0, rate_limit_bps: float | None = None,
+                 metrics: str | Path | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.upstreams = [u.rstrip("/") for u in upstreams]
@@ -108,9 +110,15 @@ class Relay:
         self._syncing: dict[int, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self.synced: list[int] = []
+        self._metrics_path = metrics
+        self._metrics: Any = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        if self._metrics_path is not None and self._metrics is None:
+            from swarmrl.utils.metrics import MetricsWriter
+
+            self._metrics = MetricsWriter(self._metrics_path)
         self._session = new_session()
         for v, n, have in await asyncio.to_thread(self._recover):
             self.server.set_partial(v, n, have)
@@ -129,6 +137,9 @@ class Relay:
         await self.server.stop()
         if self._session:
             await self._session.close()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
     async def run_forever(self, host: str = "127.0.0.1", port: int = 0) -> None:
         await self.start(host, port)
@@ -229,6 +240,8 @@ class Relay:
     async def _sync(self, v: int) -> None:
         assert self._session is not None
         vdir = self.root / f"v{v}"
+        t0 = time.perf_counter()
+        bytes0 = sum(s.bytes for s in self.pool)
         backoff = 0.2
         m: Manifest | None = None
         while m is None:
@@ -266,6 +279,11 @@ class Relay:
         finally:
             sink.close()
         self._commit(m)
+        if self._metrics is not None:
+            self._metrics.write(event="relay_synced", version=v, size=m.size, num_shards=m.num_shards,
+                                seconds=time.perf_counter() - t0,
+                                bytes_fetched=sum(s.bytes for s in self.pool) - bytes0,
+                                by_upstream={s.url: s.bytes for s in self.pool})
 
     def _commit(self, m: Manifest) -> None:
         entries = [e for e in self._complete_entries() if e.version != m.version] + [m.dist_entry()]
