@@ -423,3 +423,24 @@ def test_origin_dir_served_by_separate_server_long_poll_sees_publish(tmp_path, c
 
     asyncio.run(main())
     o.close()
+
+
+def test_interrupted_fetch_resumes_verified_shards_next_run(tmp_path, origin, ckpt):
+    origin.publish_sync(ckpt, version=6)
+
+    class Stop(Exception):
+        pass
+
+    def boom(done, total):
+        if done >= 5:
+            raise Stop
+
+    out = tmp_path / "out.bin"
+    with pytest.raises(Stop):
+        fetch([origin.url], out, origin.public_key, parallel=2, on_shard=boom)
+    assert not out.exists() and (tmp_path / ".out.bin.part").exists()
+    flip_byte(tmp_path / ".out.bin.part", at=0)  # damage in the temp file is caught: shard 1 re-fetched
+    res = fetch([origin.url], out, origin.public_key, parallel=2)
+    assert 4 <= res.resumed_shards < 21
+    assert same_file(out, ckpt)
+    assert not (tmp_path / ".out.bin.part").exists() and not (tmp_path / ".out.bin.part.json").exists()
