@@ -273,6 +273,11 @@ class Relay:
                     await download_shards(self._session, self.pool, m, todo, sink, parallel=self.parallel,
                                           max_attempts=4)
                 except FetchError as e:
+                    if not any(v in s.versions for s in self.pool):
+                        log.warning("relay %s: v%d withdrawn upstream; abandoning it", self.root, v)
+                        self.server.drop_partial(v)
+                        shutil.rmtree(vdir, ignore_errors=True)
+                        return
                     log.warning("relay %s: v%d: %s; retrying", self.root, v, e)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
