@@ -238,6 +238,9 @@ def test_path_traversal_and_oversized_requests_refused(tmp_path, origin, ckpt):
         resp = raw_http(port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert status_of(resp) in (400, 404), (path, resp[:80])
         assert b"top secret" not in resp
+    for q in (b"wait=nan", b"since=abc", b"wait=1e999"):
+        resp = raw_http(port, b"GET /versions.json?" + q + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert status_of(resp) in (200, 400), q  # answered at once, never hangs or crashes
     long_url = b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
     assert status_of(raw_http(port, long_url)) in (400, 414, 431)
     big_header = b"GET /distribution.txt HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"b" * 20000 + b"\r\n\r\n"
@@ -444,3 +447,18 @@ def test_interrupted_fetch_resumes_verified_shards_next_run(tmp_path, origin, ck
     assert 4 <= res.resumed_shards < 21
     assert same_file(out, ckpt)
     assert not (tmp_path / ".out.bin.part").exists() and not (tmp_path / ".out.bin.part.json").exists()
+
+
+def test_client_prefers_the_faster_server(tmp_path, origin, ckpt):
+    """Throughput-aware choice: after probing, shards go to the server that measured faster."""
+    origin.publish_sync(ckpt, version=8)
+
+    async def main():
+        slow = ShardServer(origin.root, rate_limit_bps=400_000)
+        await slow.start()
+        res = await fetch_async([slow.url, origin.url], tmp_path / "out.bin", origin.public_key, parallel=4)
+        assert same_file(res.path, ckpt)
+        assert res.bytes_by_server[slow.url] <= 4 * SHARD < res.bytes_by_server[origin.url]
+        await slow.stop()
+
+    asyncio.run(main())

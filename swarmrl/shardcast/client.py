@@ -41,6 +41,8 @@ __all__ = ["FetchError", "FetchResult", "ServerPool", "fetch", "fetch_async", "d
            "download_shards", "ShardSink", "FileSink", "hash_file"]
 
 _EMA = 0.3
+STALL_WINDOW_S = 10.0
+DEFAULT_MIN_BPS = 32 * 1024
 
 
 class FetchError(RuntimeError):
@@ -268,7 +270,8 @@ class _BadShard(Exception):
 
 
 async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, index: int,
-                           sink: ShardSink, max_attempts: int, read_timeout: float) -> None:
+                           sink: ShardSink, max_attempts: int, read_timeout: float,
+                           min_bps: float = DEFAULT_MIN_BPS) -> None:
     info = m.shards[index - 1]
     got, hasher = sink.resume_from(index)
     sources: set[str] = set()
@@ -324,12 +327,16 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
                     raise aiohttp.ClientResponseError(r.request_info, (), status=r.status,
                                                       message=r.reason or "")
                 sources.add(s.url)
+                t_first = time.perf_counter()
                 async for chunk in r.content.iter_any():
                     if got + len(chunk) > info.size:
                         raise _BadShard(f"shard {index} longer than {info.size} bytes")
                     sink.write(index, got, chunk)
                     hasher.update(chunk)
                     got += len(chunk)
+                    el = time.perf_counter() - t_first
+                    if el > STALL_WINDOW_S and (got - n0) / el < min_bps:
+                        raise asyncio.TimeoutError(f"trickling at {(got - n0) / el:.0f} B/s < {min_bps:.0f} B/s")
             if got < info.size:
                 raise aiohttp.ClientPayloadError(f"short shard: {got}/{info.size} bytes")
             pool.success(s, got - n0, time.perf_counter() - t0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import threading
@@ -232,6 +233,8 @@ class ShardServer:
             wait = min(float(request.query.get("wait", "0")), MAX_HOLD_S)
         except ValueError:
             raise web.HTTPBadRequest(text="since/wait must be numbers\n") from None
+        if not math.isfinite(wait):
+            raise web.HTTPBadRequest(text="wait must be finite\n")
         deadline = time.monotonic() + max(wait, 0.0)
         while self.seq <= since:
             left = deadline - time.monotonic()
