@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,6 +391,59 @@ async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: M
         await asyncio.gather(*tasks, *helper, return_exceptions=True)
 
 
+class _InOrderHasher:
+    """Hashes the output file's whole-file BLAKE3 on a thread, shard by shard in order, as soon as
+    each prefix of verified shards is on disk, so the final check overlaps the download."""
+
+    def __init__(self, path: Path, m: Manifest, done: set[int]) -> None:
+        self.m = m
+        self.h = blake3.blake3()
+        self.next = 1
+        self.ready = set(done)
+        self.cv = threading.Condition()
+        self.closed = False
+        self.fd = os.open(path, os.O_RDONLY)
+        self.thread = threading.Thread(target=self._run, name="shardcast-hash", daemon=True)
+        self.thread.start()
+
+    def mark(self, index: int) -> None:
+        with self.cv:
+            self.ready.add(index)
+            self.cv.notify()
+
+    def _run(self) -> None:
+        n = self.m.num_shards
+        while self.next <= n:
+            with self.cv:
+                while self.next not in self.ready and not self.closed:
+                    self.cv.wait()
+                if self.next not in self.ready:
+                    return
+            off, left = self.m.shard_offset(self.next), self.m.shards[self.next - 1].size
+            while left:
+                data = os.pread(self.fd, min(left, 8 << 20), off)
+                if not data:
+                    return  # file shorter than expected: finish() reports a mismatch
+                self.h.update(data)
+                off += len(data)
+                left -= len(data)
+            self.next += 1
+
+    def finish(self) -> str | None:
+        """The digest once every shard was hashed (None if the thread stopped early)."""
+        self.close()
+        return self.h.hexdigest() if self.next > self.m.num_shards else None
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+        self.thread.join()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def hash_file(path: Path) -> str:
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
     h.update_mmap(str(path))
@@ -476,8 +530,12 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                 atomic_write(state_path, json.dumps({"version": manifest.version, "blake3": manifest.blake3,
                                                      "done": sorted(done)}).encode(), fsync=False)
 
+            hasher = _InOrderHasher(tmp, manifest, done) if verify_whole else None
+
             def shard_done(idx: int) -> None:
                 done.add(idx)
+                if hasher is not None:
+                    hasher.mark(idx)
                 if time.monotonic() - last_save[0] > 0.5:
                     save_progress()  # a killed process loses at most ~0.5 s of verified shards
                 if on_shard:
@@ -490,13 +548,15 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
             except BaseException:
                 if done:
                     save_progress()  # the next fetch of this version into ``out`` resumes from here
+                if hasher is not None:
+                    hasher.close()
                 raise
             if fsync:
                 await asyncio.to_thread(os.fsync, sink.fd)
         finally:
             sink.close()
-    if verify_whole:
-        digest = await asyncio.to_thread(hash_file, tmp)
+    if hasher is not None:
+        digest = await asyncio.to_thread(hasher.finish)
         if digest != manifest.blake3:
             tmp.unlink(missing_ok=True)
             state_path.unlink(missing_ok=True)
