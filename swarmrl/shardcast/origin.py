@@ -52,7 +52,7 @@ class PublishResult:
     seconds: float
 
 
-def shard_file(src: Path, dest_dir: Path, shard_size: int) -> tuple[int, str, list[ShardInfo]]:
+def shard_file(src: Path, dest_dir: Path, shard_size: int, fsync: bool = True) -> tuple[int, str, list[ShardInfo]]:
     """Split ``src`` into dest_dir/shard_XXXXX.bin; returns (size, whole blake3, shard infos)."""
     whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
     shards: list[ShardInfo] = []
@@ -77,9 +77,6 @@ def shard_file(src: Path, dest_dir: Path, shard_size: int) -> tuple[int, str, li
                     whole.update(chunk)
                     out.write(chunk)
                     n_shard += n
-                if n_shard:
-                    out.flush()
-                    os.fsync(out.fileno())
             if n_shard == 0:
                 out_path.unlink()
                 break
@@ -89,6 +86,13 @@ def shard_file(src: Path, dest_dir: Path, shard_size: int) -> tuple[int, str, li
                 break
     if total == 0:
         raise ValueError(f"{src} is empty; nothing to publish")
+    if fsync:  # once at the end: writeback of early shards overlaps reading/hashing later ones
+        for i in range(1, len(shards) + 1):
+            fd = os.open(dest_dir / shard_name(i), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     return total, whole.hexdigest(), shards
 
 
@@ -96,13 +100,14 @@ class Origin:
     """Owns one origin directory. Thread-safe ``publish``; one background publishing thread."""
 
     def __init__(self, root: str | Path, *, key: str | Path | None = None, keep: int = 5,
-                 shard_size: int = DEFAULT_SHARD_SIZE, create_key: bool = True) -> None:
+                 shard_size: int = DEFAULT_SHARD_SIZE, create_key: bool = True, fsync: bool = True) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep = keep
         self.shard_size = shard_size
+        self.fsync = fsync
         key_path = Path(key) if key is not None else self.root.parent / (self.root.name + ".key")
         if key_path.exists():
             self.key = load_private_key(key_path)
@@ -201,7 +206,7 @@ class Origin:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            size, whole, shards = shard_file(src, tmp, self.shard_size)
+            size, whole, shards = shard_file(src, tmp, self.shard_size, fsync=self.fsync)
             m = Manifest(version=version, size=size, shard_size=self.shard_size, blake3=whole,
                          shards=tuple(shards), filename=filename, created=int(time.time()))
             atomic_write(tmp / MANIFEST_NAME, sign_manifest(m, self.key))
