@@ -462,3 +462,22 @@ def test_client_prefers_the_faster_server(tmp_path, origin, ckpt):
         await slow.stop()
 
     asyncio.run(main())
+
+
+def test_not_yet_arrived_shards_do_not_burn_retries(tmp_path, ckpt):
+    """A relay whose hold expires (503, shard still on its way) is waited on, not counted as failing."""
+    o = Origin(tmp_path / "o", shard_size=SHARD)
+    o.publish_sync(ckpt, version=1)
+
+    async def main():
+        slow = ShardServer(o.root, rate_limit_bps=1_000_000)
+        await slow.start()
+        relay = Relay(tmp_path / "r", [slow.url], o.public_key, parallel=1, hold_s=0.1)
+        url = await relay.start()
+        res = await fetch_async([url], tmp_path / "out.bin", o.public_key, wait_s=20, parallel=8, max_attempts=2)
+        assert same_file(res.path, ckpt) and not res.excluded
+        await relay.stop()
+        await slow.stop()
+
+    asyncio.run(main())
+    o.close()

@@ -272,8 +272,9 @@ class _BadShard(Exception):
 
 async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, index: int,
                            sink: ShardSink, max_attempts: int, read_timeout: float,
-                           min_bps: float = DEFAULT_MIN_BPS) -> None:
+                           min_bps: float = DEFAULT_MIN_BPS, not_ready_s: float = 600.0) -> None:
     info = m.shards[index - 1]
+    shard_t0 = time.monotonic()
     got, hasher = sink.resume_from(index)
     sources: set[str] = set()
     avoid: set[str] = set()
@@ -351,7 +352,13 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
             errors.append(f"{s.url}: {msg}")
             avoid.add(s.url)
             if isinstance(e, aiohttp.ClientResponseError) and e.status == 503:
-                s.last_error = msg  # not there yet (pipelining hold expired): not a health failure
+                # not there yet (a relay's pipelining hold expired): neither a health failure nor a
+                # spent attempt, but bounded by not_ready_s without any byte of this shard
+                s.last_error = msg
+                attempts -= 1
+                if time.monotonic() - shard_t0 > not_ready_s:
+                    raise FetchError(f"shard {index} of v{m.version}: not available anywhere within "
+                                     f"{not_ready_s:.0f} s | servers: {pool.report()}") from None
             else:
                 pool.failure(s, msg)
         finally:
