@@ -481,3 +481,20 @@ def test_not_yet_arrived_shards_do_not_burn_retries(tmp_path, ckpt):
 
     asyncio.run(main())
     o.close()
+
+
+def test_publish_move_takes_the_file_and_returns_before_sharding(tmp_path):
+    o = Origin(tmp_path / "o", shard_size=SHARD)
+    src = make_file(tmp_path / "step_5.safetensors", SIZE, seed=5)
+    copy = tmp_path / "copy.bin"
+    copy.write_bytes(src.read_bytes())
+    fut = o.publish(src, version=5, move=True)
+    assert not src.exists()  # renamed into the origin dir at once; the trainer may reuse the name
+    res = fut.result()
+    assert res.manifest.filename == "step_5.safetensors" and o.versions() == [5]
+    assert not list(o.root.glob(".incoming_*"))
+    out = tmp_path / "out.bin"
+    url = o.serve()
+    fetch([url], out, o.public_key)
+    assert same_file(out, copy)
+    o.close()
