@@ -184,8 +184,9 @@ def bench_fanout(args: argparse.Namespace, base: Path, procs: list) -> dict:
         relays.append(url)
     clients = []
     for i in range(args.clients):
-        cp = subprocess.Popen([sys.executable, "-c", CLIENT, ",".join(relays), str(base / f"client{i}.bin"),
-                               origin.public_key, "1"], stdout=subprocess.PIPE, text=True, env=_env())
+        cp = subprocess.Popen(["nice", "-n", str(args.nice_clients)] * bool(args.nice_clients)
+                              + [sys.executable, "-c", CLIENT, ",".join(relays), str(base / f"client{i}.bin"),
+                                 origin.public_key, "1"], stdout=subprocess.PIPE, text=True, env=_env())
         clients.append(cp)
     time.sleep(3.0)  # let the client processes start (python import) and begin waiting
     t_pub = time.time()
@@ -227,6 +228,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--shard-mb", type=float, default=50.0, help="shard size in MB (50 = public default)")
     ap.add_argument("--skip-single", action="store_true")
+    ap.add_argument("--nice-clients", type=int, default=0,
+                    help="diagnostic: run clients at lower CPU priority (stands in for clients on other machines)")
     ap.add_argument("--skip-fanout", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="optional JSON results file")
     args = ap.parse_args()

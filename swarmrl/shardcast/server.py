@@ -64,7 +64,7 @@ class ShardServer:
     """
 
     def __init__(self, root: str | Path, *, hold_s: float = 20.0, watch_s: float = 0.2,
-                 rate_limit_bps: float | None = None) -> None:
+                 rate_limit_bps: float | None = None, max_holds: int = 4096) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.hold_s = min(hold_s, MAX_HOLD_S)
@@ -80,6 +80,8 @@ class ShardServer:
         self._watch_task: asyncio.Task[None] | None = None
         self.port: int | None = None
         self.requests = 0
+        self.max_holds = max_holds
+        self._holds = 0
         self.bytes_requested = 0
         ensure_probe_file(self.root)
         self._reload_distribution()
@@ -263,17 +265,29 @@ class ShardServer:
         if index < 1:
             raise web.HTTPNotFound()
         path = self.root / f"v{version}" / shard_name(index)
-        deadline = time.monotonic() + self.hold_s
-        while True:
-            if path.is_file():
-                return await self._file(request, path)
-            part = self.partial.get(version)
-            if part is None or index > part.num_shards:
-                raise web.HTTPNotFound()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise web.HTTPServiceUnavailable(text="shard not here yet\n", headers={"Retry-After": "1"})
-            await self._wait_change(min(left, 1.0))
+        if path.is_file():
+            return await self._file(request, path)
+        part = self.partial.get(version)
+        if part is None or index > part.num_shards:
+            raise web.HTTPNotFound()
+        if self._holds >= self.max_holds:  # bounded: held requests cost a socket each
+            raise web.HTTPServiceUnavailable(text="too many waiting requests\n", headers={"Retry-After": "1"})
+        self._holds += 1
+        try:
+            deadline = time.monotonic() + self.hold_s
+            while True:
+                if path.is_file():
+                    break
+                part = self.partial.get(version)
+                if part is None or index > part.num_shards:
+                    raise web.HTTPNotFound()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise web.HTTPServiceUnavailable(text="shard not here yet\n", headers={"Retry-After": "1"})
+                await self._wait_change(min(left, 1.0))
+        finally:
+            self._holds -= 1
+        return await self._file(request, path)
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=1024)
