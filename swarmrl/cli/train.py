@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.eval.evaluate import EvalConfig
-from swarmrl.sft.train import SFTConfig
+from swarmrl.eval.config import EvalConfig
+from swarmrl.sft.config import SFTConfig
 
 
 def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,

@@ -21,7 +21,7 @@ from pydantic import Field
 from swarmrl.config import StrictModel, dump_config
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
-from swarmrl.sft.train import SFTConfig
+from swarmrl.sft.config import SFTConfig
 from swarmrl.utils.metrics import read_metrics
 
 
