@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"EvalConfig": "swarmrl.eval.config", "evaluate": "swarmrl.eval.evaluate",
-            "evaluate_path": "swarmrl.eval.evaluate"}
+_EXPORTS = {"EvalConfig": "swarmrl.eval.config", "evaluate": "swarmrl.eval.heldout",
+            "evaluate_path": "swarmrl.eval.heldout"}
 __all__ = list(_EXPORTS)
 
 

@@ -160,7 +160,7 @@ def finish(cfg: RunConfig, root: Path, wall_s: float) -> dict:
     rows = read_metrics(root / "metrics" / "trainer.jsonl")
     evals = [r for r in rows if "heldout_acc" in r]
     steps = {r["step"]: r for r in rows if "reward" in r}
-    from swarmrl.eval.evaluate import EvalConfig, evaluate_path
+    from swarmrl.eval.heldout import EvalConfig, evaluate_path
 
     ev = EvalConfig(model=str(final_dir), task=cfg.rl.task, n=cfg.final_eval_n,
                     max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.chat_template)

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from swarmrl.envs.base import Task
 from swarmrl.sft.config import SFTConfig
-from swarmrl.eval.evaluate import evaluate
+from swarmrl.eval.heldout import evaluate
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.models.io import load_model, load_tokenizer, save_model
 from swarmrl.models.tiny import init_model
