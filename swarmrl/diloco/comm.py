@@ -8,7 +8,9 @@
   bounded time; peers that left are simply absent from the group, and a worker that finds nobody
   goes on with its own pseudo-gradient instead of stalling. A joining worker downloads the current
   outer state (anchor parameters, momentum, round) from a peer. hivemind is an optional extra and
-  is imported lazily.
+  is imported lazily. hivemind's all-reduce hands every peer ``local + (mean - local)`` with the
+  delta sent through the wire compression, so group members agree to rounding (not bit for bit);
+  with fp16 the difference is of the order of fp16 rounding of the delta.
 
 Both count ``bytes_sent``: the bytes this worker hands to the all-reduce (numel x wire element size
 per round). The real wire traffic of a ring/butterfly all-reduce is about 2(W-1)/W times that.
@@ -44,6 +46,7 @@ def hivemind_available() -> bool:
 class AverageResult:
     tensor: torch.Tensor  # the group mean, fp32 CPU
     group_size: int  # how many workers took part (1 = no averaging happened)
+    peer_rounds: list[int] | None = None  # hivemind: the round number each group member reported
 
 
 class Averager(Protocol):
@@ -155,11 +158,11 @@ class HivemindAverager:
         """Hold while changing what ``state_fn`` returns, so a peer never downloads a half-updated state."""
         return self._lock
 
-    def average(self, flat: torch.Tensor) -> AverageResult:
+    def average(self, flat: torch.Tensor, round_no: int = 0) -> AverageResult:
         with self._avg.get_tensors() as ts:
             ts[0].copy_(flat.float())
         try:
-            group = self._avg.step(timeout=self.round_timeout)
+            group = self._avg.step(gather=int(round_no), timeout=self.round_timeout)
         except Exception:  # no group formed in time, or a peer vanished mid-all-reduce
             group = None
         self.rounds += 1
@@ -169,7 +172,8 @@ class HivemindAverager:
         self.bytes_sent += wire_bytes(flat.numel(), self.wire)
         with self._avg.get_tensors() as ts:
             out = ts[0].clone()
-        return AverageResult(out, len(group))
+        rounds = [int(v) for v in group.values() if isinstance(v, int)]
+        return AverageResult(out, len(group), rounds)
 
     def load_state_from_peers(self, timeout: float = 30.0) -> tuple[Any, list[torch.Tensor]] | None:
         res = self._avg.load_state_from_peers(timeout=timeout)

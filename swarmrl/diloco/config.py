@@ -55,6 +55,7 @@ class DilocoConfig(StrictModel):
     eval_every: int | None = Field(None, ge=1)  # steps; None: at every outer sync (every H steps)
     eval_seqs: int = Field(32, ge=1)
     log_every: int = Field(10, ge=1)
+    save_final_params: bool = False  # write OUT/worker{R}.params.pt (flat fp32 vector), e.g. for tests
     threads: int = Field(1, ge=1)
     seed: int = 0
     master_addr: str = "127.0.0.1"

@@ -41,6 +41,21 @@ def _wait_for_peers(path: Path, timeout: float) -> list[str]:
     raise TimeoutError(f"no hivemind peers file at {path} after {timeout:.0f}s")
 
 
+def _catch_up(averager, outer: OuterNesterov, want_round: int, timeout: float) -> int | None:
+    """Download a peer's outer state once it has reached ``want_round``; returns the new round."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loaded = averager.load_state_from_peers(timeout=timeout)
+        if loaded is not None:
+            meta, tensors = loaded
+            if int(meta.get("round", -1)) >= want_round:
+                with averager.lock:
+                    outer.load_state(tensors[0], tensors[1] if tensors[1].numel() else None, int(meta["outer_steps"]))
+                return int(meta["round"])
+        time.sleep(0.3)
+    return None
+
+
 def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
@@ -158,9 +173,12 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
             ta = time.perf_counter()
             pg = pseudo_gradient(outer.anchor, flatten(params))
             group = 1
+            behind_of: int | None = None
             if averager is not None:
-                res = averager.average(pg)
+                res = averager.average(pg, rnd) if cfg.backend == "hivemind" else averager.average(pg)
                 pg, group = res.tensor, res.group_size
+                if res.peer_rounds and max(res.peer_rounds) > rnd:
+                    behind_of = max(res.peer_rounds)  # a peer is ahead: catch up from its state below
             lock = getattr(averager, "lock", None)
             if lock is not None:
                 with lock:
@@ -170,6 +188,13 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
             else:
                 outer.step(pg)
                 rnd += 1
+            if behind_of is not None:
+                caught = _catch_up(averager, outer, behind_of + 1, cfg.hivemind.round_timeout)
+                if caught is not None:
+                    with averager.lock:
+                        rnd = caught
+                        state["round"] = rnd
+                    metrics.write(event="caught_up", round=rnd, step=step)
             unflatten_into(outer.anchor, params)
             sync_time += time.perf_counter() - ta
             row = {"round": rnd, "group_size": group, "digest": params_digest(outer.anchor),
@@ -202,6 +227,8 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
         "wall_s": round(time.perf_counter() - t0, 2), "tokens": (step - start_step) * cfg.batch_size * cfg.seq_len,
         "evals": evals, "round_log": round_rows, "left": left, "joined_from": joined_from,
     }
+    if cfg.save_final_params:
+        torch.save(flat, out / f"worker{rank}.params.pt")
     metrics.write(final=True, **{k: v for k, v in summary.items() if k not in ("evals", "round_log")})
     metrics.close()
     (out / f"worker{rank}.summary.json").write_text(json.dumps(summary, indent=2))
