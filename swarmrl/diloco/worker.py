@@ -227,6 +227,11 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
         "wall_s": round(time.perf_counter() - t0, 2), "tokens": (step - start_step) * cfg.batch_size * cfg.seq_len,
         "evals": evals, "round_log": round_rows, "left": left, "joined_from": joined_from,
     }
+    if rank == 0 and not left:
+        from swarmrl.models.io import save_model
+
+        model.eval()
+        save_model(model, tok, out / "model")  # loadable with swarmrl.models.load_model
     if cfg.save_final_params:
         torch.save(flat, out / f"worker{rank}.params.pt")
     metrics.write(final=True, **{k: v for k, v in summary.items() if k not in ("evals", "round_log")})
