@@ -105,3 +105,22 @@ def test_warmup_cosine_schedule():
     assert warmup_cosine(60, 10, 110, min_ratio=0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
     assert warmup_cosine(110, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
     assert warmup_cosine(500, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_peer_state_is_validated_before_use():
+    from swarmrl.diloco.worker import _validated_state
+
+    good = ({"round": 3, "outer_steps": 3}, [torch.zeros(4), torch.zeros(4)])
+    assert _validated_state(good, 4)[0] == 3
+    assert _validated_state(({"round": 0, "outer_steps": 0}, [torch.zeros(4), torch.zeros(0)]), 4)[3] is None
+    bad = [
+        ("not a dict", [torch.zeros(4), torch.zeros(4)]),
+        ({"round": "3", "outer_steps": 3}, [torch.zeros(4), torch.zeros(4)]),
+        ({"round": -1, "outer_steps": 3}, [torch.zeros(4), torch.zeros(4)]),
+        ({"round": 3, "outer_steps": 3}, [torch.zeros(4)]),
+        ({"round": 3, "outer_steps": 3}, [torch.zeros(5), torch.zeros(4)]),
+        ({"round": 3, "outer_steps": 3}, [torch.tensor([0.0, float("nan"), 0.0, 0.0]), torch.zeros(4)]),
+    ]
+    for item in bad:
+        with pytest.raises(ValueError):
+            _validated_state(item, 4)

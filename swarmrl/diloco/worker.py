@@ -41,17 +41,38 @@ def _wait_for_peers(path: Path, timeout: float) -> list[str]:
     raise TimeoutError(f"no hivemind peers file at {path} after {timeout:.0f}s")
 
 
+def _validated_state(loaded, numel: int) -> tuple[int, int, torch.Tensor, torch.Tensor | None]:
+    """Check a state downloaded from a (possibly hostile) peer: (round, outer_steps, anchor, buf)."""
+    meta, tensors = loaded
+    if not isinstance(meta, dict) or not isinstance(meta.get("round"), int) or not isinstance(meta.get("outer_steps"), int):
+        raise ValueError("peer state metadata must be a dict with integer round and outer_steps")
+    if meta["round"] < 0 or meta["outer_steps"] < 0:
+        raise ValueError("peer state has a negative round")
+    if len(tensors) != 2:
+        raise ValueError(f"peer state must hold 2 tensors (anchor, momentum), got {len(tensors)}")
+    anchor, buf = tensors
+    if anchor.shape != (numel,) or buf.numel() not in (0, numel):
+        raise ValueError("peer state tensors do not match this model")
+    if not torch.isfinite(anchor).all() or not torch.isfinite(buf).all():
+        raise ValueError("peer state holds non-finite values")
+    return meta["round"], meta["outer_steps"], anchor.float(), (buf.float() if buf.numel() else None)
+
+
 def _catch_up(averager, outer: OuterNesterov, want_round: int, timeout: float) -> int | None:
     """Download a peer's outer state once it has reached ``want_round``; returns the new round."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         loaded = averager.load_state_from_peers(timeout=timeout)
         if loaded is not None:
-            meta, tensors = loaded
-            if int(meta.get("round", -1)) >= want_round:
-                with averager.lock:
-                    outer.load_state(tensors[0], tensors[1] if tensors[1].numel() else None, int(meta["outer_steps"]))
-                return int(meta["round"])
+            try:
+                rnd, steps, anchor, buf = _validated_state(loaded, outer.anchor.numel())
+            except ValueError:
+                loaded = None  # a bad peer: ask again (hivemind picks peers by priority, then at random)
+            else:
+                if rnd >= want_round:
+                    with averager.lock:
+                        outer.load_state(anchor, buf, steps)
+                    return rnd
         time.sleep(0.3)
     return None
 
@@ -113,19 +134,21 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
                 tmp.write_text(json.dumps(averager.visible_maddrs()))
                 tmp.replace(pfile)
             if hm.join:
-                loaded = None
+                got = None
                 for _ in range(10):
                     loaded = averager.load_state_from_peers(timeout=hm.round_timeout)
                     if loaded is not None:
-                        break
+                        try:
+                            got = _validated_state(loaded, numel)
+                            break
+                        except ValueError as e:
+                            metrics.write(event="rejected_peer_state", reason=str(e))
                     time.sleep(1.0)
-                if loaded is None:
-                    raise RuntimeError("joining worker could not load the outer state from any peer")
-                meta, tensors = loaded
-                anchor, buf = tensors[0], tensors[1]
+                if got is None:
+                    raise RuntimeError("joining worker could not load a valid outer state from any peer")
                 with averager.lock:
-                    outer.load_state(anchor, buf if buf.numel() else None, int(meta["outer_steps"]))
-                    rnd = int(meta["round"])
+                    outer.load_state(got[2], got[3], got[1])
+                    rnd = got[0]
                     state["round"] = rnd
                 unflatten_into(outer.anchor, params)
                 start_step = rnd * cfg.inner_steps
