@@ -115,6 +115,7 @@ def summarize(cfg: DilocoConfig, workers: list[dict], wall_s: float) -> dict:
         "final_eval_loss": w0["final_eval_loss"],
         "bytes_sent_per_worker": max(w["bytes_sent"] for w in workers),
         "sync_calls_per_worker": w0["sync_calls"],
+        "bytes_per_sync": (w0["bytes_sent"] // w0["sync_calls"]) if w0["sync_calls"] else 0,
         "identical_params": len({w["digest"] for w in workers}) == 1,
         "evals": w0["evals"], "wall_s": round(wall_s, 1), "train_s": w0["train_s"], "sync_s": w0["sync_s"],
         "out": cfg.out,
