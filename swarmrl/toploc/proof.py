@@ -1,0 +1,321 @@
+"""TOPLOC proof math: top-k selection, index modulus, interpolation over GF(65497), encode/decode, eval.
+
+Pure math on tensors/arrays (no model code, no servers). The byte format is the wire contract of
+``shared/specs/toploc-proof-format.md``:
+
+    u16 big-endian m, then k x u16 big-endian coefficients c_0..c_{k-1} (ascending powers)
+
+Everything is vectorised over chunks: top-k uses a block-max prefilter (one pass over the data),
+the interpolation is Newton's divided differences done for all chunks at once with int64 numpy
+ops and a precomputed table of inverses mod p, and evaluation is Horner over [chunks, k] arrays.
+
+Top-k tie rule (documented, deterministic): the k flat indices with the largest |value|, where
+|value| is ordered by the bf16 bit pattern with the sign cleared (so NaN > inf > finite); among
+equal magnitudes the LOWER flat index wins. A verifier never depends on this rule: it takes its own
+top-k and compares values, so ties only matter through the thresholds.
+
+Chunks with fewer than k values (a short last chunk of a small model) commit to all their values;
+the polynomial then has degree < n and the leading coefficients are zero, still 2 + 2k bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "P", "M_MAX", "ProofError", "DecodedProof", "topk_indices", "chunk_bits", "find_modulus", "interpolate",
+    "evaluate", "encode_proof", "encode_many", "build_proofs", "proofs_for_sample", "chunk_count", "decode_proof", "proof_to_b64", "proof_from_b64", "proof_len",
+]
+
+P = 65497  # the prime field modulus
+M_MAX = 65497  # largest index modulus
+_BLOCK = 64  # block size of the top-k prefilter
+
+
+class ProofError(ValueError):
+    """An untrusted proof is malformed; the message is the rejection reason."""
+
+
+_INV: np.ndarray | None = None
+
+
+def _inv_table() -> np.ndarray:
+    """inv[a] = a^(p-2) mod p for a in [0, p) (inv[0] = 0), vectorised square-and-multiply."""
+    global _INV
+    if _INV is None:
+        a = np.arange(P, dtype=np.int64)
+        res = np.ones(P, dtype=np.int64)
+        base = a.copy()
+        e = P - 2
+        while e:
+            if e & 1:
+                res = res * base % P
+            base = base * base % P
+            e >>= 1
+        res[0] = 0
+        _INV = res
+    return _INV
+
+
+def proof_len(k: int) -> int:
+    return 2 + 2 * k
+
+
+# ----------------------------------------------------------------------------------------------
+# chunking and top-k
+
+
+def chunk_bits(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:
+    """Split [positions, hidden] into row chunks; each as a flat int16 view of its bf16 bits.
+
+    Returns one or two [n_chunks, flat] int16 tensors: all full chunks batched together, and the
+    short last chunk (if any) on its own.
+    """
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [positions, hidden], got shape {tuple(hidden.shape)}")
+    if chunk < 1:
+        raise ValueError("chunk must be >= 1")
+    h = hidden.detach()
+    if h.dtype != torch.bfloat16:
+        h = h.to(torch.bfloat16)
+    h = h.cpu().contiguous()
+    n, d = h.shape
+    bits = h.view(torch.int16)
+    full = n // chunk
+    out = []
+    if full:
+        out.append(bits[: full * chunk].reshape(full, chunk * d))
+    if n % chunk:
+        out.append(bits[full * chunk:].reshape(1, (n % chunk) * d))
+    return out
+
+
+def _exact_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact top-k with the lower-index tie rule via unique int64 keys. mag: [C, N] int (>= -1)."""
+    n = mag.shape[1]
+    shift = max(1, int(n).bit_length())
+    idx = torch.arange(n, dtype=torch.int64)
+    key = (mag.to(torch.int64) << shift) | (n - 1 - idx)
+    return key.topk(k, dim=1, sorted=False).indices
+
+
+def topk_indices(bits: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices [C, k] of the k largest magnitudes per row of an int16 bf16-bit tensor [C, N].
+
+    Prefilter: the k-th largest block max B_k is a lower bound of the k-th largest value, so every
+    top-k element lies in a block whose max is >= B_k. We take the top kk > k blocks by max; when
+    the kk-th block max is < B_k all such blocks are among them, else (ties) retry with more blocks.
+    """
+    c, n = bits.shape
+    if k > n:
+        raise ValueError(f"k={k} > {n} values")
+    mag = torch.bitwise_and(bits, 0x7FFF)
+    if n <= 8 * _BLOCK * k or c == 0:
+        return _exact_topk(mag, k)
+    nb = -(-n // _BLOCK)
+    if nb * _BLOCK != n:
+        pad = torch.full((c, nb * _BLOCK - n), -1, dtype=mag.dtype)
+        magp = torch.cat([mag, pad], dim=1)
+    else:
+        magp = mag
+    blocks = magp.view(c, nb, _BLOCK)
+    bmax = blocks.amax(dim=2)
+    out = torch.empty((c, k), dtype=torch.int64)
+    todo = torch.arange(c)
+    kk = min(nb, k + max(32, k // 4))
+    while todo.numel():
+        bm = bmax[todo]
+        vals, bid = bm.topk(kk, dim=1, sorted=True)
+        ok = (vals[:, kk - 1] < vals[:, k - 1]) if kk < nb else torch.ones(len(todo), dtype=torch.bool)
+        rows = todo[ok]
+        if rows.numel():
+            b = bid[ok]  # [r, kk]
+            cand = blocks[rows[:, None], b]  # [r, kk, BLOCK]
+            gidx = (b[:, :, None] * _BLOCK + torch.arange(_BLOCK)).reshape(len(rows), -1)
+            cm = cand.reshape(len(rows), -1).to(torch.int64)
+            shift = max(1, int(nb * _BLOCK).bit_length())
+            key = (cm << shift) | (nb * _BLOCK - 1 - gidx)
+            sel = key.topk(k, dim=1, sorted=False).indices
+            out[rows] = gidx.gather(1, sel)
+        todo = todo[~ok]
+        kk = min(nb, kk * 4)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# modulus, interpolation, evaluation (numpy int64, all chunks at once)
+
+
+def _has_collision(r: np.ndarray) -> np.ndarray:
+    """r: [..., k] residues; True where some row has two equal entries."""
+    s = np.sort(r, axis=-1)
+    return (s[..., 1:] == s[..., :-1]).any(axis=-1)
+
+
+def find_modulus(x: np.ndarray) -> np.ndarray:
+    """Largest m <= 65497 with x mod m pairwise distinct per row. x: [C, k] int64 -> [C] int64."""
+    c, k = x.shape
+    m = np.full(c, M_MAX, dtype=np.int64)
+    bad = np.nonzero(_has_collision(x % M_MAX))[0]
+    start = M_MAX - 1
+    step = 64
+    while bad.size:
+        cands = np.arange(start, max(start - step, 0), -1, dtype=np.int64)  # descending
+        if cands.size == 0 or cands[0] < k:
+            raise ValueError("no index modulus >= k separates these indices")
+        coll = _has_collision(x[bad][:, None, :] % cands[None, :, None])  # [b, step]
+        good = ~coll
+        found = good.any(axis=1)
+        first = good.argmax(axis=1)
+        m[bad[found]] = cands[first[found]]
+        bad = bad[~found]
+        start -= step
+    return m
+
+
+def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients [C, n] (ascending) of the polynomials of degree < n with P(x) = y mod p.
+
+    x: [C, n] pairwise distinct residues in [0, p); y: [C, n] in [0, p). Newton divided
+    differences, then expansion to the monomial basis, vectorised across chunks.
+    """
+    inv = _inv_table()
+    x = np.asarray(x, dtype=np.int64) % P
+    a = np.asarray(y, dtype=np.int64) % P
+    c, n = x.shape
+    a = a.copy()
+    for j in range(1, n):
+        d = (x[:, j:] - x[:, : n - j]) % P
+        a[:, j:] = (a[:, j:] - a[:, j - 1: n - 1]) % P * inv[d] % P
+    poly = np.zeros((c, n), dtype=np.int64)
+    poly[:, 0] = a[:, n - 1]
+    nxt = np.empty_like(poly)
+    for i in range(n - 2, -1, -1):
+        # poly <- poly * (X - x_i) + a_i ; degree of poly is n-2-i before the step
+        nxt[:, 0] = 0
+        nxt[:, 1:] = poly[:, :-1]
+        nxt -= x[:, i: i + 1] * poly
+        nxt[:, 0] += a[:, i]
+        np.remainder(nxt, P, out=poly)
+    return poly
+
+
+def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """P(x) mod p by Horner. coeffs: [C, k] ascending, x: [C, n] -> [C, n]."""
+    coeffs = np.asarray(coeffs, dtype=np.int64)
+    x = np.asarray(x, dtype=np.int64) % P
+    acc = np.zeros(x.shape, dtype=np.int64)
+    for i in range(coeffs.shape[1] - 1, -1, -1):
+        acc = (acc * x + coeffs[:, i: i + 1]) % P
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------
+# bytes
+
+
+def encode_proof(m: int, coeffs: np.ndarray) -> bytes:
+    arr = np.empty(1 + len(coeffs), dtype=">u2")
+    arr[0] = m
+    arr[1:] = coeffs
+    return arr.tobytes()
+
+
+def encode_many(m: np.ndarray, coeffs: np.ndarray) -> list[bytes]:
+    arr = np.empty((coeffs.shape[0], 1 + coeffs.shape[1]), dtype=">u2")
+    arr[:, 0] = m
+    arr[:, 1:] = coeffs
+    return [row.tobytes() for row in arr]
+
+
+@dataclass(frozen=True)
+class DecodedProof:
+    m: int
+    coeffs: np.ndarray  # [k] int64
+
+
+def decode_proof(data: object, k: int) -> DecodedProof:
+    """Parse and validate an untrusted proof; raises ProofError with the reason."""
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise ProofError(f"proof is {type(data).__name__}, not bytes")
+    want = proof_len(k)
+    if len(data) != want:
+        raise ProofError(f"proof is {len(data)} bytes, expected exactly {want} for k={k}")
+    if not any(data):
+        raise ProofError("null proof (all bytes zero)")
+    arr = np.frombuffer(data, dtype=">u2").astype(np.int64)
+    m = int(arr[0])
+    if not (1 <= m <= M_MAX):
+        raise ProofError(f"index modulus {m} outside [1, {M_MAX}]")
+    if m < k:
+        raise ProofError(f"index modulus {m} < k={k}")
+    coeffs = arr[1:]
+    big = np.nonzero(coeffs >= P)[0]
+    if big.size:
+        raise ProofError(f"coefficient {int(big[0])} = {int(coeffs[big[0]])} is not < p={P}")
+    return DecodedProof(m, coeffs)
+
+
+def proof_to_b64(proof: bytes) -> str:
+    return base64.b64encode(proof).decode("ascii")
+
+
+def proof_from_b64(text: object, k: int | None = None) -> bytes:
+    """Strict base64 (RFC 4648 alphabet, padding required); raises ProofError on bad input."""
+    if not isinstance(text, (str, bytes)):
+        raise ProofError(f"base64 proof is {type(text).__name__}, not str")
+    if k is not None:
+        want = 4 * -(-proof_len(k) // 3)
+        if len(text) != want:
+            raise ProofError(f"base64 proof is {len(text)} chars, expected {want} for k={k}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProofError(f"invalid base64: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# building proofs
+
+
+def chunk_count(positions: int, chunk: int) -> int:
+    return -(-positions // chunk)
+
+
+def build_proofs(hidden: torch.Tensor, chunk: int = 32, k: int = 128) -> list[bytes]:
+    """One proof (2 + 2k bytes) per chunk of ``chunk`` positions of a [positions, hidden] tensor.
+
+    ``hidden`` is the final-norm hidden state (LM-head input); it is rounded to bf16 if needed.
+    """
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    proofs: list[bytes] = []
+    for bits in chunk_bits(hidden, chunk):
+        c, n = bits.shape
+        ke = min(k, n)
+        idx = topk_indices(bits, ke)
+        y = bits.gather(1, idx).numpy().astype(np.int64) & 0xFFFF
+        x = idx.numpy()
+        m = find_modulus(x)
+        coeffs = interpolate(x % m[:, None], y % P)
+        if ke < k:
+            coeffs = np.concatenate([coeffs, np.zeros((c, k - ke), dtype=np.int64)], axis=1)
+        proofs.extend(encode_many(m, coeffs))
+    return proofs
+
+
+def proofs_for_sample(hidden_states: torch.Tensor, chunk: int = 32, k: int = 128) -> list[bytes]:
+    """Proofs for one sampled completion: ``SampleOutput.hidden[i]`` ([len(completion), hidden] bf16).
+
+    This is what an inference worker stores in the rollouts' ``proofs`` column.
+    """
+    if hidden_states.shape[0] == 0:
+        return []
+    return build_proofs(hidden_states, chunk=chunk, k=k)
