@@ -1,0 +1,113 @@
+"""`swarmrl toploc ...`: calibrate TOPLOC thresholds on a model, verify a rollout file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import Field
+
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.config import StrictModel
+from swarmrl.toploc.calibrate import CalibrateConfig
+from swarmrl.toploc.sampling_check import SamplingThresholds
+from swarmrl.toploc.verify import Thresholds
+
+app = typer.Typer(help="TOPLOC inference proofs: calibrate thresholds, verify rollouts.", no_args_is_help=True)
+
+
+class VerifyFileConfig(StrictModel):
+    model: str = ""
+    rollouts: str = ""
+    dtype: str = "float32"
+    chunk: int = Field(32, ge=1)
+    k: int = Field(128, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+    check_sampling: bool = True
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    sampling: SamplingThresholds = Field(default_factory=SamplingThresholds)
+
+
+def _fmt(v: float) -> str:
+    if v != v:
+        return "-"
+    if v >= 2**63:
+        return "2^64"
+    return f"{v:.3g}"
+
+
+@app.command("calibrate")
+def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
+              config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Honest recomputation vs tampering on MODEL: metric distributions and recommended thresholds."""
+    cfg = resolve(CalibrateConfig, config, set_, opt("model", model), print_config)
+    if not cfg.model:
+        console.print("[red]error:[/red] --model is required")
+        raise typer.Exit(2)
+    from rich.table import Table
+
+    from swarmrl.toploc.calibrate import run_calibration
+
+    with console.status("calibrating") as status:
+        report = run_calibration(cfg, progress=lambda m: status.update(f"calibrating: {m}"))
+    t = Table(title=f"TOPLOC calibration on {cfg.model} (k={cfg.k}, chunk={cfg.chunk})")
+    for col in ("scenario", "rollouts", "chunks", "exp mism. p50/max", "mant mean p50/max", "mant median p50/max",
+                "TOPLOC fail (defaults)", "TOPLOC fail (recomm.)", "sampling fail", "max |dlogp|"):
+        t.add_column(col)
+    for s in report.scenarios:
+        r = s.summary()
+        t.add_row(r["scenario"], str(r["rollouts"]), str(r["chunks"]), f"{_fmt(r['exp_p50'])}/{_fmt(r['exp_max'])}",
+                  f"{_fmt(r['mean_p50'])}/{_fmt(r['mean_max'])}", f"{_fmt(r['median_p50'])}/{_fmt(r['median_max'])}",
+                  f"{r['toploc_fail_rate']:.0%}", f"{report.detection_recommended[s.name]:.0%}",
+                  f"{r['sampling_fail_rate']:.0%}", _fmt(r["logprob_diff_max"]))
+    from rich.console import Console
+
+    out = Console(width=200)
+    out.print(t)
+    rec = report.recommended
+    out.print(f"recommended thresholds (honest max x {cfg.margin} + slack): "
+              f"max_exp_mismatches={rec.max_exp_mismatches}, max_mant_err_mean={rec.max_mant_err_mean}, "
+              f"max_mant_err_median={rec.max_mant_err_median}; sampling max_logprob_diff>="
+              f"{report.recommended_logprob_diff}")
+    if report.overlaps:
+        out.print(f"[yellow]not separable by chunk metrics alone:[/yellow] {', '.join(report.overlaps)}")
+
+
+@app.command("verify")
+def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
+           rollouts: Annotated[Optional[Path], typer.Option("--rollouts", "-r", help="Rollout parquet file.")] = None,
+           config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Verify the TOPLOC proofs (and sampling) of every row of a rollout file; exit 1 if any fails."""
+    cfg = resolve(VerifyFileConfig, config, set_, opt("model", model) + opt("rollouts", rollouts), print_config)
+    if not cfg.model or not cfg.rollouts:
+        console.print("[red]error:[/red] --model and --rollouts are required")
+        raise typer.Exit(2)
+    from swarmrl.models.io import load_model, load_tokenizer
+    from swarmrl.rl.rollouts import RolloutError, read_rollouts
+    from swarmrl.toploc.rollout import claim_from_rollout, verify_rollouts
+
+    try:
+        rows = read_rollouts(cfg.rollouts)
+    except RolloutError as e:
+        console.print(f"[red]rejected:[/red] {e}")
+        raise typer.Exit(1) from None
+    m = load_model(cfg.model, dtype=cfg.dtype)
+    eos = load_tokenizer(cfg.model).eos_token_id
+    items = [(r.prompt_ids, r.completion_ids, r.proofs,
+              claim_from_rollout(r, eos, cfg.top_p, cfg.max_new_tokens) if cfg.check_sampling else None) for r in rows]
+    res = verify_rollouts(m, items, chunk=cfg.chunk, k=cfg.k, thresholds=cfg.thresholds,
+                          sampling_thresholds=cfg.sampling, batch_size=cfg.batch_size)
+    bad = 0
+    for i, r in enumerate(res):
+        if not r.passed:
+            bad += 1
+            typer.echo(f"row {i}: FAIL: {r.reason}")
+    typer.echo(f"{len(res) - bad}/{len(res)} rows passed")
+    raise typer.Exit(1 if bad else 0)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="toploc")
