@@ -66,16 +66,17 @@ def test_find_modulus_is_largest_collision_free():
             assert len(set((row % bigger).tolist())) < 3
 
 
-def test_topk_tie_rule_is_lower_index_and_matches_exact():
-    torch.manual_seed(0)
-    # heavy ties: few distinct magnitudes; block path vs a plain reference
-    vals = torch.randint(-4, 5, (3, 40000)).to(torch.bfloat16)
+@pytest.mark.parametrize("n,spread", [(40000, 4), (70001, 4), (131072, 1000), (131072, 1)])
+def test_topk_tie_rule_is_lower_index_and_matches_exact(n, spread):
+    g = torch.Generator().manual_seed(n + spread)
+    # heavy ties (few distinct magnitudes), odd sizes (padding) and the block-prefilter path
+    vals = torch.randint(-spread, spread + 1, (3, n), generator=g).to(torch.bfloat16)
     bits = vals.view(torch.int16)
     idx = topk_indices(bits, 128)
-    mag = (bits.to(torch.int32) & 0x7FFF)
+    mag = (bits.to(torch.int32) & 0x7FFF).numpy()
     for r in range(3):
-        order = sorted(range(40000), key=lambda i: (-int(mag[r, i]), i))[:128]
-        assert sorted(idx[r].tolist()) == sorted(order)
+        want = np.lexsort((np.arange(n), -mag[r]))[:128]  # magnitude desc, then lower index
+        assert sorted(idx[r].tolist()) == sorted(want.tolist())
 
 
 def _rand_hidden(n, d, seed=0):

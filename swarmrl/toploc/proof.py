@@ -62,6 +62,16 @@ def _inv_table() -> np.ndarray:
     return _INV
 
 
+_INV2: np.ndarray | None = None
+
+
+def _inv_table2() -> np.ndarray:
+    global _INV2
+    if _INV2 is None:
+        _INV2 = np.concatenate([_inv_table(), _inv_table()])
+    return _INV2
+
+
 def proof_len(k: int) -> int:
     return 2 + 2 * k
 
@@ -95,56 +105,54 @@ def chunk_bits(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:
     return out
 
 
-def _exact_topk(mag: torch.Tensor, k: int) -> torch.Tensor:
+def _exact_topk(mag: np.ndarray, k: int) -> np.ndarray:
     """Exact top-k with the lower-index tie rule via unique int64 keys. mag: [C, N] int (>= -1)."""
     n = mag.shape[1]
     shift = max(1, int(n).bit_length())
-    idx = torch.arange(n, dtype=torch.int64)
-    key = (mag.to(torch.int64) << shift) | (n - 1 - idx)
-    return key.topk(k, dim=1, sorted=False).indices
+    key = (mag.astype(np.int64) << shift) | (n - 1 - np.arange(n, dtype=np.int64))
+    if k == n:
+        return np.broadcast_to(np.arange(n, dtype=np.int64), key.shape).copy()
+    return np.argpartition(-key, k - 1, axis=1)[:, :k].astype(np.int64)
 
 
-def topk_indices(bits: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices [C, k] of the k largest magnitudes per row of an int16 bf16-bit tensor [C, N].
+def topk_indices(bits: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
+    """Indices [C, k] (int64, unordered) of the k largest magnitudes per row of bf16 bit patterns [C, N].
 
-    Prefilter: the k-th largest block max B_k is a lower bound of the k-th largest value, so every
-    top-k element lies in a block whose max is >= B_k. We take the top kk > k blocks by max; when
-    the kk-th block max is < B_k all such blocks are among them, else (ties) retry with more blocks.
+    Prefilter: split each row into nb strided groups g_j = {i * nb + j} and take each group's max.
+    The k-th largest group max B_k is a lower bound of the k-th largest value (k distinct elements
+    reach it), so the top-k lies among the elements >= B_k of the groups whose max is >= B_k: typically
+    a few hundred per row. Those are ranked exactly (magnitude, then lower index) with one lexsort for
+    all rows. Single-threaded numpy: one memory-bound pass, immune to thread oversubscription.
     """
-    c, n = bits.shape
+    b = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
+    c, n = b.shape
     if k > n:
         raise ValueError(f"k={k} > {n} values")
-    mag = torch.bitwise_and(bits, 0x7FFF)
+    mag = np.bitwise_and(b, 0x7FFF)
     if n <= 8 * _BLOCK * k or c == 0:
         return _exact_topk(mag, k)
     nb = -(-n // _BLOCK)
+    padded = mag
     if nb * _BLOCK != n:
-        pad = torch.full((c, nb * _BLOCK - n), -1, dtype=mag.dtype)
-        magp = torch.cat([mag, pad], dim=1)
-    else:
-        magp = mag
-    blocks = magp.view(c, nb, _BLOCK)
-    bmax = blocks.amax(dim=2)
-    out = torch.empty((c, k), dtype=torch.int64)
-    todo = torch.arange(c)
-    kk = min(nb, k + max(32, k // 4))
-    while todo.numel():
-        bm = bmax[todo]
-        vals, bid = bm.topk(kk, dim=1, sorted=True)
-        ok = (vals[:, kk - 1] < vals[:, k - 1]) if kk < nb else torch.ones(len(todo), dtype=torch.bool)
-        rows = todo[ok]
-        if rows.numel():
-            b = bid[ok]  # [r, kk]
-            cand = blocks[rows[:, None], b]  # [r, kk, BLOCK]
-            gidx = (b[:, :, None] * _BLOCK + torch.arange(_BLOCK)).reshape(len(rows), -1)
-            cm = cand.reshape(len(rows), -1).to(torch.int64)
-            shift = max(1, int(nb * _BLOCK).bit_length())
-            key = (cm << shift) | (nb * _BLOCK - 1 - gidx)
-            sel = key.topk(k, dim=1, sorted=False).indices
-            out[rows] = gidx.gather(1, sel)
-        todo = todo[~ok]
-        kk = min(nb, kk * 4)
-    return out
+        padded = np.concatenate([mag, np.full((c, nb * _BLOCK - n), -1, dtype=mag.dtype)], axis=1)
+    groups = padded.reshape(c, _BLOCK, nb)  # groups[:, g, j] is flat index g * nb + j
+    gmax = groups[:, 0].copy()
+    for g in range(1, _BLOCK):
+        np.maximum(gmax, groups[:, g], out=gmax)
+    bk = np.partition(gmax, nb - k, axis=1)[:, nb - k]  # k-th largest group max per row
+    gr, gj = np.nonzero(gmax >= bk[:, None])  # the groups that can hold top-k elements (~k per row)
+    width = nb * _BLOCK
+    flat = (gr * width + gj)[:, None] + np.arange(_BLOCK, dtype=np.int64) * nb  # [groups, G] flat positions
+    vals = padded.reshape(-1)[flat]
+    keep = vals >= bk[gr][:, None]
+    pos = flat[keep]
+    rr, ii = pos // width, pos % width
+    shift = max(1, int(width).bit_length())
+    key = (vals[keep].astype(np.int64) << shift) | (width - 1 - ii)
+    order = np.lexsort((-key, rr))  # by row, then key descending
+    counts = np.bincount(rr, minlength=c)
+    starts = np.cumsum(counts) - counts
+    return ii[order][starts[:, None] + np.arange(k)].astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,14 +192,15 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     x: [C, n] pairwise distinct residues in [0, p); y: [C, n] in [0, p). Newton divided
     differences, then expansion to the monomial basis, vectorised across chunks.
     """
-    inv = _inv_table()
+    inv2 = _inv_table2()  # inv2[d + p] = 1/d for d in (-p, p): no reduction of differences
     x = np.asarray(x, dtype=np.int64) % P
     a = np.asarray(y, dtype=np.int64) % P
     c, n = x.shape
     a = a.copy()
+    xp = x + P
     for j in range(1, n):
-        d = (x[:, j:] - x[:, : n - j]) % P
-        a[:, j:] = (a[:, j:] - a[:, j - 1: n - 1]) % P * inv[d] % P
+        # (a_i - a_{i-1}) / (x_i - x_{i-j}); |products| < 2^33, numpy's % is non-negative
+        a[:, j:] = (a[:, j:] - a[:, j - 1: n - 1]) * inv2[xp[:, j:] - x[:, : n - j]] % P
     poly = np.zeros((c, n), dtype=np.int64)
     poly[:, 0] = a[:, n - 1]
     nxt = np.empty_like(poly)
@@ -300,9 +309,8 @@ def build_proofs(hidden: torch.Tensor, chunk: int = 32, k: int = 128) -> list[by
     for bits in chunk_bits(hidden, chunk):
         c, n = bits.shape
         ke = min(k, n)
-        idx = topk_indices(bits, ke)
-        y = bits.gather(1, idx).numpy().astype(np.int64) & 0xFFFF
-        x = idx.numpy()
+        x = topk_indices(bits, ke)
+        y = np.take_along_axis(bits.numpy(), x, axis=1).astype(np.int64) & 0xFFFF
         m = find_modulus(x)
         coeffs = interpolate(x % m[:, None], y % P)
         if ke < k:

@@ -114,13 +114,15 @@ def verify_proofs(hidden: torch.Tensor, proofs: object, chunk: int = 32, k: int 
 def _check_group(bits: torch.Tensor, rows: list[int], base: int, decoded: list, checks: list, k: int,
                  th: Thresholds) -> None:
     c, n = bits.shape
-    sub = bits[rows] if len(rows) < c else bits
+    sub = bits.numpy()
+    if len(rows) < c:
+        sub = sub[rows]
     ke = min(k, n)
     idx = topk_indices(sub, ke)
-    mine = sub.gather(1, idx).numpy().astype(np.int64) & 0xFFFF
+    mine = np.take_along_axis(sub, idx, axis=1).astype(np.int64) & 0xFFFF
     m = np.array([decoded[base + r].m for r in rows], dtype=np.int64)
     coeffs = np.stack([decoded[base + r].coeffs for r in rows])
-    claimed = evaluate(coeffs, idx.numpy() % m[:, None])
+    claimed = evaluate(coeffs, idx % m[:, None])
     exp_mis, mean, median = compare_bits(claimed, mine)
     for j, r in enumerate(rows):
         e, mu, md = int(exp_mis[j]), float(mean[j]), float(median[j])
