@@ -203,14 +203,14 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         a[:, j:] = (a[:, j:] - a[:, j - 1: n - 1]) * inv2[xp[:, j:] - x[:, : n - j]] % P
     poly = np.zeros((c, n), dtype=np.int64)
     poly[:, 0] = a[:, n - 1]
-    nxt = np.empty_like(poly)
+    negx = -x
     for i in range(n - 2, -1, -1):
-        # poly <- poly * (X - x_i) + a_i ; degree of poly is n-2-i before the step
-        nxt[:, 0] = 0
-        nxt[:, 1:] = poly[:, :-1]
-        nxt -= x[:, i: i + 1] * poly
-        nxt[:, 0] += a[:, i]
-        np.remainder(nxt, P, out=poly)
+        # poly <- poly * (X - x_i) + a_i ; only the w = n - i low columns can be non-zero afterwards
+        w = n - i
+        t = poly[:, :w] * negx[:, i: i + 1]
+        t[:, 1:] += poly[:, : w - 1]
+        t[:, 0] += a[:, i]
+        np.remainder(t, P, out=poly[:, :w])
     return poly
 
 
@@ -220,7 +220,9 @@ def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.int64) % P
     acc = np.zeros(x.shape, dtype=np.int64)
     for i in range(coeffs.shape[1] - 1, -1, -1):
-        acc = (acc * x + coeffs[:, i: i + 1]) % P
+        np.multiply(acc, x, out=acc)
+        acc += coeffs[:, i: i + 1]
+        np.remainder(acc, P, out=acc)
     return acc
 
 
