@@ -305,8 +305,8 @@ def build_proofs(hidden: torch.Tensor, chunk: int = 32, k: int = 128) -> list[by
 
     ``hidden`` is the final-norm hidden state (LM-head input); it is rounded to bf16 if needed.
     """
-    if k < 1:
-        raise ValueError("k must be >= 1")
+    if not 1 <= k <= M_MAX:
+        raise ValueError(f"k must be in [1, {M_MAX}]")
     proofs: list[bytes] = []
     for bits in chunk_bits(hidden, chunk):
         c, n = bits.shape
