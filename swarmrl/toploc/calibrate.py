@@ -144,7 +144,9 @@ class CalibrationReport:
     recommended: Thresholds
     recommended_logprob_diff: float
     overlaps: list[str]
-    detection_recommended: dict[str, float]
+    detection_recommended: dict[str, float]  # share of rollouts failing TOPLOC with the recommended thresholds
+    logprob_detection_recommended: dict[str, float] = field(default_factory=dict)  # claimed-logprob check
+    any_detection_recommended: dict[str, float] = field(default_factory=dict)  # either of the two
 
     def rows(self) -> list[dict]:
         return [s.summary() for s in self.scenarios]
@@ -282,7 +284,15 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
         if s.exp and min(s.exp) <= rec.max_exp_mismatches and min(s.mean) <= rec.max_mant_err_mean and \
                 min(s.median) <= rec.max_mant_err_median:
             overlaps.append(s.name)
-    report = CalibrationReport(results, rec, round(lp_honest * cfg.margin + 1e-3, 6), overlaps, detection)
+    lp_rec = round(lp_honest * cfg.margin + 1e-3, 6)
+    lp_det: dict[str, float] = {}
+    any_det: dict[str, float] = {}
+    for s in results:
+        lp_fail = [d > lp_rec for d in s.logprob_diff]
+        tl_fail = _rollout_fails(s, rec)
+        lp_det[s.name] = sum(lp_fail) / len(lp_fail) if lp_fail else float("nan")
+        any_det[s.name] = sum(a or b for a, b in zip(tl_fail, lp_fail)) / len(tl_fail) if tl_fail else float("nan")
+    report = CalibrationReport(results, rec, lp_rec, overlaps, detection, lp_det, any_det)
     if cfg.metrics:
         from swarmrl.utils.metrics import MetricsWriter
 
@@ -290,13 +300,20 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
             for row in report.rows():
                 w.write(kind="toploc_calibration", **row)
             w.write(kind="toploc_recommended", **rec.model_dump(), max_logprob_diff=report.recommended_logprob_diff)
+            for name in report.detection_recommended:
+                w.write(kind="toploc_detection_recommended", scenario=name,
+                        toploc=report.detection_recommended[name],
+                        logprob=report.logprob_detection_recommended.get(name),
+                        any=report.any_detection_recommended.get(name))
     return report
+
+
+def _rollout_fails(s: ScenarioResult, th: Thresholds) -> list[bool]:
+    return [any(e > th.max_exp_mismatches or mu > th.max_mant_err_mean or md > th.max_mant_err_median
+                for e, mu, md in chunks) for chunks in s.per_rollout]
 
 
 def _detect_rate(s: ScenarioResult, th: Thresholds) -> float:
     """Share of this scenario's rollouts with at least one chunk failing thresholds ``th``."""
-    if not s.per_rollout:
-        return float("nan")
-    fail = [any(e > th.max_exp_mismatches or mu > th.max_mant_err_mean or md > th.max_mant_err_median
-                for e, mu, md in chunks) for chunks in s.per_rollout]
-    return sum(fail) / len(fail)
+    fail = _rollout_fails(s, th)
+    return sum(fail) / len(fail) if fail else float("nan")
