@@ -157,6 +157,19 @@ def test_bad_base64_is_a_proof_error():
             proof_from_b64(text, k=3)
 
 
+def test_b64_list_roundtrip_and_errors():
+    from swarmrl.toploc import proofs_from_b64, proofs_to_b64
+
+    proofs = build_proofs(_rand_hidden(64, 256, seed=10))
+    texts = proofs_to_b64(proofs)
+    assert all(len(t) == 344 for t in texts)
+    assert proofs_from_b64(texts) == proofs
+    with pytest.raises(ProofError, match="proof 1"):
+        proofs_from_b64([texts[0], texts[1][:-4]])
+    with pytest.raises(ProofError):
+        proofs_from_b64("abc")
+
+
 def test_bits_are_deterministic_for_same_input():
     h = _rand_hidden(96, 1024, seed=8)
     assert build_proofs(h) == build_proofs(h.clone())

@@ -29,7 +29,7 @@ import torch
 
 __all__ = [
     "P", "M_MAX", "ProofError", "DecodedProof", "topk_indices", "chunk_bits", "find_modulus", "interpolate",
-    "evaluate", "encode_proof", "encode_many", "build_proofs", "proofs_for_sample", "chunk_count", "decode_proof", "proof_to_b64", "proof_from_b64", "proof_len",
+    "evaluate", "encode_proof", "encode_many", "proofs_to_b64", "proofs_from_b64", "build_proofs", "proofs_for_sample", "chunk_count", "decode_proof", "proof_to_b64", "proof_from_b64", "proof_len",
 ]
 
 P = 65497  # the prime field modulus
@@ -329,3 +329,22 @@ def proofs_for_sample(hidden_states: torch.Tensor, chunk: int = 32, k: int = 128
     if hidden_states.shape[0] == 0:
         return []
     return build_proofs(hidden_states, chunk=chunk, k=k)
+
+
+def proofs_to_b64(proofs: list[bytes]) -> list[str]:
+    return [proof_to_b64(p) for p in proofs]
+
+
+def proofs_from_b64(texts: object, k: int = 128, max_proofs: int = 1 << 16) -> list[bytes]:
+    """Decode a list of base64 proofs (untrusted); raises ProofError naming the bad entry."""
+    if not isinstance(texts, (list, tuple)):
+        raise ProofError(f"proofs must be a list of base64 strings, got {type(texts).__name__}")
+    if len(texts) > max_proofs:
+        raise ProofError(f"{len(texts)} proofs is over the {max_proofs} limit")
+    out = []
+    for i, t in enumerate(texts):
+        try:
+            out.append(proof_from_b64(t, k))
+        except ProofError as e:
+            raise ProofError(f"proof {i}: {e}") from None
+    return out
