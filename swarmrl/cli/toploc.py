@@ -93,7 +93,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
         raise typer.Exit(2)
     from swarmrl.models.io import load_model, load_tokenizer
     from swarmrl.rl.rollouts import RolloutError, read_rollouts
-    from swarmrl.toploc.rollout import claim_from_rollout, verify_rollouts
+    from swarmrl.toploc.rollout import verify_rows
 
     try:
         rows = read_rollouts(cfg.rollouts)
@@ -102,10 +102,9 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
         raise typer.Exit(1) from None
     m = load_model(cfg.model, dtype=cfg.dtype)
     eos = load_tokenizer(cfg.model).eos_token_id
-    items = [(r.prompt_ids, r.completion_ids, r.proofs,
-              claim_from_rollout(r, eos, cfg.top_p, cfg.max_new_tokens) if cfg.check_sampling else None) for r in rows]
-    res = verify_rollouts(m, items, chunk=cfg.chunk, k=cfg.k, thresholds=cfg.thresholds,
-                          sampling_thresholds=cfg.sampling, batch_size=cfg.batch_size)
+    res = verify_rows(m, rows, eos, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                      check_sampling=cfg.check_sampling, chunk=cfg.chunk, k=cfg.k, thresholds=cfg.thresholds,
+                      sampling_thresholds=cfg.sampling, batch_size=cfg.batch_size)
     bad = 0
     for i, r in enumerate(res):
         if not r.passed:
