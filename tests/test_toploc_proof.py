@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import torch
@@ -173,4 +171,3 @@ def test_b64_list_roundtrip_and_errors():
 def test_bits_are_deterministic_for_same_input():
     h = _rand_hidden(96, 1024, seed=8)
     assert build_proofs(h) == build_proofs(h.clone())
-    random.seed(0)

@@ -54,10 +54,11 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
     with console.status("calibrating") as status:
         report = run_calibration(cfg, progress=lambda m: status.update(f"calibrating: {m}"))
     t = Table(title=f"TOPLOC calibration on {cfg.model} (k={cfg.k}, chunk={cfg.chunk})")
-    for col in ("scenario", "rollouts", "chunks", "exp mism. p50/max", "mant mean p50/max", "mant median p50/max",
-                "TOPLOC fail (defaults)", "TOPLOC fail (recomm.)", "sampling fail (defaults)", "max |dlogp|",
-                "logprob fail (recomm.)", "any fail (recomm.)"):
-        t.add_column(col)
+    t.add_column("scenario", no_wrap=True)
+    for col in ("rollouts", "chunks", "exp_mism p50/max", "mant_mean p50/max", "mant_median p50/max",
+                "TOPLOC fail dflt", "TOPLOC fail rec", "sampling fail dflt", "max |dlogp|", "logprob fail rec",
+                "any fail rec"):
+        t.add_column(col, justify="right")
     for s in report.scenarios:
         r = s.summary()
         t.add_row(r["scenario"], str(r["rollouts"]), str(r["chunks"]), f"{_fmt(r['exp_p50'])}/{_fmt(r['exp_max'])}",
@@ -67,10 +68,11 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
                   f"{report.logprob_detection_recommended[s.name]:.0%}", f"{report.any_detection_recommended[s.name]:.0%}")
     from rich.console import Console
 
-    out = Console(width=200)
+    out = Console(width=250)
     out.print(t)
     rec = report.recommended
-    out.print("fail columns: share of rollouts rejected; exp/mant columns: per-chunk distributions")
+    out.print("fail columns: share of rollouts rejected (dflt: configured thresholds, rec: recommended ones); "
+              "exp/mant columns: per-chunk distributions")
     out.print(f"recommended thresholds (honest max x {cfg.margin} + slack): "
               f"max_exp_mismatches={rec.max_exp_mismatches}, max_mant_err_mean={rec.max_mant_err_mean}, "
               f"max_mant_err_median={rec.max_mant_err_median}; sampling max_logprob_diff="
