@@ -136,9 +136,7 @@ def topk_indices(bits: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
     if nb * _BLOCK != n:
         padded = np.concatenate([mag, np.full((c, nb * _BLOCK - n), -1, dtype=mag.dtype)], axis=1)
     groups = padded.reshape(c, _BLOCK, nb)  # groups[:, g, j] is flat index g * nb + j
-    gmax = groups[:, 0].copy()
-    for g in range(1, _BLOCK):
-        np.maximum(gmax, groups[:, g], out=gmax)
+    gmax = np.maximum.reduce(groups, axis=1)  # [C, nb]: elementwise max of G contiguous rows
     bk = np.partition(gmax, nb - k, axis=1)[:, nb - k]  # k-th largest group max per row
     gr, gj = np.nonzero(gmax >= bk[:, None])  # the groups that can hold top-k elements (~k per row)
     width = nb * _BLOCK
