@@ -64,3 +64,23 @@ def test_verify_rollout_file(model_dir, tmp_path):
     bad = write_rollouts(rows, tmp_path / "bad.parquet")
     res = CliRunner().invoke(app, ["toploc", "verify", "--model", str(model_dir), "--rollouts", str(bad)])
     assert res.exit_code == 1 and "row 1: FAIL" in res.output and "null proof" in res.output
+
+
+def test_prove_and_check_files(tmp_path):
+    from safetensors.torch import save_file
+
+    h = torch.randn(70, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    save_file({"hidden": h}, str(tmp_path / "h.safetensors"))
+    r = CliRunner().invoke(app, ["toploc", "prove", "--hidden", str(tmp_path / "h.safetensors"),
+                                 "--out", str(tmp_path / "p.txt")])
+    assert r.exit_code == 0, r.output
+    lines = (tmp_path / "p.txt").read_text().split()
+    assert len(lines) == 3 and all(len(x) == 344 for x in lines)
+    r = CliRunner().invoke(app, ["toploc", "check", "--hidden", str(tmp_path / "h.safetensors"),
+                                 "--proofs", str(tmp_path / "p.txt")])
+    assert r.exit_code == 0 and "3/3 chunks passed" in r.output
+    (tmp_path / "bad.txt").write_text(lines[0] + "\n@@@@\n" + lines[2] + "\n")
+    r = CliRunner().invoke(app, ["toploc", "check", "--hidden", str(tmp_path / "h.safetensors"),
+                                 "--proofs", str(tmp_path / "bad.txt"), "--set", "max_exp_mismatches=0"])
+    assert r.exit_code == 1 and "chunk 1: FAIL" in r.output and "invalid base64" in r.output
+    assert "2/3 chunks passed" in r.output

@@ -116,5 +116,70 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
     raise typer.Exit(1 if bad else 0)
 
 
+def _load_hidden(path: Path, key: str):
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:
+        console.print(f"[red]error:[/red] cannot read {path}: {e}")
+        raise typer.Exit(2) from None
+    if key not in tensors or tensors[key].dim() != 2:
+        console.print(f"[red]error:[/red] {path} has no 2-D tensor {key!r} (found {sorted(tensors)})")
+        raise typer.Exit(2)
+    return tensors[key]
+
+
+@app.command("prove")
+def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
+          out: Annotated[Path, typer.Option("--out", "-o", help="Write one base64 proof per line here.")],
+          key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
+          chunk: int = 32, k: int = 128) -> None:
+    """Build TOPLOC proofs for the last hidden states stored in a safetensors file."""
+    from swarmrl.toploc.proof import build_proofs, proof_to_b64
+
+    proofs = build_proofs(_load_hidden(hidden, key), chunk=chunk, k=k)
+    out.write_text("".join(proof_to_b64(p) + "\n" for p in proofs), encoding="ascii")
+    console.print(f"wrote {len(proofs)} proofs to {out}")
+
+
+@app.command("check")
+def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
+          proofs: Annotated[Path, typer.Option("--proofs", help="One base64 proof per line.")],
+          key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
+          chunk: int = 32, k: int = 128, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Check base64 proofs against hidden states (thresholds via --config/--set); exit 1 if a chunk fails."""
+    from swarmrl.toploc.verify import verify_proofs
+
+    th = resolve(Thresholds, config, set_)
+    h = _load_hidden(hidden, key)
+    try:
+        lines = proofs.read_text(encoding="ascii", errors="replace").split()
+    except OSError as e:
+        console.print(f"[red]error:[/red] cannot read {proofs}: {e}")
+        raise typer.Exit(2) from None
+    from swarmrl.toploc.proof import ProofError, proof_from_b64
+
+    raw: list[object] = []
+    b64_errors: dict[int, str] = {}
+    for i, line in enumerate(lines):
+        try:
+            raw.append(proof_from_b64(line, k))
+        except ProofError as e:
+            raw.append(None)  # rejected by the verifier; the base64 reason replaces its message below
+            b64_errors[i] = f"proof {i} rejected: {e}"
+    checks = verify_proofs(h, raw, chunk=chunk, k=k, thresholds=th)
+    for c in checks:
+        if c.index in b64_errors and len(raw) == len(checks):
+            c.reason = b64_errors[c.index]
+    for c in checks:
+        typer.echo(f"chunk {c.index}: {'ok' if c.passed else 'FAIL'} exp_mismatches={c.exp_mismatches} "
+                   f"mant_err_mean={c.mant_err_mean:.3g} mant_err_median={c.mant_err_median:.3g}"
+                   + (f" ({c.reason})" if c.reason else ""))
+    bad = sum(not c.passed for c in checks)
+    typer.echo(f"{len(checks) - bad}/{len(checks)} chunks passed")
+    raise typer.Exit(1 if bad else 0)
+
+
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="toploc")
