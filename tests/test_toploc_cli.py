@@ -82,5 +82,5 @@ def test_prove_and_check_files(tmp_path):
     (tmp_path / "bad.txt").write_text(lines[0] + "\n@@@@\n" + lines[2] + "\n")
     r = CliRunner().invoke(app, ["toploc", "check", "--hidden", str(tmp_path / "h.safetensors"),
                                  "--proofs", str(tmp_path / "bad.txt"), "--set", "max_exp_mismatches=0"])
-    assert r.exit_code == 1 and "chunk 1: FAIL" in r.output and "invalid base64" in r.output
+    assert r.exit_code == 1 and "chunk 1: FAIL" in r.output and "base64 proof is 4 chars" in r.output
     assert "2/3 chunks passed" in r.output

@@ -173,9 +173,9 @@ def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
         if c.index in b64_errors and len(raw) == len(checks):
             c.reason = b64_errors[c.index]
     for c in checks:
-        typer.echo(f"chunk {c.index}: {'ok' if c.passed else 'FAIL'} exp_mismatches={c.exp_mismatches} "
-                   f"mant_err_mean={c.mant_err_mean:.3g} mant_err_median={c.mant_err_median:.3g}"
-                   + (f" ({c.reason})" if c.reason else ""))
+        metrics = "" if c.exp_mismatches < 0 else (f" exp_mismatches={c.exp_mismatches} mant_err_mean="
+                                                   f"{_fmt(c.mant_err_mean)} mant_err_median={_fmt(c.mant_err_median)}")
+        typer.echo(f"chunk {c.index}: {'ok' if c.passed else 'FAIL'}{metrics}" + (f" ({c.reason})" if c.reason else ""))
     bad = sum(not c.passed for c in checks)
     typer.echo(f"{len(checks) - bad}/{len(checks)} chunks passed")
     raise typer.Exit(1 if bad else 0)
