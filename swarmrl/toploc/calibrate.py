@@ -255,8 +255,10 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     tampered("another model", reinit_model(model, cfg.seed + 1000))
     tampered(f"perturbed weights ({cfg.perturb_scale:g})", perturb_weights(model, cfg.perturb_scale, cfg.seed))
     tampered(f"perturbed weights ({cfg.perturb_scale / 10:g})", perturb_weights(model, cfg.perturb_scale / 10, cfg.seed))
-    tampered("fp16 weights", copy.deepcopy(model).to(torch.float16))
-    tampered("bf16 weights", copy.deepcopy(model).to(torch.bfloat16))
+    dtype = next(model.parameters()).dtype
+    for name, dt in (("fp16 weights", torch.float16), ("bf16 weights", torch.bfloat16)):
+        if dt != dtype:  # the model's own dtype would be an honest control, not tampering
+            tampered(name, copy.deepcopy(model).to(dt))
     tampered("int8 weights", quantize_int8(model))
 
     say("tampered worker: changed prompt")
