@@ -21,6 +21,11 @@ class SFTConfig(StrictModel):
     warmup_steps: int = Field(20, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     eval_at_minutes: list[float] = Field(default_factory=lambda: [1.0, 2.0])
+    # Stop early once held-out accuracy reaches this (checked every ``stop_check_every`` steps on a
+    # held-out subset drawn with another seed than the evaluation set), e.g. to leave RL room.
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
+    stop_check_every: int = Field(10, ge=1)
+    stop_check_n: int = Field(256, ge=16)
     eval_n: int = Field(512, ge=1)
     threads: int | None = 2
     seed: int = 0

@@ -82,6 +82,13 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
             acc = evaluate(model, tok, env, n=cfg.eval_n, max_new_tokens=max_new, chat_template=cfg.chat_template)
             row["heldout_acc"] = acc["accuracy"]
             results.append({"train_minutes": round(train_time / 60, 2), "step": step, "heldout_acc": acc["accuracy"]})
+        if cfg.stop_at_accuracy is not None and step % cfg.stop_check_every == 0:
+            chk = evaluate(model, tok, env, n=cfg.stop_check_n, max_new_tokens=max_new,
+                           chat_template=cfg.chat_template, seed=cfg.seed + 777)
+            row["check_acc"] = chk["accuracy"]
+            if chk["accuracy"] >= cfg.stop_at_accuracy:
+                metrics.write(**row)
+                break
         metrics.write(**row)
         if on_progress and (step % 10 == 0 or "heldout_acc" in row):
             on_progress(row)
