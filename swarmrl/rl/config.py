@@ -50,6 +50,17 @@ class TrainerSection(StrictModel):
     poll_s: float = Field(0.02, gt=0)
 
 
+class ShardcastSection(StrictModel):
+    """Weight distribution through SHARDCAST: the trainer is the origin, workers fetch via relays."""
+
+    enabled: bool = False
+    relays: int = Field(1, ge=0)  # relay processes the launcher starts (0: workers fetch from the origin)
+    servers: list[str] = Field(default_factory=list)  # explicit server URLs for workers (default: discovered)
+    shard_size: int = Field(1_000_000, ge=1024)
+    keep: int = Field(5, ge=1)
+    fetch_wait_s: float = Field(30.0, ge=0)  # how long a worker waits for a version to reach its servers
+
+
 class RLConfig(StrictModel):
     run_dir: str = "runs/rl"
     model: str = "runs/warmstart/model"  # initial policy (any HF causal LM dir)
@@ -68,6 +79,7 @@ class RLConfig(StrictModel):
     eval: EvalSection = Field(default_factory=EvalSection)
     workers: WorkerSection = Field(default_factory=WorkerSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    shardcast: ShardcastSection = Field(default_factory=ShardcastSection)
     keep_versions: int = Field(4, ge=1)
     seed: int = 0
 

@@ -100,6 +100,7 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     logs.mkdir(exist_ok=True)
     t0 = time.monotonic()
     trainer = _spawn(["rl", "trainer", "--config", str(cfg_path)], logs / "trainer.log")
+    relays = start_relays(cfg, run, trainer, logs) if cfg.rl.shardcast.enabled else []
     workers = {f"w{i}": _spawn(["rl", "worker", "--config", str(cfg_path), "--id", f"w{i}"], logs / f"w{i}.log")
                for i in range(cfg.rl.workers.num)}
     restarts = 0
@@ -124,9 +125,42 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
         run.done_flag.touch()
         for p in workers.values():
             _stop(p)
+        for p in relays:
+            _stop(p, grace=0.0)
     if live is not None:
         live(snapshot(root, t0))
     return finish(cfg, root, time.monotonic() - t0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_relays(cfg: RunConfig, run: RunDir, trainer: subprocess.Popen, logs: Path,
+                 timeout_s: float = 180.0) -> list[subprocess.Popen]:
+    """Wait for the trainer's SHARDCAST origin, start the relay processes, announce their URLs."""
+    t0 = time.monotonic()
+    origin = None
+    while origin is None:
+        origin = run.read_json("origin.json")
+        if trainer.poll() is not None:
+            raise RuntimeError(f"trainer exited with {trainer.returncode} before its SHARDCAST origin came up; "
+                               f"see {logs / 'trainer.log'}")
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError("the trainer's SHARDCAST origin did not come up")
+        time.sleep(0.2)
+    procs, urls = [], []
+    for i in range(cfg.rl.shardcast.relays):
+        port = _free_port()
+        procs.append(_spawn(["shardcast", "relay", "--upstream", origin["url"], "--dir", str(run.shardcast / f"relay{i}"),
+                             "--port", str(port), "--origin-pubkey", origin["public_key"]], logs / f"relay{i}.log"))
+        urls.append(f"http://127.0.0.1:{port}")
+    run.write_json("relays.json", urls)
+    return procs
 
 
 def snapshot(root: Path, t0: float) -> dict:

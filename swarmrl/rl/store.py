@@ -116,6 +116,26 @@ class RunDir:
             if s < before_step:
                 shutil.rmtree(d, ignore_errors=True)
 
+    # weight distribution (SHARDCAST)
+    @property
+    def shardcast(self) -> Path:
+        d = self.root / "shardcast"
+        d.mkdir(exist_ok=True)
+        return d
+
+    def write_json(self, name: str, obj: object) -> None:
+        import json
+
+        atomic_write_text(self.shardcast / name, json.dumps(obj))
+
+    def read_json(self, name: str) -> object | None:
+        import json
+
+        try:
+            return json.loads((self.shardcast / name).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
     # lifecycle
     @property
     def done_flag(self) -> Path:

@@ -72,6 +72,10 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model)
         self.env = cfg.task.build()
         self.metrics = MetricsWriter(self.run.metrics / "trainer.jsonl") if self.rank == 0 else None
+        self.origin = None
+        self._publishing: list = []
+        if self.rank == 0 and cfg.shardcast.enabled:
+            self._start_origin()
         self._setup()
 
     # ---- state -------------------------------------------------------------------------------
@@ -98,11 +102,37 @@ class Trainer:
                 torch.set_rng_state(state["rng"])
             self.step = latest
             self.resumed = True
+            if self.rank == 0:
+                self._publish(latest)  # a crash between commit and publish left it unpublished
         else:
             self.resumed = False
             if self.rank == 0:
                 self._commit(0, consumed=[])
         self._barrier()
+
+    def _start_origin(self) -> None:
+        """SHARDCAST origin inside the trainer: every committed policy is published in the background."""
+        from swarmrl.shardcast import Origin
+
+        sc = self.cfg.shardcast
+        self.origin = Origin(self.run.shardcast / "origin", key=self.run.shardcast / "origin.key", keep=sc.keep,
+                             shard_size=sc.shard_size, fsync=False)
+        url = self.origin.serve(0)
+        self.run.write_json("origin.json", {"url": url, "public_key": self.origin.public_key})
+
+    def _publish(self, version: int) -> None:
+        """Policy version N is SHARDCAST version N (version 0 is the base model every worker has)."""
+        if self.origin is None or version < 1 or version <= self.origin.last_version:
+            return
+        self._publishing = [f for f in self._publishing if not f.done()]
+        fut = self.origin.publish(self.run.version_dir(version) / "model.safetensors", version)
+        self._publishing.append(fut)
+
+        def _done(f) -> None:
+            if f.exception() is not None:
+                self._log_event("publish_failed", version=version, reason=str(f.exception()))
+
+        fut.add_done_callback(_done)
 
     def _barrier(self) -> None:
         if self.world > 1:
@@ -119,6 +149,7 @@ class Trainer:
                     "rng": torch.get_rng_state(), "step": version, "consumed": consumed},
                    staged / "trainer_state.pt")
         self.run.commit_version(version, staged)
+        self._publish(version)
         self.run.prune_versions(self.cfg.keep_versions)
 
     # ---- data --------------------------------------------------------------------------------
@@ -238,6 +269,8 @@ class Trainer:
             final = self.evaluate()
             self._log_event("final", step=self.step, version=self.step, heldout_acc=final, wall_s=round(time.monotonic() - t_start, 3))
             self.run.done_flag.write_text(str(self.step))
+            for f in self._publishing:
+                f.result()
             self.metrics.close()
         self._barrier()
         return self.step

@@ -12,6 +12,7 @@ import hashlib
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -95,30 +96,79 @@ def rollout_batch(model, tokenizer, env: Environment, tasks: list[Task], cfg: RL
 
 
 class PolicyHolder:
-    """Keeps the model in memory and swaps in new versions' weights from the run dir."""
+    """Keeps the model in memory and swaps in new versions' weights.
 
-    def __init__(self, run: RunDir, init_model_path: str) -> None:
+    Weights come from the run directory, or through SHARDCAST (relays, verified per shard against
+    the origin's signed manifest) when ``cfg.shardcast.enabled``. Version 0 is the base model.
+    """
+
+    def __init__(self, run: RunDir, cfg: RLConfig, worker_id: str) -> None:
         self.run = run
-        self.model = load_model(init_model_path)
+        self.cfg = cfg
+        self.model = load_model(cfg.model)
         self.version = -1
+        self.cache = run.root / "cache" / worker_id
+        self.last_fetch: dict | None = None
+
+    def _servers(self) -> tuple[list[str], str] | None:
+        origin = self.run.read_json("origin.json")
+        if not isinstance(origin, dict):
+            return None
+        servers = list(self.cfg.shardcast.servers)
+        if not servers:
+            relays = self.run.read_json("relays.json")
+            servers = list(relays) if isinstance(relays, list) and relays else [origin["url"]]
+        return servers, origin["public_key"]
+
+    def _fetch(self, version: int) -> dict[str, torch.Tensor] | None:
+        from swarmrl.shardcast import FetchError, fetch
+
+        found = self._servers()
+        if found is None:
+            return None
+        servers, pubkey = found
+        self.cache.mkdir(parents=True, exist_ok=True)
+        out = self.cache / f"v{version:06d}.safetensors"
+        try:
+            res = fetch(servers, out, pubkey, version=version, wait_s=self.cfg.shardcast.fetch_wait_s)
+        except FetchError:
+            return None
+        self.last_fetch = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
+                           "bytes_by_server": res.bytes_by_server, "excluded": res.excluded}
+        state = load_file(str(out))
+        for old in self.cache.glob("v*.safetensors"):
+            if old != out:
+                old.unlink(missing_ok=True)
+        return state
+
+    def _read_local(self, latest: int, allow_wait_s: float) -> tuple[int, dict[str, torch.Tensor]] | None:
+        path = self.run.version_dir(latest) / "model.safetensors"
+        deadline = time.monotonic() + allow_wait_s
+        while True:
+            try:
+                return latest, load_file(str(path))
+            except (FileNotFoundError, OSError):
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+                newer = self.run.latest_version()
+                if newer is not None and newer != latest:
+                    latest, path = newer, self.run.version_dir(newer) / "model.safetensors"
 
     def refresh(self, allow_wait_s: float = 5.0) -> int | None:
         latest = self.run.latest_version()
         if latest is None or latest == self.version:
             return latest
-        path = self.run.version_dir(latest) / "model.safetensors"
-        deadline = time.monotonic() + allow_wait_s
-        while True:
-            try:
-                state = load_file(str(path))
-                break
-            except (FileNotFoundError, OSError):
-                if time.monotonic() > deadline:
-                    return self.version if self.version >= 0 else None
-                time.sleep(0.05)
-                newer = self.run.latest_version()
-                if newer is not None and newer != latest:
-                    latest, path = newer, self.run.version_dir(newer) / "model.safetensors"
+        if self.cfg.shardcast.enabled and latest >= 1:
+            state = self._fetch(latest)
+            got = (latest, state) if state is not None else None
+        elif self.cfg.shardcast.enabled:  # version 0: the base model this worker loaded itself
+            got = (0, load_file(str(Path(self.cfg.model) / "model.safetensors")))
+        else:
+            got = self._read_local(latest, allow_wait_s)
+        if got is None:
+            return self.version if self.version >= 0 else None
+        latest, state = got
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
             raise RuntimeError(f"policy v{latest} does not match the model: missing {missing}, unexpected {unexpected}")
@@ -134,7 +184,7 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
     run = RunDir(cfg.run_dir)
     tokenizer = load_tokenizer(cfg.model)
     env = cfg.task.build()
-    holder = PolicyHolder(run, cfg.model)
+    holder = PolicyHolder(run, cfg, worker_id)
     gen = torch.Generator().manual_seed(task_seed(worker_id, 0, 0, cfg.seed) % (2**31))
     metrics = MetricsWriter(run.metrics / f"worker-{worker_id}.jsonl")
     counter = 0
@@ -144,7 +194,10 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
     try:
         while not run.is_done():
             latest = holder.refresh()
-            if latest is None:
+            if holder.last_fetch is not None:
+                metrics.write(worker=worker_id, event="fetch", **holder.last_fetch)
+                holder.last_fetch = None
+            if latest is None or holder.version < 0:
                 time.sleep(cfg.workers.poll_s)
                 continue
             v = holder.version
