@@ -1,0 +1,24 @@
+"""End to end: warm start + asynchronous GRPO with real trainer/worker processes; reward must rise."""
+
+import pytest
+
+from swarmrl.config import load_config
+from swarmrl.rl.launcher import RunConfig, launch
+from swarmrl.utils.metrics import read_metrics
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_short_run_reward_rises(tmp_path):
+    cfg = load_config(RunConfig, "configs/run.toml", [
+        f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tmp_path / "ws" / "model"}"',
+        f'warmstart.sft.out="{tmp_path / "ws"}"', "warmstart.sft.stop_at_accuracy=0.2", "warmstart.sft.minutes=4.0",
+        "rl.steps=150", "rl.eval.every_steps=50", "rl.workers.num=1", "final_eval_n=512"])
+    summary = launch(cfg, progress=lambda m: None)
+    assert summary["steps"] == 150
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics" / "trainer.jsonl") if "task_reward" in r]
+    first = sum(r["task_reward"] for r in rows[:30]) / 30
+    last = sum(r["task_reward"] for r in rows[-30:]) / 30
+    assert last > first + 0.05, (first, last)
+    assert summary["heldout_acc_final"] > summary["heldout_acc_initial"] + 0.05, summary
+    assert all(r["lag_max"] <= cfg.rl.async_level for r in rows)
