@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from swarmrl.utils.lazy import lazy_exports
 
 _EXPORTS = {"EvalConfig": "swarmrl.eval.config", "evaluate": "swarmrl.eval.heldout",
             "evaluate_path": "swarmrl.eval.heldout"}
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(_EXPORTS)

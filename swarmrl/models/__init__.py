@@ -5,8 +5,7 @@ Attributes are imported lazily so that importing the package (e.g. for its confi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from swarmrl.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "ModelInitConfig": "swarmrl.models.config",
@@ -18,8 +17,4 @@ _EXPORTS = {
 }
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(_EXPORTS)

@@ -26,6 +26,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from swarmrl.utils.keys import generate_key, public_key_hex  # noqa: F401  (re-exported)
+
 SCHEME = "swarmrl-req-v1"
 H_KEY = "X-Swarm-Key"
 H_TS = "X-Swarm-Timestamp"
@@ -42,15 +44,6 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 class SignatureError(ValueError):
     """A request's signature headers are missing, malformed or do not verify."""
-
-
-def generate_key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-def public_key_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
 def node_id_for(public_key: str) -> str:

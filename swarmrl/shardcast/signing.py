@@ -20,6 +20,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from swarmrl.utils.keys import generate_key, public_key_hex  # noqa: F401  (re-exported)
+
 from swarmrl.shardcast.layout import MAX_MANIFEST_BYTES, LayoutError, Manifest, canonical_json
 
 __all__ = ["SignatureError", "generate_key", "save_private_key", "load_private_key", "public_key_hex",
@@ -30,15 +32,6 @@ _HEX = re.compile(r"[0-9a-fA-F]+")
 
 class SignatureError(LayoutError):
     """A manifest whose signature does not verify under the origin key (forged or altered)."""
-
-
-def generate_key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-def public_key_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
-    pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
 def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> None:
