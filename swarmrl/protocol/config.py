@@ -45,6 +45,14 @@ class OrchestratorConfig(StrictModel):
     budget_tiers: list[int] = Field(default_factory=lambda: [64, 128, 256])  # thinking budgets, ascending
     target_step_time_s: float = Field(60.0, gt=0)  # a node's budget tier must fit this time at its throughput
     reassign_per_heartbeat: int = Field(1, ge=0)
+    # demand-driven assignment (swarm RL): > 0 hands a node a new assignment whenever it holds none open, for
+    # the lowest step in [step, step + lookahead] whose usable groups (pending + accepted submissions, plus
+    # tasks_per_node per open assignment) are below groups_per_step * overassign. 0: one per node per step.
+    groups_per_step: int = Field(0, ge=0)
+    overassign: float = Field(1.0, ge=1.0)
+    lookahead: int = Field(0, ge=0)  # capped by async_window: a step is never served with a policy older than that
+    count_tied_groups: bool = False  # True when the trainer keeps groups with equal rewards (filter_ties = false)
+    last_step: int = Field(-1, ge=-1)  # no assignments beyond this step (-1: unbounded)
     shardcast_relays: list[str] = Field(default_factory=list)
     # uploads
     max_upload_bytes: int = Field(64 << 20, gt=0)

@@ -78,9 +78,10 @@ def check_schema(ctx: CheckContext) -> tuple[bool, str]:
 
 def check_seed(ctx: CheckContext) -> tuple[bool, str]:
     a = ctx.item.assignment
-    want = task_seed(ctx.item.origin_node_id, a.step, ctx.cfg.run_secret)
+    want = task_seed(ctx.item.origin_node_id, a.step, ctx.cfg.run_secret, a.round)
     if a.seed != want:
-        return False, f"assignment seed {a.seed} is not the one derived for node {ctx.item.origin_node_id}, step {a.step}"
+        return False, (f"assignment seed {a.seed} is not the one derived for node {ctx.item.origin_node_id}, "
+                       f"step {a.step}, round {a.round}")
     return True, "seed re-derived"
 
 
