@@ -91,6 +91,8 @@ class ValidatorConfig(StrictModel):
     toploc_check: str = "swarmrl.toploc:verify_rollout"  # module:function; skipped (logged) when absent
     sampling_claim: str = "swarmrl.toploc.rollout:claim_from_rollout"  # row -> claim, checked in the TOPLOC prefill
     sampling_check: str = ""  # optional separate module:function(model, row) -> (ok, reason) | .passed/.reason
+    logprob_rows: int = Field(4, ge=0)  # rows per submission whose logprobs are recomputed (0: off; needs a model)
+    logprob_tolerance: float = Field(1e-3, gt=0)  # max abs difference per token
     require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)

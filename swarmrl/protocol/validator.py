@@ -159,6 +159,50 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
     return True, f"{len(ctx.rows)} rewards recomputed"
 
 
+def logprob_check(cfg: ValidatorConfig) -> Check:
+    """Recompute the claimed sampling logprobs of up to ``cfg.logprob_rows`` rows (a sample fixed by the file
+    hash) with the model of each row's policy version: tokens the policy did not sample, or a different
+    model, show up as logprobs off by more than ``cfg.logprob_tolerance``. A cheap stand-in for the
+    TOPLOC proof check (which also covers nodes that recompute their logprobs after editing)."""
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if cfg.logprob_rows == 0:
+            raise SkipCheck("logprob check disabled")
+        if ctx.model_loader is None:
+            raise SkipCheck("no model_dir configured")
+        import random
+
+        import torch
+
+        from swarmrl.rl.train_step import Sequence, _pack, sequence_logprobs
+
+        pad = getattr(ctx.tokenizer, "pad_token_id", None) or 0
+        idx = list(range(len(ctx.rows)))
+        random.Random(ctx.item.submission.sha256).shuffle(idx)
+        worst = 0.0
+        checked = 0
+        for i in sorted(idx[: cfg.logprob_rows]):
+            r = ctx.rows[i]
+            if not r.completion_ids:
+                continue
+            model = ctx.model(r.policy_version)
+            temp = r.temperature if r.temperature > 0 else 1.0
+            packed = _pack([Sequence(list(r.prompt_ids), list(r.completion_ids), list(r.logprobs), 0.0, temp)], pad)
+            with torch.no_grad():
+                logp, _ = sequence_logprobs(model, packed, temp)
+            mask = packed["cmask"][0] > 0
+            diff = float((logp[0][mask] - packed["old"][0][mask]).abs().max())
+            if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
+                return False, (f"row {i}: claimed logprobs differ from policy v{r.policy_version}'s by {diff:.4g} "
+                               f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
+            worst = max(worst, diff)
+            checked += 1
+        return True, f"{checked} rows' logprobs recomputed (max diff {worst:.2e})"
+
+    check.__name__ = "check_logprobs"
+    return check
+
+
 def _import_dotted(spec: str) -> Callable[..., Any]:
     mod_name, _, fn_name = spec.partition(":")
     mod = importlib.import_module(mod_name)
@@ -259,6 +303,7 @@ def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
         ("tasks", check_tasks),
         ("policy", check_policy),
         ("rewards", check_rewards),
+        ("logprobs", logprob_check(cfg)),
         ("toploc", toploc_check(cfg)),
         ("sampling", sampling_check(cfg)),
     ]

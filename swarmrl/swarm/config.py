@@ -1,0 +1,34 @@
+"""Settings of swarm mode in ``swarmrl run`` (``RunConfig.swarm``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from swarmrl.config import StrictModel
+
+
+class SwarmSection(StrictModel):
+    nodes: int = Field(2, ge=0)  # honest nodes
+    adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.swarm.node)
+    tasks_per_node: int = Field(0, ge=0)  # tasks per assignment (0: rl.workers.prompts_per_batch)
+    overassign: float = Field(1.0, ge=1.0)  # hand out this many times the groups a step needs
+    optimistic: bool = False  # trainer may use submissions before their verdict
+    heartbeat_interval_s: float = Field(0.5, gt=0)
+    dead_after_missed: int = Field(20, ge=1)
+    validator_poll_s: float = Field(0.2, gt=0)
+    logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
+    require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
+    max_upload_bytes: int = Field(8 << 20, gt=0)
+    stake: float = Field(100.0, ge=0)
+    node_threads: int = Field(1, ge=1)
+    max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / honest node restarts
+
+    @field_validator("adversaries")
+    @classmethod
+    def _kinds(cls, v: list[str]) -> list[str]:
+        from swarmrl.swarm.node import ADVERSARIES
+
+        bad = [k for k in v if k not in ADVERSARIES]
+        if bad:
+            raise ValueError(f"unknown adversary {bad}; choose from {', '.join(ADVERSARIES)}")
+        return v
