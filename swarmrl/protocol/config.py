@@ -53,6 +53,9 @@ class OrchestratorConfig(StrictModel):
     lookahead: int = Field(0, ge=0)  # capped by async_window: a step is never served with a policy older than that
     count_tied_groups: bool = False  # True when the trainer keeps groups with equal rewards (filter_ties = false)
     last_step: int = Field(-1, ge=-1)  # no assignments beyond this step (-1: unbounded)
+    # demand mode: open work older than this goes back to the pool (0: never), and so does an assignment whose
+    # upload was refused as invalid or oversized, so a stalling or broken node cannot starve a step
+    assignment_timeout_s: float = Field(0.0, ge=0)
     shardcast_relays: list[str] = Field(default_factory=list)
     # uploads
     max_upload_bytes: int = Field(64 << 20, gt=0)

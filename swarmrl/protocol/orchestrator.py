@@ -327,6 +327,12 @@ class Orchestrator:
                 self._orphans_hint = True
                 s.execute(update(Assignment).where(Assignment.node_id.in_(ids), Assignment.status == "open")
                           .values(status="orphaned"))
+            if self.cfg.groups_per_step and self.cfg.assignment_timeout_s:
+                res = s.execute(update(Assignment).where(
+                    Assignment.status == "open", Assignment.created_at < now - self.cfg.assignment_timeout_s)
+                    .values(status="orphaned"))
+                if res.rowcount:
+                    log.info("%d assignments timed out; up for reassignment", res.rowcount)
             s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
         # re-arm the orphan query each sweep: bounds any missed update of the hint to one sweep interval
         self._orphans_hint = True
@@ -368,6 +374,19 @@ class Orchestrator:
             if a.status != "open":
                 raise ProtocolError(409, f"assignment {assignment_id} is {a.status}, not open")
             self._check_duplicate(s, p, p.content_sha256)
+
+    def release_assignment(self, p: Principal, assignment_id: int, reason: str) -> None:
+        """Demand mode: an upload for this assignment was refused (invalid / oversized): put it back up for
+        reassignment so the step is not starved by a node that cannot deliver."""
+        if not self.cfg.groups_per_step:
+            return
+        with self.db.tx() as s:
+            a = s.get(Assignment, assignment_id)
+            if a is not None and a.node_id == p.node_id and a.status == "open":
+                a.status = "orphaned"
+                self._orphans_hint = True
+                log.info("assignment %d released after a refused upload from %s: %s", assignment_id, p.node_id,
+                         reason[:200])
 
     @staticmethod
     def _check_duplicate(s, p: Principal, sha: str) -> None:  # noqa: ANN001
@@ -711,17 +730,22 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         p = await run_in_threadpool(orch.authenticate, request.method, _signed_path(request), request.headers, None,
                                     ("worker",))
         await run_in_threadpool(orch.precheck_upload, p, assignment_id)
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > cfg.max_upload_bytes:
-            raise ProtocolError(413, f"upload of {cl} bytes is over the {cfg.max_upload_bytes}-byte limit")
         try:
-            tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
-        except UploadTooLarge as e:
-            raise ProtocolError(413, str(e)) from None
-        if sha != p.content_sha256:
-            orch.store.discard(tmp)
-            raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
-        return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+            cl = request.headers.get("content-length")
+            if cl is not None and cl.isdigit() and int(cl) > cfg.max_upload_bytes:
+                raise ProtocolError(413, f"upload of {cl} bytes is over the {cfg.max_upload_bytes}-byte limit")
+            try:
+                tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
+            except UploadTooLarge as e:
+                raise ProtocolError(413, str(e)) from None
+            if sha != p.content_sha256:
+                orch.store.discard(tmp)
+                raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
+            return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+        except ProtocolError as e:
+            if e.status in (413, 422):
+                await run_in_threadpool(orch.release_assignment, p, assignment_id, e.detail)
+            raise
 
     @app.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=_ERRORS, tags=["public"])
     def submission(submission_id: IdParam) -> SubmissionDetail:

@@ -19,6 +19,7 @@ class SwarmSection(StrictModel):
     logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
     require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
     max_upload_bytes: int = Field(8 << 20, gt=0)
+    assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)
     stake: float = Field(100.0, ge=0)
     node_threads: int = Field(1, ge=1)
     max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / honest node restarts

@@ -114,6 +114,7 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         target_step_time_s=rl.budget.max_batch_seconds, groups_per_step=rl.prompts_per_step,
         overassign=sw.overassign, lookahead=rl.async_level, count_tied_groups=not rl.filter_ties,
         last_step=rl.steps - 1, max_upload_bytes=sw.max_upload_bytes, optimistic=sw.optimistic,
+        assignment_timeout_s=sw.assignment_timeout_s,
         metrics_interval_s=1.0)
     opath = root / "orchestrator.toml"
     opath.write_text(dump_config(ocfg))
@@ -133,7 +134,7 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         a = ["node", "run", "--orchestrator", url, "--key", m["key"], "--rl-config", str(rl_path),
              "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}"]
         if m["adversary"]:
-            a += ["--adversary", m["adversary"]]
+            a += ["--adversary", m["adversary"], "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
         return a
 
     specs: dict[str, list[str]] = {
