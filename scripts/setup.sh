@@ -10,7 +10,8 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres]" 2>&1 | grep -v "is ignored" || true
+quiet() { grep -v "is ignored" || true; }  # drop pip's noise about local index paths; pip's own status still counts
+.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | quiet
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres,hivemind]" 2>&1 | quiet
 .venv/bin/python -c "import torch, swarmrl; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 touch "$stamp"

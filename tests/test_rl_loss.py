@@ -104,3 +104,19 @@ def test_tied_groups_are_uninformative():
     assert not is_informative([0.0] * 8)
     assert is_informative([0.0, 1.0])
     assert not is_informative([1.0])  # a single sample has no group baseline
+
+
+def test_budget_helpers():
+    import random
+
+    from swarmrl.rl.budget import BudgetConfig, allowed_targets, draw_targets, format_prompt, length_penalty
+
+    cfg = BudgetConfig(enabled=True, targets=[16, 4, 8], match_throughput=True, max_batch_seconds=1.0)
+    assert format_prompt("1+1=", 8, cfg) == "[8]1+1=" and format_prompt("1+1=", None, cfg) == "1+1="
+    assert length_penalty(5, 8, 0.1) == pytest.approx(0.3) and length_penalty(5, None, 0.1) == 0.0
+    # 100 sequences in 1 s: 800 tok/s allows 8 tokens each, 300 tok/s only the shortest
+    assert allowed_targets(cfg, 800.0, 100) == [4, 8]
+    assert allowed_targets(cfg, 300.0, 100) == [4]
+    assert allowed_targets(cfg, 1e9, 100) == [4, 8, 16]
+    assert allowed_targets(cfg.model_copy(update={"match_throughput": False}), 1.0, 100) == [4, 8, 16]
+    assert set(draw_targets(50, [4, 8], random.Random(0))) == {4, 8}

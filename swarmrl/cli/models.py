@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, resolve
-from swarmrl.models.tiny import ModelInitConfig
+from swarmrl.models.config import ModelInitConfig
 
 app = typer.Typer(help="Make and inspect models.", no_args_is_help=True)
 

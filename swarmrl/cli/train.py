@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.eval.evaluate import EvalConfig
-from swarmrl.sft.train import SFTConfig
+from swarmrl.eval.config import EvalConfig
+from swarmrl.sft.config import SFTConfig
 
 
 def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
@@ -39,7 +39,7 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
           n: Annotated[Optional[int], typer.Option(help="Number of held-out tasks.")] = None) -> None:
     """Held-out accuracy (greedy, batched, KV cache), printed as JSON."""
     cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n), print_config)
-    from swarmrl.eval.evaluate import evaluate_path
+    from swarmrl.eval.heldout import evaluate_path
 
     try:
         res = evaluate_path(cfg)

@@ -1,5 +1,16 @@
 """Held-out evaluation: greedy, batched, KV cache."""
 
-from swarmrl.eval.evaluate import EvalConfig, evaluate, evaluate_path
+from __future__ import annotations
 
-__all__ = ["EvalConfig", "evaluate", "evaluate_path"]
+import importlib
+from typing import Any
+
+_EXPORTS = {"EvalConfig": "swarmrl.eval.config", "evaluate": "swarmrl.eval.heldout",
+            "evaluate_path": "swarmrl.eval.heldout"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(name)

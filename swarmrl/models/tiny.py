@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
-
 import torch
-from pydantic import Field
 from transformers import LlamaConfig, PreTrainedModel, Qwen2Config
 
-from swarmrl.config import StrictModel
+from swarmrl.models.config import ModelInitConfig
 from swarmrl.models.tokenizer import build_char_tokenizer
-
-
-class ModelInitConfig(StrictModel):
-    arch: Literal["qwen2", "llama"] = "qwen2"
-    hidden_size: int = Field(128, ge=8)
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int | None = Field(None, ge=1)
-    intermediate_size: int = Field(512, ge=8)
-    max_position_embeddings: int = Field(512, ge=16)
-    tie_word_embeddings: bool = True
-    seed: int = 0
 
 
 def init_model(cfg: ModelInitConfig, out_dir: str | Path | None = None) -> tuple[PreTrainedModel, object]:

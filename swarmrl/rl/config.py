@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
-from swarmrl.inference.sampler import SamplingParams
+from swarmrl.inference.params import SamplingParams
 from swarmrl.rl.budget import BudgetConfig
 
 

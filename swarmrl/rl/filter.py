@@ -16,7 +16,8 @@ from pydantic import Field, model_validator
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.prompts import decode_completion, encode_prompt
-from swarmrl.inference.sampler import SamplingParams, generate
+from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.sampler import generate
 from swarmrl.models.io import load_model, load_tokenizer
 
 

@@ -21,7 +21,7 @@ from pydantic import Field
 from swarmrl.config import StrictModel, dump_config
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
-from swarmrl.sft.train import SFTConfig
+from swarmrl.sft.config import SFTConfig
 from swarmrl.swarm.config import SwarmSection
 from swarmrl.utils.metrics import read_metrics
 
@@ -167,7 +167,7 @@ def finish(cfg: RunConfig, root: Path, wall_s: float) -> dict:
     rows = read_metrics(root / "metrics" / "trainer.jsonl")
     evals = [r for r in rows if "heldout_acc" in r]
     steps = {r["step"]: r for r in rows if "reward" in r}
-    from swarmrl.eval.evaluate import EvalConfig, evaluate_path
+    from swarmrl.eval.heldout import EvalConfig, evaluate_path
 
     ev = EvalConfig(model=str(final_dir), task=cfg.rl.task, n=cfg.final_eval_n,
                     max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.chat_template)

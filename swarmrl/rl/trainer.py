@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmrl.eval.evaluate import evaluate
+from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.rl.advantages import group_advantages, is_informative
 from swarmrl.rl.config import RLConfig

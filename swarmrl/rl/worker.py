@@ -44,9 +44,10 @@ class BatchResult:
 
 
 def make_proofs(hidden: torch.Tensor) -> list[bytes]:
-    from swarmrl.toploc import build_proofs  # optional component
+    """TOPLOC proofs over the final-norm states captured while sampling (no second forward pass)."""
+    from swarmrl.toploc import proofs_for_sample
 
-    return build_proofs(hidden)
+    return proofs_for_sample(hidden)
 
 
 def rollout_batch(model, tokenizer, env: Environment, tasks: list[Task], cfg: RLConfig, *, worker_id: str,

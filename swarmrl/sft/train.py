@@ -8,34 +8,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from pydantic import Field
-
-from swarmrl.config import StrictModel
 from swarmrl.envs.base import Task
-from swarmrl.envs.config import TaskConfig
-from swarmrl.eval.evaluate import evaluate
+from swarmrl.sft.config import SFTConfig
+from swarmrl.eval.heldout import evaluate
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.models.io import load_model, load_tokenizer, save_model
-from swarmrl.models.tiny import ModelInitConfig, init_model
+from swarmrl.models.tiny import init_model
 from swarmrl.utils.metrics import MetricsWriter
-
-
-class SFTConfig(StrictModel):
-    model: str | None = None  # a HF model dir; None = initialise a fresh tiny model
-    init: ModelInitConfig = Field(default_factory=ModelInitConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    out: str = "runs/sft"
-    minutes: float | None = Field(3.0, gt=0)  # wall-clock budget (None: use steps)
-    steps: int | None = Field(None, ge=1)
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(2e-3, gt=0)
-    warmup_steps: int = Field(20, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    eval_at_minutes: list[float] = Field(default_factory=lambda: [1.0, 2.0])
-    eval_n: int = Field(512, ge=1)
-    threads: int | None = 2
-    seed: int = 0
-    chat_template: bool = False
 
 
 def _batch(tokenizer, tasks: list[Task], chat_template: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,6 +82,13 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
             acc = evaluate(model, tok, env, n=cfg.eval_n, max_new_tokens=max_new, chat_template=cfg.chat_template)
             row["heldout_acc"] = acc["accuracy"]
             results.append({"train_minutes": round(train_time / 60, 2), "step": step, "heldout_acc": acc["accuracy"]})
+        if cfg.stop_at_accuracy is not None and step % cfg.stop_check_every == 0:
+            chk = evaluate(model, tok, env, n=cfg.stop_check_n, max_new_tokens=max_new,
+                           chat_template=cfg.chat_template, seed=cfg.seed + 777)
+            row["check_acc"] = chk["accuracy"]
+            if chk["accuracy"] >= cfg.stop_at_accuracy:
+                metrics.write(**row)
+                break
         metrics.write(**row)
         if on_progress and (step % 10 == 0 or "heldout_acc" in row):
             on_progress(row)

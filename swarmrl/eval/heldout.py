@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from swarmrl.config import StrictModel
 from swarmrl.envs.base import Environment
-from swarmrl.envs.config import TaskConfig
+from swarmrl.eval.config import EvalConfig
 from swarmrl.inference.prompts import decode_completion, encode_prompt
-from swarmrl.inference.sampler import SamplingParams, generate
-
-
-class EvalConfig(StrictModel):
-    model: str = "runs/sft/model"
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    n: int = Field(512, ge=1)
-    batch_size: int = Field(256, ge=1)
-    max_new_tokens: int = Field(8, ge=1)
-    chat_template: bool = False
-    seed: int = 1234
-    threads: int | None = None
+from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.sampler import generate
 
 
 def evaluate(model, tokenizer, env: Environment, n: int = 512, batch_size: int = 256, max_new_tokens: int = 8,

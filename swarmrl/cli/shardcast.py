@@ -1,0 +1,155 @@
+"""`swarmrl shardcast ...`: origin, publish, relay, fetch, keygen (thin: parse, resolve, call)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.shardcast.config import FetchConfig, OriginConfig, PublishConfig, RelayConfig
+
+app = typer.Typer(help="Checkpoint broadcast through a tree of HTTP relays (SHARDCAST layout, signed).",
+                  no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="shardcast")
+
+
+@app.command("keygen")
+def keygen_cmd(out: Annotated[Path, typer.Option("--out", "-o", help="Private key file; public key goes to FILE.pub")]
+               ) -> None:
+    """Create an origin Ed25519 key pair."""
+    from swarmrl.shardcast.signing import keygen
+
+    if out.exists():
+        console.print(f"[red]error:[/red] {out} exists; refusing to overwrite a key")
+        raise typer.Exit(1)
+    pub = keygen(out)
+    console.print(f"wrote {out} and {out}.pub")
+    typer.echo(pub)
+
+
+@app.command("origin")
+def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin directory.")] = None,
+               port: Annotated[Optional[int], typer.Option("--port")] = None,
+               host: Annotated[Optional[str], typer.Option("--host")] = None,
+               key: Annotated[Optional[Path], typer.Option("--key", help="Origin private key (to print its public key).")] = None,
+               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Serve an origin directory (publish into it with `shardcast publish` or the Origin API)."""
+    cfg = resolve(OriginConfig, config, set_, opt("dir", dir) + opt("port", port) + opt("host", host),
+                  print_config)
+    from swarmrl.shardcast.server import ShardServer
+
+    async def run() -> None:
+        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s)
+        await srv.start(cfg.host, cfg.port)
+        console.print(f"origin serving {cfg.dir} on http://{cfg.host}:{srv.port}")
+        if key is not None:
+            from swarmrl.shardcast.signing import load_private_key, public_key_hex
+
+            console.print(f"origin public key {public_key_hex(load_private_key(key))}")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await srv.stop()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("publish")
+def publish_cmd(file: Annotated[Path, typer.Argument(help="Checkpoint file (e.g. model.safetensors).")],
+                dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin directory.")] = None,
+                version: Annotated[Optional[int], typer.Option("--version", help="Version (training step).")] = None,
+                key: Annotated[Optional[Path], typer.Option("--key", help="Origin private key file.")] = None,
+                keep: Annotated[Optional[int], typer.Option("--keep")] = None,
+                config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Shard, sign and list FILE as a new version in the origin directory."""
+    cfg = resolve(PublishConfig, config, set_, opt("dir", dir) + opt("version", version) + opt("key", key)
+                  + opt("keep", keep), print_config)
+    from swarmrl.shardcast.origin import Origin
+
+    origin = Origin(cfg.dir, key=cfg.key, keep=cfg.keep, shard_size=cfg.shard_size)
+    try:
+        res = origin.publish_sync(file, cfg.version, move=cfg.move)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    finally:
+        origin.close()
+    m = res.manifest
+    console.print(f"published v{m.version}: {m.size:,} bytes in {m.num_shards} shards, blake3 {m.blake3} "
+                  f"({res.seconds:.2f}s); origin public key {origin.public_key}")
+
+
+@app.command("relay")
+def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream", help="Upstream URL (repeatable).")] = None,
+              dir: Annotated[Optional[Path], typer.Option("--dir")] = None,
+              port: Annotated[Optional[int], typer.Option("--port")] = None,
+              origin_pubkey: Annotated[Optional[str], typer.Option("--origin-pubkey", help="Hex key or file.")] = None,
+              config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Mirror signed versions from upstream servers and serve them (pipelined)."""
+    cfg = resolve(RelayConfig, config, set_, opt("upstream", upstream) + opt("dir", dir) + opt("port", port)
+                  + opt("origin_pubkey", origin_pubkey), print_config)
+    from swarmrl.shardcast.relay import Relay
+
+    async def run() -> None:
+        relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep, parallel=cfg.parallel,
+                      poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s,
+                      metrics=cfg.metrics)
+        url = await relay.start(cfg.host, cfg.port)
+        console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await relay.stop()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("fetch")
+def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", help="Server URL (repeatable).")] = None,
+              out: Annotated[Optional[Path], typer.Option("--out", "-o")] = None,
+              version: Annotated[Optional[str], typer.Option("--version", help="N or 'latest'.")] = None,
+              origin_pubkey: Annotated[Optional[str], typer.Option("--origin-pubkey", help="Hex key or file.")] = None,
+              wait: Annotated[Optional[float], typer.Option("--wait", help="Seconds to wait for the version.")] = None,
+              config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Fetch and verify one version into --out."""
+    cfg = resolve(FetchConfig, config, set_, opt("server", server) + opt("out", out) + opt("version", version)
+                  + opt("origin_pubkey", origin_pubkey) + opt("wait_s", wait), print_config)
+    from rich.progress import Progress
+
+    from swarmrl.shardcast.client import FetchError, fetch
+
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("fetching", total=None)
+
+        def on_shard(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        try:
+            res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, version=cfg.version, parallel=cfg.parallel,
+                        max_attempts=cfg.max_attempts, max_server_failures=cfg.max_server_failures,
+                        wait_s=cfg.wait_s, verify_whole=cfg.verify_whole, fsync=cfg.fsync, on_shard=on_shard)
+        except (FetchError, ValueError) as e:
+            console.print(f"[red]fetch failed:[/red] {e}", highlight=False)
+            raise typer.Exit(1) from None
+    console.print(f"v{res.version} -> {res.path}: {res.size:,} bytes, blake3 {res.blake3}, "
+                  f"{res.seconds:.2f}s ({res.mb_per_s:.1f} MB/s)", highlight=False)
+    for url, why in res.excluded.items():
+        console.print(f"  excluded {url}: {why}", highlight=False)
+    if cfg.metrics:
+        from swarmrl.utils.metrics import MetricsWriter
+
+        with MetricsWriter(cfg.metrics) as mw:
+            mw.write(event="fetch", version=res.version, size=res.size, seconds=res.seconds, mb_per_s=res.mb_per_s,
+                     bytes_by_server=res.bytes_by_server, excluded=res.excluded)

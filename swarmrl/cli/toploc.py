@@ -1,0 +1,185 @@
+"""`swarmrl toploc ...`: calibrate TOPLOC thresholds on a model, verify a rollout file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import Field
+
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.config import StrictModel
+from swarmrl.toploc.calibrate import CalibrateConfig
+from swarmrl.toploc.sampling_check import SamplingThresholds
+from swarmrl.toploc.verify import Thresholds
+
+app = typer.Typer(help="TOPLOC inference proofs: calibrate thresholds, verify rollouts.", no_args_is_help=True)
+
+
+class VerifyFileConfig(StrictModel):
+    model: str = ""
+    rollouts: str = ""
+    dtype: str = "float32"
+    chunk: int = Field(32, ge=1)
+    k: int = Field(128, ge=1)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+    check_sampling: bool = True
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    sampling: SamplingThresholds = Field(default_factory=SamplingThresholds)
+
+
+def _fmt(v: float) -> str:
+    if v != v:
+        return "-"
+    if v >= 2**63:
+        return "2^64"
+    return f"{v:.3g}"
+
+
+@app.command("calibrate")
+def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
+              config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Honest recomputation vs tampering on MODEL: metric distributions and recommended thresholds."""
+    cfg = resolve(CalibrateConfig, config, set_, opt("model", model), print_config)
+    if not cfg.model:
+        console.print("[red]error:[/red] --model is required")
+        raise typer.Exit(2)
+    from rich.table import Table
+
+    from swarmrl.toploc.calibrate import run_calibration
+
+    with console.status("calibrating") as status:
+        report = run_calibration(cfg, progress=lambda m: status.update(f"calibrating: {m}"))
+    t = Table(title=f"TOPLOC calibration on {cfg.model} (k={cfg.k}, chunk={cfg.chunk})")
+    t.add_column("scenario", no_wrap=True)
+    for col in ("rollouts", "chunks", "exp_mism p50/max", "mant_mean p50/max", "mant_median p50/max",
+                "TOPLOC fail dflt", "TOPLOC fail rec", "sampling fail dflt", "max |dlogp|", "logprob fail rec",
+                "any fail rec"):
+        t.add_column(col, justify="right")
+    for s in report.scenarios:
+        r = s.summary()
+        t.add_row(r["scenario"], str(r["rollouts"]), str(r["chunks"]), f"{_fmt(r['exp_p50'])}/{_fmt(r['exp_max'])}",
+                  f"{_fmt(r['mean_p50'])}/{_fmt(r['mean_max'])}", f"{_fmt(r['median_p50'])}/{_fmt(r['median_max'])}",
+                  f"{r['toploc_fail_rate']:.0%}", f"{report.detection_recommended[s.name]:.0%}",
+                  f"{r['sampling_fail_rate']:.0%}", _fmt(r["logprob_diff_max"]),
+                  f"{report.logprob_detection_recommended[s.name]:.0%}", f"{report.any_detection_recommended[s.name]:.0%}")
+    from rich.console import Console
+
+    out = Console(width=250)
+    out.print(t)
+    rec = report.recommended
+    out.print("fail columns: share of rollouts rejected (dflt: configured thresholds, rec: recommended ones); "
+              "exp/mant columns: per-chunk distributions")
+    out.print(f"recommended thresholds (honest max x {cfg.margin} + slack): "
+              f"max_exp_mismatches={rec.max_exp_mismatches}, max_mant_err_mean={rec.max_mant_err_mean}, "
+              f"max_mant_err_median={rec.max_mant_err_median}; sampling max_logprob_diff="
+              f"{report.recommended_logprob_diff}")
+    out.print("honest recomputation measured here only: a GPU worker / validator pair adds kernel noise, so "
+              "calibrate on that pair before tightening the published defaults")
+    if report.overlaps:
+        out.print(f"[yellow]some tampered chunks look honest under the recommended thresholds:[/yellow] "
+                  f"{', '.join(report.overlaps)}")
+
+
+@app.command("verify")
+def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
+           rollouts: Annotated[Optional[Path], typer.Option("--rollouts", "-r", help="Rollout parquet file.")] = None,
+           config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Verify the TOPLOC proofs (and sampling) of every row of a rollout file; exit 1 if any fails."""
+    cfg = resolve(VerifyFileConfig, config, set_, opt("model", model) + opt("rollouts", rollouts), print_config)
+    if not cfg.model or not cfg.rollouts:
+        console.print("[red]error:[/red] --model and --rollouts are required")
+        raise typer.Exit(2)
+    from swarmrl.models.io import load_model, load_tokenizer
+    from swarmrl.rl.rollouts import RolloutError, read_rollouts
+    from swarmrl.toploc.rollout import verify_rows
+
+    try:
+        rows = read_rollouts(cfg.rollouts)
+    except RolloutError as e:
+        console.print(f"[red]rejected:[/red] {e}")
+        raise typer.Exit(1) from None
+    m = load_model(cfg.model, dtype=cfg.dtype)
+    eos = load_tokenizer(cfg.model).eos_token_id
+    res = verify_rows(m, rows, eos, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                      check_sampling=cfg.check_sampling, chunk=cfg.chunk, k=cfg.k, thresholds=cfg.thresholds,
+                      sampling_thresholds=cfg.sampling, batch_size=cfg.batch_size)
+    bad = 0
+    for i, r in enumerate(res):
+        if not r.passed:
+            bad += 1
+            typer.echo(f"row {i}: FAIL: {r.reason}")
+    typer.echo(f"{len(res) - bad}/{len(res)} rows passed")
+    raise typer.Exit(1 if bad else 0)
+
+
+def _load_hidden(path: Path, key: str):
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:
+        console.print(f"[red]error:[/red] cannot read {path}: {e}")
+        raise typer.Exit(2) from None
+    if key not in tensors or tensors[key].dim() != 2:
+        console.print(f"[red]error:[/red] {path} has no 2-D tensor {key!r} (found {sorted(tensors)})")
+        raise typer.Exit(2)
+    return tensors[key]
+
+
+@app.command("prove")
+def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
+          out: Annotated[Path, typer.Option("--out", "-o", help="Write one base64 proof per line here.")],
+          key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
+          chunk: int = 32, k: int = 128) -> None:
+    """Build TOPLOC proofs for the last hidden states stored in a safetensors file."""
+    from swarmrl.toploc.proof import build_proofs, proof_to_b64
+
+    proofs = build_proofs(_load_hidden(hidden, key), chunk=chunk, k=k)
+    out.write_text("".join(proof_to_b64(p) + "\n" for p in proofs), encoding="ascii")
+    console.print(f"wrote {len(proofs)} proofs to {out}")
+
+
+@app.command("check")
+def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
+          proofs: Annotated[Path, typer.Option("--proofs", help="One base64 proof per line.")],
+          key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
+          chunk: int = 32, k: int = 128, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Check base64 proofs against hidden states (thresholds via --config/--set); exit 1 if a chunk fails."""
+    from swarmrl.toploc.verify import verify_proofs
+
+    th = resolve(Thresholds, config, set_)
+    h = _load_hidden(hidden, key)
+    try:
+        lines = proofs.read_text(encoding="ascii", errors="replace").split()
+    except OSError as e:
+        console.print(f"[red]error:[/red] cannot read {proofs}: {e}")
+        raise typer.Exit(2) from None
+    from swarmrl.toploc.proof import ProofError, proof_from_b64
+
+    raw: list[object] = []
+    b64_errors: dict[int, str] = {}
+    for i, line in enumerate(lines):
+        try:
+            raw.append(proof_from_b64(line, k))
+        except ProofError as e:
+            raw.append(None)  # rejected by the verifier; the base64 reason replaces its message below
+            b64_errors[i] = f"proof {i} rejected: {e}"
+    checks = verify_proofs(h, raw, chunk=chunk, k=k, thresholds=th)
+    for c in checks:
+        if c.index in b64_errors and len(raw) == len(checks):
+            c.reason = b64_errors[c.index]
+    for c in checks:
+        metrics = "" if c.exp_mismatches < 0 else (f" exp_mismatches={c.exp_mismatches} mant_err_mean="
+                                                   f"{_fmt(c.mant_err_mean)} mant_err_median={_fmt(c.mant_err_median)}")
+        typer.echo(f"chunk {c.index}: {'ok' if c.passed else 'FAIL'}{metrics}" + (f" ({c.reason})" if c.reason else ""))
+    bad = sum(not c.passed for c in checks)
+    typer.echo(f"{len(checks) - bad}/{len(checks)} chunks passed")
+    raise typer.Exit(1 if bad else 0)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="toploc")

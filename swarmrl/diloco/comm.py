@@ -1,0 +1,189 @@
+"""Communication backends for DiLoCo on existing engines.
+
+* ``TorchDistributedAverager``: a fixed group over ``torch.distributed`` (gloo on CPU, NCCL on GPU),
+  rendezvous over TCP (torchrun-style MASTER_ADDR/MASTER_PORT). If a peer dies the next collective
+  fails and the run stops: a fixed group cannot shrink.
+* ``HivemindAverager``: elastic, decentralized averaging over a hivemind DHT
+  (``hivemind.averaging.DecentralizedAverager``). Each round a worker looks for a group for a
+  bounded time; peers that left are simply absent from the group, and a worker that finds nobody
+  goes on with its own pseudo-gradient instead of stalling. A joining worker downloads the current
+  outer state (anchor parameters, momentum, round) from a peer. hivemind is an optional extra and
+  is imported lazily. hivemind's all-reduce hands every peer ``local + (mean - local)`` with the
+  delta sent through the wire compression, so group members agree to rounding (not bit for bit);
+  with fp16 the difference is of the order of fp16 rounding of the delta.
+
+Both count ``bytes_sent``: the bytes this worker hands to the all-reduce (numel x wire element size
+per round). The real wire traffic of a ring/butterfly all-reduce is about 2(W-1)/W times that.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+
+from swarmrl.diloco.outer import WireDtype, compress, decompress, wire_bytes
+
+__all__ = ["AverageResult", "Averager", "TorchDistributedAverager", "HivemindAverager", "hivemind_available",
+           "HIVEMIND_MISSING"]
+
+HIVEMIND_MISSING = ("hivemind is not installed; install the optional extra: pip install 'swarmrl[hivemind]' "
+                    "(hivemind==1.1.12 ships its p2pd binary in the wheel)")
+
+
+def hivemind_available() -> bool:
+    try:
+        import hivemind  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class AverageResult:
+    tensor: torch.Tensor  # the group mean, fp32 CPU
+    group_size: int  # how many workers took part (1 = no averaging happened)
+    peer_rounds: list[int] | None = None  # hivemind: the round number each group member reported
+
+
+class Averager(Protocol):
+    bytes_sent: int
+    rounds: int
+
+    def average(self, flat: torch.Tensor) -> AverageResult: ...
+
+    def close(self) -> None: ...
+
+
+class TorchDistributedAverager:
+    """Mean over a fixed ``torch.distributed`` process group; optional fp16/bf16 on the wire."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
+                 backend: str = "auto", wire: WireDtype = "fp32", timeout_s: float = 120.0,
+                 device: str = "cpu") -> None:
+        import torch.distributed as dist
+
+        if backend == "auto":
+            backend = "nccl" if device.startswith("cuda") else "gloo"
+        self.rank, self.world_size, self.backend, self.wire = rank, world_size, backend, wire
+        self.device = torch.device(device if backend == "nccl" else "cpu")
+        self.bytes_sent = 0
+        self.rounds = 0
+        self._dist = dist
+        dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+
+    def average(self, flat: torch.Tensor) -> AverageResult:
+        # divide first, then SUM: the wire dtype never holds W times the value (fp16 range)
+        t = compress(flat.float() / self.world_size, self.wire).to(self.device)
+        self.bytes_sent += t.numel() * t.element_size()
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)
+        self.rounds += 1
+        return AverageResult(decompress(t.cpu()), self.world_size)
+
+    def broadcast(self, flat: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Everyone gets ``src``'s fp32 vector (start-of-run sync; not counted as round traffic)."""
+        t = flat.float().clone().to(self.device)
+        self._dist.broadcast(t, src=src)
+        return t.cpu()
+
+    def barrier(self) -> None:
+        self._dist.barrier()
+
+    def close(self) -> None:
+        if self._dist.is_initialized():
+            self._dist.destroy_process_group()
+
+
+class HivemindAverager:
+    """Elastic averaging of a flat vector over a hivemind DHT.
+
+    ``state_fn`` returns ``(metadata, [tensors])`` for peers that join and call
+    ``load_state_from_peers``; it runs in a background thread of this process.
+    """
+
+    def __init__(self, numel: int, initial_peers: list[str], prefix: str = "swarmrl_diloco",
+                 wire: WireDtype = "fp32", target_group_size: int | None = None, min_group_size: int = 2,
+                 matchmaking_time: float = 3.0, round_timeout: float = 30.0,
+                 state_fn: Callable[[], tuple[dict, list[torch.Tensor]]] | None = None,
+                 host: str = "127.0.0.1") -> None:
+        try:
+            import hivemind
+            from hivemind.compression import Float16Compression, NoCompression
+        except ImportError as e:
+            raise RuntimeError(HIVEMIND_MISSING) from e
+        import multiprocessing
+
+        # hivemind runs its averager as a forked child process; a process that was itself spawned
+        # (spawn start method) would try to pickle it and fail.
+        if multiprocessing.get_start_method(allow_none=True) != "fork":
+            multiprocessing.set_start_method("fork", force=True)
+        if wire == "fp16":
+            compression = Float16Compression()
+        elif wire == "fp32":
+            compression = NoCompression()
+        else:
+            raise ValueError(f"hivemind backend supports wire fp32 or fp16, not {wire!r}")
+        self.wire, self.round_timeout = wire, round_timeout
+        self.bytes_sent = 0
+        self.rounds = 0
+        self.solo_rounds = 0
+        self._lock = threading.Lock()
+        self._state_fn = state_fn
+        self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{host}/tcp/0"], start=True)
+        outer_self = self
+
+        class _Averager(hivemind.averaging.DecentralizedAverager):
+            def get_current_state(self):  # runs in our process (background thread)
+                if outer_self._state_fn is None:
+                    return super().get_current_state()
+                with outer_self._lock:
+                    meta, tensors = outer_self._state_fn()
+                    return meta, [t.detach().cpu().clone() for t in tensors]
+
+        self._avg = _Averager([torch.zeros(numel)], dht=self.dht, prefix=prefix, start=True,
+                              target_group_size=target_group_size, min_group_size=min_group_size,
+                              min_matchmaking_time=matchmaking_time, request_timeout=min(1.0, matchmaking_time / 2),
+                              compression=compression, state_compression=NoCompression(),
+                              allow_state_sharing=state_fn is not None, declare_state_period=5.0)
+
+    def visible_maddrs(self) -> list[str]:
+        return [str(a) for a in self.dht.get_visible_maddrs()]
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Hold while changing what ``state_fn`` returns, so a peer never downloads a half-updated state."""
+        return self._lock
+
+    def average(self, flat: torch.Tensor, round_no: int = 0) -> AverageResult:
+        with self._avg.get_tensors() as ts:
+            ts[0].copy_(flat.float())
+        try:
+            group = self._avg.step(gather=int(round_no), timeout=self.round_timeout)
+        except Exception:  # no group formed in time, or a peer vanished mid-all-reduce
+            group = None
+        self.rounds += 1
+        if not group or len(group) < 2:
+            self.solo_rounds += 1
+            return AverageResult(flat.float().clone(), 1)
+        self.bytes_sent += wire_bytes(flat.numel(), self.wire)
+        with self._avg.get_tensors() as ts:
+            out = ts[0].clone()
+        rounds = [int(v) for v in group.values() if isinstance(v, int)]
+        return AverageResult(out, len(group), rounds)
+
+    def load_state_from_peers(self, timeout: float = 30.0) -> tuple[Any, list[torch.Tensor]] | None:
+        res = self._avg.load_state_from_peers(timeout=timeout)
+        if res is None:
+            return None
+        meta, tensors = res
+        return meta, list(tensors)
+
+    def close(self) -> None:
+        try:
+            self._avg.shutdown()
+        finally:
+            self.dht.shutdown()

@@ -1,0 +1,78 @@
+"""Settings of a DiLoCo (or DDP baseline) run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from swarmrl.config import StrictModel
+from swarmrl.envs.config import TaskConfig
+from swarmrl.models.tiny import ModelInitConfig
+
+
+def _small_model() -> ModelInitConfig:
+    return ModelInitConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
+                           max_position_embeddings=128)
+
+
+class HivemindConfig(StrictModel):
+    initial_peers: list[str] = Field(default_factory=list)  # multiaddrs; empty: rank 0 bootstraps the DHT
+    prefix: str = "swarmrl_diloco"
+    min_group_size: int = Field(2, ge=1)
+    matchmaking_time: float = Field(2.0, gt=0)
+    round_timeout: float = Field(20.0, gt=0)  # longest wait for a group before going on alone
+    join: bool = False  # load the current outer state from a peer before training (a late joiner)
+    leave_after_rounds: int | None = Field(None, ge=1)  # leave the swarm after this many rounds (tests)
+    peers_file_timeout: float = Field(60.0, gt=0)
+
+
+class DilocoConfig(StrictModel):
+    init: ModelInitConfig = Field(default_factory=_small_model)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    out: str = "runs/diloco"
+    mode: Literal["diloco", "ddp"] = "diloco"  # ddp: all-reduce gradients every inner step
+    backend: Literal["torch", "hivemind"] = "torch"
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    workers: int = Field(2, ge=1, le=64)
+    device: str = "cpu"
+    # inner optimisation (per worker), as in OpenDiLoCo
+    total_steps: int = Field(2000, ge=1)  # inner steps per worker
+    inner_steps: int = Field(500, ge=1)  # H: inner steps between outer syncs
+    batch_size: int = Field(16, ge=1)  # sequences per worker per step
+    seq_len: int = Field(64, ge=8)
+    inner_lr: float = Field(4e-4, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = Field(100, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    grad_clip: float = Field(1.0, gt=0)
+    # outer optimisation
+    outer_lr: float = Field(0.7, gt=0)
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    wire: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of what is all-reduced
+    # evaluation / logging
+    eval_every: int | None = Field(None, ge=1)  # steps; None: at every outer sync (every H steps)
+    eval_seqs: int = Field(32, ge=1)
+    log_every: int = Field(10, ge=1)
+    save_final_params: bool = False  # write OUT/worker{R}.params.pt (flat fp32 vector), e.g. for tests
+    threads: int = Field(1, ge=1)
+    seed: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = Field(None, ge=1024, le=65535)  # None: pick a free port
+    timeout_s: float = Field(600.0, gt=0)  # whole-run limit for the launcher
+    hivemind: HivemindConfig = Field(default_factory=HivemindConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "DilocoConfig":
+        if self.mode == "ddp" and self.backend != "torch":
+            raise ValueError("mode 'ddp' needs backend 'torch' (a fixed group all-reducing every step)")
+        if self.init.max_position_embeddings < self.seq_len:
+            raise ValueError("init.max_position_embeddings must be >= seq_len")
+        if self.backend == "hivemind" and self.wire == "bf16":
+            raise ValueError("the hivemind backend supports wire fp32 or fp16")
+        return self
+
+    @property
+    def eval_interval(self) -> int:
+        return self.eval_every or self.inner_steps

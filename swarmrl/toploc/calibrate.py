@@ -1,0 +1,321 @@
+"""Calibrating TOPLOC thresholds on a model: honest recomputation vs tampered work.
+
+An honest worker samples a batch with ``generate(capture_hidden=True)`` (KV-cache decoding) and
+commits to the captured states. Honest variants verify those proofs with one prefill under different
+batch sizes / padding, thread counts, and proofs from a worker that sampled each prompt alone.
+Tampered variants have the worker use another model, a perturbed copy, fp16 / bf16 weights, int8-style
+quantised weights, a changed prompt, or change one completion token after sampling. For each variant
+we collect per-chunk (exp_mismatches, mant_err_mean, mant_err_median), rollout-level TOPLOC and
+sampling-check verdicts, and recommend thresholds from the honest maxima with a margin.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from swarmrl.config import StrictModel
+from swarmrl.envs.config import TaskConfig
+from swarmrl.inference.prompts import encode_prompt
+from swarmrl.inference.sampler import SamplingParams, generate
+from swarmrl.toploc.proof import build_proofs
+from swarmrl.toploc.rollout import verify_rollouts
+from swarmrl.toploc.sampling_check import SamplingClaim, SamplingThresholds
+from swarmrl.toploc.verify import Thresholds
+
+__all__ = ["CalibrateConfig", "ScenarioResult", "CalibrationReport", "run_calibration", "perturb_weights",
+           "quantize_int8", "reinit_model", "change_token"]
+
+
+class CalibrateConfig(StrictModel):
+    model: str = ""  # HF model directory (required)
+    dtype: str = "float32"
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    n_prompts: int = Field(16, ge=1)
+    max_new_tokens: int = Field(96, ge=2)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    chunk: int = Field(32, ge=1)
+    k: int = Field(128, ge=1)
+    seed: int = 0
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 3, 16])
+    threads: list[int] = Field(default_factory=lambda: [1, 2])
+    perturb_scale: float = Field(0.01, gt=0)  # relative std of the noise added to every weight
+    change_position: int = Field(4, ge=0)  # completion token changed in the "changed token" scenario
+    margin: float = Field(2.0, ge=1)  # recommended threshold = honest max * margin + slack
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    sampling: SamplingThresholds = Field(default_factory=SamplingThresholds)
+    metrics: str | None = None  # JSONL file for per-scenario results
+
+
+# ----------------------------------------------------------------------------------------------
+# tampering helpers
+
+
+@torch.no_grad()
+def perturb_weights(model: torch.nn.Module, scale: float, seed: int = 0) -> torch.nn.Module:
+    """A copy with every parameter + N(0, (scale * std(param))^2) noise."""
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    for p in m.parameters():
+        std = float(p.float().std()) if p.numel() > 1 else 1.0
+        p.add_((torch.randn(p.shape, generator=g) * scale * (std or 1.0)).to(p.dtype))
+    return m
+
+
+@torch.no_grad()
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy with every 2-D weight quantised to int8 per output row (symmetric) and dequantised."""
+    m = copy.deepcopy(model)
+    for p in m.parameters():
+        if p.dim() == 2:
+            w = p.float()
+            s = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+            p.copy_((torch.round(w / s).clamp(-127, 127) * s).to(p.dtype))
+    return m
+
+
+def reinit_model(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Another model of the same architecture (fresh init with another seed)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
+    m.eval()
+    return m
+
+
+def change_token(ids: list[int], pos: int, vocab: int, avoid: set[int], rng: random.Random) -> list[int]:
+    out = list(ids)
+    pos = min(pos, len(out) - 1)
+    while True:
+        t = rng.randrange(vocab)
+        if t != out[pos] and t not in avoid:
+            out[pos] = t
+            return out
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    honest: bool
+    exp: list[int] = field(default_factory=list)
+    mean: list[float] = field(default_factory=list)
+    median: list[float] = field(default_factory=list)
+    rollout_toploc_fail: list[bool] = field(default_factory=list)
+    rollout_sampling_fail: list[bool] = field(default_factory=list)
+    logprob_diff: list[float] = field(default_factory=list)
+    chunk_pass: list[bool] = field(default_factory=list)
+    per_rollout: list[list[tuple[int, float, float]]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        def q(v: list[float], f: float) -> float:
+            return float(np.quantile(np.array(v, dtype=np.float64), f)) if v else float("nan")
+
+        n = len(self.rollout_toploc_fail)
+        return {
+            "scenario": self.name, "honest": self.honest, "chunks": len(self.exp), "rollouts": n,
+            "exp_p50": q(self.exp, 0.5), "exp_min": q(self.exp, 0), "exp_max": q(self.exp, 1),
+            "mean_p50": q(self.mean, 0.5), "mean_min": q(self.mean, 0), "mean_max": q(self.mean, 1),
+            "median_p50": q(self.median, 0.5), "median_min": q(self.median, 0), "median_max": q(self.median, 1),
+            "chunk_fail_rate": 1 - (sum(self.chunk_pass) / len(self.chunk_pass)) if self.chunk_pass else float("nan"),
+            "toploc_fail_rate": sum(self.rollout_toploc_fail) / n if n else float("nan"),
+            "sampling_fail_rate": sum(self.rollout_sampling_fail) / n if n else float("nan"),
+            "any_fail_rate": sum(a or b for a, b in zip(self.rollout_toploc_fail, self.rollout_sampling_fail)) / n
+            if n else float("nan"),
+            "logprob_diff_max": max(self.logprob_diff) if self.logprob_diff else float("nan"),
+        }
+
+
+@dataclass
+class CalibrationReport:
+    scenarios: list[ScenarioResult]
+    recommended: Thresholds
+    recommended_logprob_diff: float
+    overlaps: list[str]
+    detection_recommended: dict[str, float]  # share of rollouts failing TOPLOC with the recommended thresholds
+    logprob_detection_recommended: dict[str, float] = field(default_factory=dict)  # claimed-logprob check
+    any_detection_recommended: dict[str, float] = field(default_factory=dict)  # either of the two
+
+    def rows(self) -> list[dict]:
+        return [s.summary() for s in self.scenarios]
+
+
+def _recommend(honest: list[ScenarioResult], margin: float) -> Thresholds:
+    exp = max((max(s.exp) for s in honest if s.exp), default=0)
+    mean = max((max(s.mean) for s in honest if s.mean), default=0.0)
+    med = max((max(s.median) for s in honest if s.median), default=0.0)
+    return Thresholds(max_exp_mismatches=int(math.ceil(exp * margin)) + 2,
+                      max_mant_err_mean=round(mean * margin + 1.0, 3),
+                      max_mant_err_median=float(math.ceil(med * margin)) + 1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+
+
+def _sample(model, prompts, cfg: CalibrateConfig, tok, seed: int, batch: int | None = None):
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+    g = torch.Generator().manual_seed(seed)
+    if batch is None:
+        return generate(model, prompts, params, tok.eos_token_id, tok.pad_token_id, capture_hidden=True, generator=g)
+    outs = [generate(model, prompts[i: i + batch], params, tok.eos_token_id, tok.pad_token_id, capture_hidden=True,
+                     generator=g) for i in range(0, len(prompts), batch)]
+    o = outs[0]
+    for x in outs[1:]:
+        o.prompt_ids += x.prompt_ids
+        o.completion_ids += x.completion_ids
+        o.logprobs += x.logprobs
+        o.finished += x.finished
+        o.hidden += x.hidden
+    return o
+
+
+def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None = None) -> CalibrationReport:
+    from swarmrl.models.io import load_model, load_tokenizer
+
+    say = progress or (lambda _m: None)
+    if not cfg.model:
+        raise ValueError("model is required (a HF model directory)")
+    model = load_model(cfg.model, dtype=cfg.dtype)
+    tok = load_tokenizer(cfg.model)
+    vocab = model.get_input_embeddings().num_embeddings
+    env = cfg.task.build()
+    tasks = env.sample(cfg.seed, cfg.n_prompts)
+    prompts = [encode_prompt(tok, t.prompt) for t in tasks]
+    eos = tok.eos_token_id
+    rng = random.Random(cfg.seed)
+    threads0 = torch.get_num_threads()
+
+    def claims(out) -> list[SamplingClaim]:
+        return [SamplingClaim(eos_id=eos, temperature=cfg.temperature, top_p=cfg.top_p, logprobs=lp, finished=f,
+                              max_new_tokens=cfg.max_new_tokens) for lp, f in zip(out.logprobs, out.finished)]
+
+    def check(name: str, honest: bool, prompt_ids, completions, proofs, cls, batch_size: int = 4,
+              threads: int | None = None, shuffle: bool = False) -> ScenarioResult:
+        say(name)
+        items = list(zip(prompt_ids, completions, proofs, cls))
+        order = list(range(len(items)))
+        if shuffle:
+            rng.shuffle(order)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            res = verify_rollouts(model, [items[i] for i in order], chunk=cfg.chunk, k=cfg.k,
+                                  thresholds=cfg.thresholds, sampling_thresholds=cfg.sampling, batch_size=batch_size)
+        finally:
+            torch.set_num_threads(threads0)
+        r = ScenarioResult(name, honest)
+        for rc in res:
+            r.per_rollout.append([(c.exp_mismatches, c.mant_err_mean, c.mant_err_median) if c.exp_mismatches >= 0
+                                  else (1 << 30, math.inf, math.inf) for c in rc.chunks] or [(1 << 30, math.inf, math.inf)])
+            for c in rc.chunks:
+                if c.exp_mismatches >= 0:
+                    r.exp.append(c.exp_mismatches)
+                    r.mean.append(c.mant_err_mean)
+                    r.median.append(c.mant_err_median)
+                    r.chunk_pass.append(c.passed)
+            r.rollout_toploc_fail.append(not rc.proofs_passed)
+            r.rollout_sampling_fail.append(rc.sampling is not None and not rc.sampling.passed)
+            if rc.sampling is not None:
+                r.logprob_diff.append(rc.sampling.max_logprob_diff)
+        return r
+
+    results: list[ScenarioResult] = []
+    say("honest worker: batched sampling")
+    out = _sample(model, prompts, cfg, tok, cfg.seed)
+    proofs = [build_proofs(h, cfg.chunk, cfg.k) for h in out.hidden]
+    base = (out.prompt_ids, out.completion_ids, proofs, claims(out))
+    for bs in cfg.batch_sizes:
+        results.append(check(f"honest: prefill batch={bs}, shuffled", True, *base, batch_size=bs, shuffle=bs > 1))
+    for th in cfg.threads:
+        results.append(check(f"honest: prefill threads={th}", True, *base, batch_size=4, threads=th))
+    say("honest worker: one prompt at a time")
+    single = _sample(model, prompts, cfg, tok, cfg.seed + 1, batch=1)
+    results.append(check("honest: worker sampled alone", True, single.prompt_ids, single.completion_ids,
+                         [build_proofs(h, cfg.chunk, cfg.k) for h in single.hidden], claims(single)))
+
+    def tampered(name: str, worker: torch.nn.Module) -> None:
+        say(f"tampered worker: {name}")
+        o = _sample(worker, prompts, cfg, tok, cfg.seed + 2)
+        results.append(check(f"tampered: {name}", False, o.prompt_ids, o.completion_ids,
+                             [build_proofs(h.float(), cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
+
+    tampered("another model", reinit_model(model, cfg.seed + 1000))
+    tampered(f"perturbed weights ({cfg.perturb_scale:g})", perturb_weights(model, cfg.perturb_scale, cfg.seed))
+    tampered(f"perturbed weights ({cfg.perturb_scale / 10:g})", perturb_weights(model, cfg.perturb_scale / 10, cfg.seed))
+    dtype = next(model.parameters()).dtype
+    for name, dt in (("fp16 weights", torch.float16), ("bf16 weights", torch.bfloat16)):
+        if dt != dtype:  # the model's own dtype would be an honest control, not tampering
+            tampered(name, copy.deepcopy(model).to(dt))
+    tampered("int8 weights", quantize_int8(model))
+
+    say("tampered worker: changed prompt")
+    changed_prompts = [change_token(p, rng.randrange(len(p)), vocab, {eos, tok.pad_token_id}, rng) for p in prompts]
+    o = _sample(model, changed_prompts, cfg, tok, cfg.seed + 3)
+    results.append(check("tampered: changed prompt token", False, prompts, o.completion_ids,
+                         [build_proofs(h, cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
+    comp = [change_token(c, cfg.change_position, vocab, {eos, tok.pad_token_id}, rng) if len(c) > 1 else c
+            for c in out.completion_ids]
+    results.append(check(f"tampered: completion token {cfg.change_position} changed", False, out.prompt_ids, comp,
+                         proofs, claims(out)))
+
+    honest = [s for s in results if s.honest]
+    rec = _recommend(honest, cfg.margin)
+    lp_honest = max((max(s.logprob_diff) for s in honest if s.logprob_diff), default=0.0)
+    overlaps = []
+    detection: dict[str, float] = {}
+    for s in results:
+        if s.honest:
+            continue
+    for s in results:
+        detection[s.name] = _detect_rate(s, rec)
+        if s.honest:
+            continue
+        if s.exp and min(s.exp) <= rec.max_exp_mismatches and min(s.mean) <= rec.max_mant_err_mean and \
+                min(s.median) <= rec.max_mant_err_median:
+            overlaps.append(s.name)
+    lp_rec = round(lp_honest * cfg.margin + 1e-3, 6)
+    lp_det: dict[str, float] = {}
+    any_det: dict[str, float] = {}
+    for s in results:
+        lp_fail = [d > lp_rec for d in s.logprob_diff]
+        tl_fail = _rollout_fails(s, rec)
+        lp_det[s.name] = sum(lp_fail) / len(lp_fail) if lp_fail else float("nan")
+        any_det[s.name] = sum(a or b for a, b in zip(tl_fail, lp_fail)) / len(tl_fail) if tl_fail else float("nan")
+    report = CalibrationReport(results, rec, lp_rec, overlaps, detection, lp_det, any_det)
+    if cfg.metrics:
+        from swarmrl.utils.metrics import MetricsWriter
+
+        with MetricsWriter(cfg.metrics) as w:
+            for row in report.rows():
+                w.write(kind="toploc_calibration", **row)
+            w.write(kind="toploc_recommended", **rec.model_dump(), max_logprob_diff=report.recommended_logprob_diff)
+            for name in report.detection_recommended:
+                w.write(kind="toploc_detection_recommended", scenario=name,
+                        toploc=report.detection_recommended[name],
+                        logprob=report.logprob_detection_recommended.get(name),
+                        any=report.any_detection_recommended.get(name))
+    return report
+
+
+def _rollout_fails(s: ScenarioResult, th: Thresholds) -> list[bool]:
+    return [any(e > th.max_exp_mismatches or mu > th.max_mant_err_mean or md > th.max_mant_err_median
+                for e, mu, md in chunks) for chunks in s.per_rollout]
+
+
+def _detect_rate(s: ScenarioResult, th: Thresholds) -> float:
+    """Share of this scenario's rollouts with at least one chunk failing thresholds ``th``."""
+    fail = _rollout_fails(s, th)
+    return sum(fail) / len(fail) if fail else float("nan")

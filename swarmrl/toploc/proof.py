@@ -1,0 +1,348 @@
+"""TOPLOC proof math: top-k selection, index modulus, interpolation over GF(65497), encode/decode, eval.
+
+Pure math on tensors/arrays (no model code, no servers). The byte format is the wire contract of
+``shared/specs/toploc-proof-format.md``:
+
+    u16 big-endian m, then k x u16 big-endian coefficients c_0..c_{k-1} (ascending powers)
+
+Everything is vectorised over chunks: top-k uses a block-max prefilter (one pass over the data),
+the interpolation is Newton's divided differences done for all chunks at once with int64 numpy
+ops and a precomputed table of inverses mod p, and evaluation is Horner over [chunks, k] arrays.
+
+Top-k tie rule (documented, deterministic): the k flat indices with the largest |value|, where
+|value| is ordered by the bf16 bit pattern with the sign cleared (so NaN > inf > finite); among
+equal magnitudes the LOWER flat index wins. A verifier never depends on this rule: it takes its own
+top-k and compares values, so ties only matter through the thresholds.
+
+Chunks with fewer than k values (a short last chunk of a small model) commit to all their values;
+the polynomial then has degree < n and the leading coefficients are zero, still 2 + 2k bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "P", "M_MAX", "ProofError", "DecodedProof", "topk_indices", "chunk_bits", "find_modulus", "interpolate",
+    "evaluate", "encode_proof", "encode_many", "proofs_to_b64", "proofs_from_b64", "build_proofs", "proofs_for_sample", "chunk_count", "decode_proof", "proof_to_b64", "proof_from_b64", "proof_len",
+]
+
+P = 65497  # the prime field modulus
+M_MAX = 65497  # largest index modulus
+_BLOCK = 64  # block size of the top-k prefilter
+
+
+class ProofError(ValueError):
+    """An untrusted proof is malformed; the message is the rejection reason."""
+
+
+_INV: np.ndarray | None = None
+
+
+def _inv_table() -> np.ndarray:
+    """inv[a] = a^(p-2) mod p for a in [0, p) (inv[0] = 0), vectorised square-and-multiply."""
+    global _INV
+    if _INV is None:
+        a = np.arange(P, dtype=np.int64)
+        res = np.ones(P, dtype=np.int64)
+        base = a.copy()
+        e = P - 2
+        while e:
+            if e & 1:
+                res = res * base % P
+            base = base * base % P
+            e >>= 1
+        res[0] = 0
+        _INV = res
+    return _INV
+
+
+_INV2: np.ndarray | None = None
+
+
+def _inv_table2() -> np.ndarray:
+    global _INV2
+    if _INV2 is None:
+        _INV2 = np.concatenate([_inv_table(), _inv_table()])
+    return _INV2
+
+
+def proof_len(k: int) -> int:
+    return 2 + 2 * k
+
+
+# ----------------------------------------------------------------------------------------------
+# chunking and top-k
+
+
+def chunk_bits(hidden: torch.Tensor, chunk: int) -> list[torch.Tensor]:
+    """Split [positions, hidden] into row chunks; each as a flat int16 view of its bf16 bits.
+
+    Returns one or two [n_chunks, flat] int16 tensors: all full chunks batched together, and the
+    short last chunk (if any) on its own.
+    """
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [positions, hidden], got shape {tuple(hidden.shape)}")
+    if chunk < 1:
+        raise ValueError("chunk must be >= 1")
+    h = hidden.detach()
+    if h.dtype != torch.bfloat16:
+        h = h.to(torch.bfloat16)
+    h = h.cpu().contiguous()
+    n, d = h.shape
+    bits = h.view(torch.int16)
+    full = n // chunk
+    out = []
+    if full:
+        out.append(bits[: full * chunk].reshape(full, chunk * d))
+    if n % chunk:
+        out.append(bits[full * chunk:].reshape(1, (n % chunk) * d))
+    return out
+
+
+def _exact_topk(mag: np.ndarray, k: int) -> np.ndarray:
+    """Exact top-k with the lower-index tie rule via unique int64 keys. mag: [C, N] int (>= -1)."""
+    n = mag.shape[1]
+    shift = max(1, int(n).bit_length())
+    key = (mag.astype(np.int64) << shift) | (n - 1 - np.arange(n, dtype=np.int64))
+    if k == n:
+        return np.broadcast_to(np.arange(n, dtype=np.int64), key.shape).copy()
+    return np.argpartition(-key, k - 1, axis=1)[:, :k].astype(np.int64)
+
+
+def topk_indices(bits: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
+    """Indices [C, k] (int64, unordered) of the k largest magnitudes per row of bf16 bit patterns [C, N].
+
+    Prefilter: split each row into nb strided groups g_j = {i * nb + j} and take each group's max.
+    The k-th largest group max B_k is a lower bound of the k-th largest value (k distinct elements
+    reach it), so the top-k lies among the elements >= B_k of the groups whose max is >= B_k: typically
+    a few hundred per row. Those are ranked exactly (magnitude, then lower index) with one lexsort for
+    all rows. Single-threaded numpy: one memory-bound pass, immune to thread oversubscription.
+    """
+    b = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
+    c, n = b.shape
+    if k > n:
+        raise ValueError(f"k={k} > {n} values")
+    mag = np.bitwise_and(b, 0x7FFF)
+    if n <= 8 * _BLOCK * k or c == 0:
+        return _exact_topk(mag, k)
+    nb = -(-n // _BLOCK)
+    padded = mag
+    if nb * _BLOCK != n:
+        padded = np.concatenate([mag, np.full((c, nb * _BLOCK - n), -1, dtype=mag.dtype)], axis=1)
+    groups = padded.reshape(c, _BLOCK, nb)  # groups[:, g, j] is flat index g * nb + j
+    gmax = np.maximum.reduce(groups, axis=1)  # [C, nb]: elementwise max of G contiguous rows
+    bk = np.partition(gmax, nb - k, axis=1)[:, nb - k]  # k-th largest group max per row
+    gr, gj = np.nonzero(gmax >= bk[:, None])  # the groups that can hold top-k elements (~k per row)
+    width = nb * _BLOCK
+    flat = (gr * width + gj)[:, None] + np.arange(_BLOCK, dtype=np.int64) * nb  # [groups, G] flat positions
+    vals = padded.reshape(-1)[flat]
+    keep = vals >= bk[gr][:, None]
+    pos = flat[keep]
+    rr, ii = pos // width, pos % width
+    shift = max(1, int(width).bit_length())
+    key = (vals[keep].astype(np.int64) << shift) | (width - 1 - ii)
+    order = np.lexsort((-key, rr))  # by row, then key descending
+    counts = np.bincount(rr, minlength=c)
+    starts = np.cumsum(counts) - counts
+    return ii[order][starts[:, None] + np.arange(k)].astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# modulus, interpolation, evaluation (numpy int64, all chunks at once)
+
+
+def _has_collision(r: np.ndarray) -> np.ndarray:
+    """r: [..., k] residues; True where some row has two equal entries."""
+    s = np.sort(r, axis=-1)
+    return (s[..., 1:] == s[..., :-1]).any(axis=-1)
+
+
+def find_modulus(x: np.ndarray) -> np.ndarray:
+    """Largest m <= 65497 with x mod m pairwise distinct per row. x: [C, k] int64 -> [C] int64."""
+    c, k = x.shape
+    m = np.full(c, M_MAX, dtype=np.int64)
+    bad = np.nonzero(_has_collision(x % M_MAX))[0]
+    start = M_MAX - 1
+    step = 64
+    while bad.size:
+        cands = np.arange(start, max(start - step, 0), -1, dtype=np.int64)  # descending
+        if cands.size == 0 or cands[0] < k:
+            raise ValueError("no index modulus >= k separates these indices")
+        coll = _has_collision(x[bad][:, None, :] % cands[None, :, None])  # [b, step]
+        good = ~coll
+        found = good.any(axis=1)
+        first = good.argmax(axis=1)
+        m[bad[found]] = cands[first[found]]
+        bad = bad[~found]
+        start -= step
+    return m
+
+
+def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients [C, n] (ascending) of the polynomials of degree < n with P(x) = y mod p.
+
+    x: [C, n] pairwise distinct residues in [0, p); y: [C, n] in [0, p). Newton divided
+    differences, then expansion to the monomial basis, vectorised across chunks.
+    """
+    inv2 = _inv_table2()  # inv2[d + p] = 1/d for d in (-p, p): no reduction of differences
+    x = np.asarray(x, dtype=np.int64) % P
+    a = np.asarray(y, dtype=np.int64) % P
+    c, n = x.shape
+    a = a.copy()
+    xp = x + P
+    for j in range(1, n):
+        # (a_i - a_{i-1}) / (x_i - x_{i-j}); |products| < 2^33, numpy's % is non-negative
+        a[:, j:] = (a[:, j:] - a[:, j - 1: n - 1]) * inv2[xp[:, j:] - x[:, : n - j]] % P
+    poly = np.zeros((c, n), dtype=np.int64)
+    poly[:, 0] = a[:, n - 1]
+    negx = -x
+    for i in range(n - 2, -1, -1):
+        # poly <- poly * (X - x_i) + a_i ; only the w = n - i low columns can be non-zero afterwards
+        w = n - i
+        t = poly[:, :w] * negx[:, i: i + 1]
+        t[:, 1:] += poly[:, : w - 1]
+        t[:, 0] += a[:, i]
+        np.remainder(t, P, out=poly[:, :w])
+    return poly
+
+
+def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """P(x) mod p by Horner. coeffs: [C, k] ascending, x: [C, n] -> [C, n]."""
+    coeffs = np.asarray(coeffs, dtype=np.int64)
+    x = np.asarray(x, dtype=np.int64) % P
+    acc = np.zeros(x.shape, dtype=np.int64)
+    for i in range(coeffs.shape[1] - 1, -1, -1):
+        np.multiply(acc, x, out=acc)
+        acc += coeffs[:, i: i + 1]
+        np.remainder(acc, P, out=acc)
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------
+# bytes
+
+
+def encode_proof(m: int, coeffs: np.ndarray) -> bytes:
+    arr = np.empty(1 + len(coeffs), dtype=">u2")
+    arr[0] = m
+    arr[1:] = coeffs
+    return arr.tobytes()
+
+
+def encode_many(m: np.ndarray, coeffs: np.ndarray) -> list[bytes]:
+    arr = np.empty((coeffs.shape[0], 1 + coeffs.shape[1]), dtype=">u2")
+    arr[:, 0] = m
+    arr[:, 1:] = coeffs
+    return [row.tobytes() for row in arr]
+
+
+@dataclass(frozen=True)
+class DecodedProof:
+    m: int
+    coeffs: np.ndarray  # [k] int64
+
+
+def decode_proof(data: object, k: int) -> DecodedProof:
+    """Parse and validate an untrusted proof; raises ProofError with the reason."""
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise ProofError(f"proof is {type(data).__name__}, not bytes")
+    want = proof_len(k)
+    if len(data) != want:
+        raise ProofError(f"proof is {len(data)} bytes, expected exactly {want} for k={k}")
+    if not any(data):
+        raise ProofError("null proof (all bytes zero)")
+    arr = np.frombuffer(data, dtype=">u2").astype(np.int64)
+    m = int(arr[0])
+    if not (1 <= m <= M_MAX):
+        raise ProofError(f"index modulus {m} outside [1, {M_MAX}]")
+    if m < k:
+        raise ProofError(f"index modulus {m} < k={k}")
+    coeffs = arr[1:]
+    big = np.nonzero(coeffs >= P)[0]
+    if big.size:
+        raise ProofError(f"coefficient {int(big[0])} = {int(coeffs[big[0]])} is not < p={P}")
+    return DecodedProof(m, coeffs)
+
+
+def proof_to_b64(proof: bytes) -> str:
+    return base64.b64encode(proof).decode("ascii")
+
+
+def proof_from_b64(text: object, k: int | None = None) -> bytes:
+    """Strict base64 (RFC 4648 alphabet, padding required); raises ProofError on bad input."""
+    if not isinstance(text, (str, bytes)):
+        raise ProofError(f"base64 proof is {type(text).__name__}, not str")
+    if k is not None:
+        want = 4 * -(-proof_len(k) // 3)
+        if len(text) != want:
+            raise ProofError(f"base64 proof is {len(text)} chars, expected {want} for k={k}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProofError(f"invalid base64: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# building proofs
+
+
+def chunk_count(positions: int, chunk: int) -> int:
+    return -(-positions // chunk)
+
+
+def build_proofs(hidden: torch.Tensor, chunk: int = 32, k: int = 128) -> list[bytes]:
+    """One proof (2 + 2k bytes) per chunk of ``chunk`` positions of a [positions, hidden] tensor.
+
+    ``hidden`` is the final-norm hidden state (LM-head input); it is rounded to bf16 if needed.
+    """
+    if not 1 <= k <= M_MAX:
+        raise ValueError(f"k must be in [1, {M_MAX}]")
+    proofs: list[bytes] = []
+    for bits in chunk_bits(hidden, chunk):
+        c, n = bits.shape
+        ke = min(k, n)
+        x = topk_indices(bits, ke)
+        y = np.take_along_axis(bits.numpy(), x, axis=1).astype(np.int64) & 0xFFFF
+        m = find_modulus(x)
+        coeffs = interpolate(x % m[:, None], y % P)
+        if ke < k:
+            coeffs = np.concatenate([coeffs, np.zeros((c, k - ke), dtype=np.int64)], axis=1)
+        proofs.extend(encode_many(m, coeffs))
+    return proofs
+
+
+def proofs_for_sample(hidden_states: torch.Tensor, chunk: int = 32, k: int = 128) -> list[bytes]:
+    """Proofs for one sampled completion: ``SampleOutput.hidden[i]`` ([len(completion), hidden] bf16).
+
+    This is what an inference worker stores in the rollouts' ``proofs`` column.
+    """
+    if hidden_states.shape[0] == 0:
+        return []
+    return build_proofs(hidden_states, chunk=chunk, k=k)
+
+
+def proofs_to_b64(proofs: list[bytes]) -> list[str]:
+    return [proof_to_b64(p) for p in proofs]
+
+
+def proofs_from_b64(texts: object, k: int = 128, max_proofs: int = 1 << 16) -> list[bytes]:
+    """Decode a list of base64 proofs (untrusted); raises ProofError naming the bad entry."""
+    if not isinstance(texts, (list, tuple)):
+        raise ProofError(f"proofs must be a list of base64 strings, got {type(texts).__name__}")
+    if len(texts) > max_proofs:
+        raise ProofError(f"{len(texts)} proofs is over the {max_proofs} limit")
+    out = []
+    for i, t in enumerate(texts):
+        try:
+            out.append(proof_from_b64(t, k))
+        except ProofError as e:
+            raise ProofError(f"proof {i}: {e}") from None
+    return out

@@ -1,0 +1,167 @@
+"""Verifying a rollout: ONE prefill over prompt + completion recomputes every decode state and logit.
+
+The state committed for completion token i is the LM-head input at sequence position
+len(prompt) - 1 + i (what the sampler captures during decoding). A prefill over prompt + completion[:-1]
+yields all of them at once as its last len(completion) positions; the logits there are what the
+sampling check needs. Rows are left-padded with position ids from the attention-mask cumsum, so a
+row's states do not depend on what else is in the batch (up to kernel noise, which the thresholds absorb).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+
+from swarmrl.inference.sampler import _LMHeadInputHook
+from swarmrl.toploc.sampling_check import SamplingCheck, SamplingClaim, SamplingThresholds, check_sampling
+from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs
+
+__all__ = ["Recomputed", "RolloutCheck", "recompute", "verify_rollout", "verify_rollouts", "verify_rows", "claim_from_rollout"]
+
+
+@dataclass
+class Recomputed:
+    hidden: torch.Tensor  # [len(completion), hidden] bf16
+    logits: torch.Tensor  # [len(completion), vocab] float32
+
+
+@dataclass
+class RolloutCheck:
+    passed: bool
+    reason: str | None = None
+    chunks: list[ChunkCheck] = field(default_factory=list)
+    sampling: SamplingCheck | None = None
+
+    @property
+    def proofs_passed(self) -> bool:
+        return bool(self.chunks) and all(c.passed for c in self.chunks)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _input_problem(model: torch.nn.Module, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> str | None:
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(prompt_ids) == 0:
+        return "empty prompt"
+    if len(completion_ids) == 0:
+        return "empty completion"
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and len(prompt_ids) + len(completion_ids) - 1 > max_pos:
+        return f"prompt + completion is {len(prompt_ids) + len(completion_ids)} tokens, over the model's {max_pos}"
+    for name, ids in (("prompt", prompt_ids), ("completion", completion_ids)):
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
+            return f"{name} has a token id outside [0, {vocab})"
+    return None
+
+
+@torch.no_grad()
+def recompute(model: torch.nn.Module, items: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8,
+              pad_id: int | None = None) -> list[Recomputed]:
+    """Decode-position states and logits for each (prompt_ids, completion_ids), one prefill per batch."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    if pad_id is None:
+        pad_id = getattr(model.config, "pad_token_id", None) or 0
+    device = next(model.parameters()).device
+    out: list[Recomputed] = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start: start + batch_size]
+        seqs = [list(p) + list(c)[:-1] for p, c in batch]
+        keep = max(len(c) for _, c in batch)
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        hook = _LMHeadInputHook(model)
+        try:
+            res = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                        use_cache=False, logits_to_keep=keep)
+            hid = hook.last
+        finally:
+            hook.close()
+        if hid is None or hid.shape[1] != keep:
+            raise RuntimeError("could not capture the LM head input for the kept positions")
+        for i, (_, c) in enumerate(batch):
+            n = len(c)
+            out.append(Recomputed(hid[i, keep - n:].to(torch.bfloat16).cpu().contiguous(),
+                                  res.logits[i, keep - n:].float().cpu()))
+    return out
+
+
+def _judge(rec: Recomputed, completion_ids: Sequence[int], proofs: object, chunk: int, k: int,
+           thresholds: Thresholds | None, claim: SamplingClaim | None,
+           sampling_thresholds: SamplingThresholds | None) -> RolloutCheck:
+    chunks = verify_proofs(rec.hidden, proofs, chunk=chunk, k=k, thresholds=thresholds)
+    reasons = []
+    bad = [c for c in chunks if not c.passed]
+    if bad:
+        reasons.append(f"{len(bad)}/{len(chunks)} chunk(s) failed: chunk {bad[0].index}: {bad[0].reason}")
+    samp = None
+    if claim is not None:
+        samp = check_sampling(rec.logits, list(completion_ids), claim, sampling_thresholds)
+        if not samp.passed:
+            reasons.append("sampling: " + "; ".join(samp.reasons))
+    return RolloutCheck(not reasons, "; ".join(reasons) or None, chunks, samp)
+
+
+def verify_rollout(model: torch.nn.Module, prompt_ids: Sequence[int], completion_ids: Sequence[int], proofs: object,
+                   chunk: int = 32, k: int = 128, thresholds: Thresholds | None = None,
+                   claim: SamplingClaim | None = None, sampling_thresholds: SamplingThresholds | None = None
+                   ) -> RolloutCheck:
+    """Recompute the decode states with one prefill and check the (untrusted) proofs and sampling claim."""
+    return verify_rollouts(model, [(prompt_ids, completion_ids, proofs, claim)], chunk=chunk, k=k,
+                           thresholds=thresholds, sampling_thresholds=sampling_thresholds, batch_size=1)[0]
+
+
+def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], chunk: int = 32, k: int = 128,
+                    thresholds: Thresholds | None = None, sampling_thresholds: SamplingThresholds | None = None,
+                    batch_size: int = 8) -> list[RolloutCheck]:
+    """Batched verification; items are (prompt_ids, completion_ids, proofs, claim-or-None).
+
+    Malformed inputs (bad token ids, empty or over-long sequences) are rejected per item with a reason.
+    """
+    results: list[RolloutCheck | None] = [None] * len(items)
+    todo: list[int] = []
+    norm: list[tuple] = []
+    for i, item in enumerate(items):
+        try:
+            if not isinstance(item, (tuple, list)) or len(item) not in (3, 4):
+                raise ValueError("expected (prompt_ids, completion_ids, proofs[, claim])")
+            prompt_ids, completion_ids = list(item[0]), list(item[1])
+            norm.append((prompt_ids, completion_ids, item[2], item[3] if len(item) == 4 else None))
+            why = _input_problem(model, prompt_ids, completion_ids)
+        except Exception as e:  # hostile item shapes
+            norm.append(((), (), None, None))
+            why = f"malformed rollout: {type(e).__name__}: {e}"
+        if why is not None:
+            results[i] = RolloutCheck(False, why)
+        else:
+            todo.append(i)
+    recs = recompute(model, [(norm[i][0], norm[i][1]) for i in todo], batch_size=batch_size)
+    for i, rec in zip(todo, recs):
+        _, completion_ids, proofs, claim = norm[i]
+        results[i] = _judge(rec, completion_ids, proofs, chunk, k, thresholds, claim, sampling_thresholds)
+    return results  # type: ignore[return-value]
+
+
+def claim_from_rollout(r, eos_id: int, top_p: float = 1.0, max_new_tokens: int | None = None) -> SamplingClaim:
+    """The sampling claim of a ``swarmrl.rl.rollouts.Rollout`` row (top_p / max_new_tokens from the run config)."""
+    return SamplingClaim(eos_id=eos_id, temperature=float(r.temperature), top_p=top_p, logprobs=list(r.logprobs),
+                         finished=bool(r.finished), max_new_tokens=max_new_tokens)
+
+
+def verify_rows(model: torch.nn.Module, rows: Sequence, eos_id: int, top_p: float = 1.0,
+                max_new_tokens: int | None = None, check_sampling: bool = True, chunk: int = 32, k: int = 128,
+                thresholds: Thresholds | None = None, sampling_thresholds: SamplingThresholds | None = None,
+                batch_size: int = 8) -> list[RolloutCheck]:
+    """Verify ``swarmrl.rl.rollouts.Rollout`` rows (proofs + sampling claim from each row)."""
+    items = [(r.prompt_ids, r.completion_ids, r.proofs,
+              claim_from_rollout(r, eos_id, top_p, max_new_tokens) if check_sampling else None) for r in rows]
+    return verify_rollouts(model, items, chunk=chunk, k=k, thresholds=thresholds,
+                           sampling_thresholds=sampling_thresholds, batch_size=batch_size)

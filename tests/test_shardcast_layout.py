@@ -1,0 +1,114 @@
+"""Layout parsing and manifest signing: strict rejection of untrusted input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarmrl.shardcast.layout import (DistEntry, LayoutError, Manifest, ShardInfo, format_distribution,
+                                      parse_distribution, shard_relpath)
+from swarmrl.shardcast.signing import (SignatureError, generate_key, keygen, load_private_key, load_public_key,
+                                       public_key_hex, sign_manifest, verify_manifest)
+
+H = "ab" * 32
+
+
+def _manifest(version: int = 3) -> Manifest:
+    return Manifest(version=version, size=25, shard_size=10, blake3=H,
+                    shards=(ShardInfo(10, "01" * 32), ShardInfo(10, "02" * 32), ShardInfo(5, "03" * 32)),
+                    filename="model.safetensors", created=1)
+
+
+def test_public_paths_and_distribution_roundtrip():
+    assert shard_relpath(12, 1) == "v12/shard_00001.bin"
+    assert shard_relpath(1, 99999) == "v1/shard_99999.bin"
+    with pytest.raises(LayoutError):
+        shard_relpath(1, 0)
+    entries = [DistEntry(2, H, 3), DistEntry(10, "cd" * 32, 1)]
+    text = format_distribution(entries)
+    assert text == f"v2: {H}|3\nv10: {'cd' * 32}|1\n"
+    assert parse_distribution(text) == entries
+    assert parse_distribution("") == []
+
+
+@pytest.mark.parametrize("bad", [
+    f"v1: {H}",                      # no shard count
+    f"v1: {H.upper()}|3",            # uppercase hex
+    f"v0: {H}|3",                    # version 0
+    f"v1: {H}|0",                    # zero shards
+    f"v2: {H}|1\nv1: {H}|1",         # not ascending
+    f"v1: {H}|1 ; rm -rf /",         # junk
+    "v1: ../../etc|1",
+])
+def test_distribution_rejects_malformed(bad):
+    with pytest.raises(LayoutError):
+        parse_distribution(bad)
+
+
+def test_distribution_size_limit():
+    with pytest.raises(LayoutError):
+        parse_distribution(b"x" * (5 * 1024 * 1024))
+
+
+def test_manifest_sign_verify_roundtrip():
+    key = generate_key()
+    m = _manifest()
+    data = sign_manifest(m, key)
+    assert verify_manifest(data, key.public_key(), expect_version=3) == m
+    assert m.shard_offset(3) == 20
+
+
+def test_forged_and_altered_manifests_rejected():
+    key, attacker = generate_key(), generate_key()
+    m = _manifest()
+    # signed by someone else
+    with pytest.raises(SignatureError):
+        verify_manifest(sign_manifest(m, attacker), key.public_key())
+    # a shard hash rewritten after signing
+    env = json.loads(sign_manifest(m, key))
+    env["manifest"]["shards"][1]["blake3"] = "ff" * 32
+    with pytest.raises(SignatureError):
+        verify_manifest(json.dumps(env).encode(), key.public_key())
+    # a genuine manifest served under another version number (replay)
+    with pytest.raises(SignatureError):
+        verify_manifest(sign_manifest(m, key), key.public_key(), expect_version=4)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda b: b.update(size=26),                       # sizes inconsistent with shards
+    lambda b: b.update(filename="../evil"),
+    lambda b: b.update(extra=1),
+    lambda b: b.update(version=-1),
+    lambda b: b.update(version=1.5),
+    lambda b: b["shards"][0].update(size=9),
+    lambda b: b.update(shards=[]),
+    lambda b: b.update(format="other/1"),
+])
+def test_manifest_schema_checked_even_when_signed(mutate):
+    """A correctly signed but malformed body is still refused (defence in depth)."""
+    key = generate_key()
+    body = _manifest().to_dict()
+    mutate(body)
+    from swarmrl.shardcast.layout import canonical_json
+
+    env = {"manifest": body, "signature": key.sign(canonical_json(body)).hex()}
+    with pytest.raises(LayoutError):
+        verify_manifest(json.dumps(env).encode(), key.public_key())
+
+
+@pytest.mark.parametrize("data", [b"", b"not json", b"[]", b'{"manifest": {}}', b'{"manifest":{},"signature":"zz"}',
+                                  b"{" * 100000, b"[" * 100000])
+def test_garbage_manifest_envelopes_rejected(data):
+    with pytest.raises(LayoutError):
+        verify_manifest(data, generate_key().public_key())
+
+
+def test_key_files(tmp_path):
+    pub = keygen(tmp_path / "o.key")
+    assert load_public_key(tmp_path / "o.key.pub") is not None
+    assert public_key_hex(load_public_key(pub)) == pub
+    assert public_key_hex(load_private_key(tmp_path / "o.key")) == pub
+    assert (tmp_path / "o.key").stat().st_mode & 0o077 == 0
+    with pytest.raises(ValueError):
+        load_public_key("not-a-key")
