@@ -17,6 +17,7 @@ class SwarmSection(StrictModel):
     dead_after_missed: int = Field(20, ge=1)
     validator_poll_s: float = Field(0.2, gt=0)
     logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
+    proofs: bool = True  # nodes attach TOPLOC proofs (swarmrl.toploc) and the validator verifies them
     require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
     max_upload_bytes: int = Field(8 << 20, gt=0)
     assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)

@@ -81,7 +81,9 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
     rl = cfg.rl
     if rl.keep_versions < rl.async_level + 4:  # the validator may lag: keep the versions it still checks
         rl = rl.model_copy(update={"keep_versions": rl.async_level + 4})
-        cfg = cfg.model_copy(update={"rl": rl})
+    if sw.proofs and not rl.workers.proofs:  # honest nodes attach TOPLOC proofs; the validator checks them
+        rl = rl.model_copy(update={"workers": rl.workers.model_copy(update={"proofs": True})})
+    cfg = cfg.model_copy(update={"rl": rl})
     root = Path(rl.run_dir)
     if cfg.fresh and root.exists():
         shutil.rmtree(root)
@@ -157,6 +159,12 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         os.replace(tmp, root / "pids.json")
 
     write_pids()
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # SIGTERM: still stop every child (finally below)
+        def _term(_sig, _frame):  # noqa: ANN001, ANN202
+            raise SystemExit(143)
+        signal.signal(signal.SIGTERM, _term)
     restarts: dict[str, int] = {}
     run = RunDir(root)
     try:
