@@ -148,7 +148,11 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
     t0 = time.monotonic()
     procs: dict[str, subprocess.Popen] = {}
     procs["orchestrator"] = _spawn(orch_args(), logs / "orchestrator.log")
-    _wait_http(url, procs["orchestrator"])
+    try:
+        _wait_http(url, procs["orchestrator"])
+    except BaseException:
+        _kill(procs["orchestrator"])
+        raise
     progress(f"orchestrator on {url}; {sw.nodes} honest nodes, adversaries: {', '.join(sw.adversaries) or 'none'}")
     for name, args in specs.items():
         procs[name] = _spawn(args, logs / f"{name}.log")

@@ -126,9 +126,16 @@ class SwarmNode:
             if stop_file.exists():
                 stop.set()
 
+        import httpx
+
         try:
-            self.register()
-            run_node(self.client, handler=self.handle, stop=stop, on_reply=on_reply)
+            while not stop.is_set():
+                try:
+                    self.register()
+                    run_node(self.client, handler=self.handle, stop=stop, on_reply=on_reply)
+                except httpx.HTTPError as e:  # orchestrator restarting: keep the identity, come back
+                    log.warning("orchestrator unreachable (%s); retrying", e)
+                    stop.wait(1.0)
         except ApiError as e:
             log.error("node %s stopped by the orchestrator: %s", self.node_id, e)
             self.metrics.write(event="stopped", status=e.status, reason=e.detail[:300])
@@ -272,10 +279,20 @@ class SwarmNode:
             return rows
         return None
 
-    def submit(self, a: AssignmentSpec, path: Path):  # noqa: ANN201
-        if self.cfg.adversary == "wrong_key":
-            return self._submit_wrong_key(a.assignment_id, path)
-        return self.client.submit(a.assignment_id, path)
+    def submit(self, a: AssignmentSpec, path: Path, attempts: int = 30):  # noqa: ANN201
+        """Upload; retried while the orchestrator is unreachable (a restart loses nothing, so neither may we)."""
+        import httpx
+
+        for i in range(attempts):
+            try:
+                if self.cfg.adversary == "wrong_key":
+                    return self._submit_wrong_key(a.assignment_id, path)
+                return self.client.submit(a.assignment_id, path)
+            except httpx.TransportError as e:
+                if i == attempts - 1:
+                    raise
+                log.warning("upload of assignment %d failed (%s); retrying", a.assignment_id, e)
+                time.sleep(1.0)
 
     def _submit_wrong_key(self, assignment_id: int, path: Path):  # noqa: ANN202
         """Claim the registered key in the headers but sign with another one."""
