@@ -96,6 +96,9 @@ class ValidatorConfig(StrictModel):
     sampling_check: str = ""  # optional separate module:function(model, row) -> (ok, reason) | .passed/.reason
     logprob_rows: int = Field(4, ge=0)  # rows per submission whose logprobs are recomputed (0: off; needs a model)
     logprob_tolerance: float = Field(1e-3, gt=0)  # max abs difference per token
+    # overrides of swarmrl.toploc SamplingThresholds passed to the TOPLOC check (e.g. {min_token_logprob = -30}):
+    # a slashing decision needs a per-token false-positive bound far below 1/tokens-judged
+    sampling_thresholds: dict[str, float | int] = Field(default_factory=dict)
     require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)

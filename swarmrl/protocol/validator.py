@@ -262,6 +262,10 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
         eos = getattr(ctx.tokenizer, "eos_token_id", None)
         if claim_fn is not None and eos is not None:
             kw["claim"] = claim_fn(r, eos)
+            if cfg.sampling_thresholds:
+                from swarmrl.toploc.sampling_check import SamplingThresholds
+
+                kw["sampling_thresholds"] = SamplingThresholds(**cfg.sampling_thresholds)
         res = fn(model, list(r.prompt_ids), list(r.completion_ids), list(r.proofs), **kw)
         ctx.cache.setdefault("toploc_results", []).append(res)
         return res

@@ -19,6 +19,10 @@ class SwarmSection(StrictModel):
     logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
     proofs: bool = True  # nodes attach TOPLOC proofs (swarmrl.toploc) and the validator verifies them
     require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
+    # TOPLOC sampling check: flag a token only below this logprob. Honest T=1 sampling picks some token of
+    # probability < e^L with chance < V * e^L per token (V = vocab): -30 keeps that ~1e-11 for a byte vocab,
+    # where toploc's default -12 (~1.6e-3 per token) slashed honest nodes within 5 steps in a measured run
+    min_token_logprob: float = Field(-30.0, le=0)
     max_upload_bytes: int = Field(8 << 20, gt=0)
     assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)
     stake: float = Field(100.0, ge=0)
