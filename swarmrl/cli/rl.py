@@ -42,7 +42,10 @@ def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (lette
 @rl_app.command("adapter")
 def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")],
             key: Annotated[Path, typer.Option(help="Trainer private key file.")],
-            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+            shardcast_dir: Annotated[Optional[Path], typer.Option("--shardcast-dir", help="Publish each policy "
+                                     "version through a SHARDCAST origin in this directory.")] = None,
+            shardcast_port: Annotated[int, typer.Option("--shardcast-port", help="Port of that origin.")] = 0) -> None:
     """Swarm mode, trainer side: announce the trainer's step to the orchestrator and fetch accepted rollout
     files into the run directory (the trainer itself runs unchanged)."""
     import logging
@@ -51,7 +54,9 @@ def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from swarmrl.swarm.adapter import AdapterConfig, run_adapter
 
-    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key)))
+    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key),
+                                   shardcast_dir=str(shardcast_dir) if shardcast_dir else "",
+                                   shardcast_port=shardcast_port))
 
 
 def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,

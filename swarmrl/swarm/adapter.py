@@ -35,6 +35,9 @@ class AdapterConfig(StrictModel):
     poll_s: float = Field(0.5, gt=0)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
+    # SHARDCAST origin: publish every committed policy version (as version + 1) and serve it on this port
+    shardcast_dir: str = ""  # "" = off (nodes read the run dir)
+    shardcast_port: int = Field(0, ge=0, le=65535)
 
 
 def usable_groups(rows, cfg: RLConfig) -> int:  # noqa: ANN001
@@ -63,6 +66,20 @@ class TrainerAdapter:
                 if m:
                     self.fetched.add(int(m.group("sid")))
         self.metrics = MetricsWriter(self.run.metrics / "adapter.jsonl")
+        self.origin = None
+        if cfg.shardcast_dir:
+            from swarmrl.shardcast import Origin
+
+            self.origin = Origin(cfg.shardcast_dir, keep=rl.keep_versions)
+            self.origin.serve(port=cfg.shardcast_port)
+
+    def _publish(self, version: int) -> None:
+        from swarmrl.swarm.policy import SHARDCAST_OFFSET
+
+        if self.origin is None or self.origin.last_version() >= version + SHARDCAST_OFFSET:
+            return
+        self.origin.publish_sync(self.run.version_dir(version) / "model.safetensors", version + SHARDCAST_OFFSET)
+        self.metrics.write(event="published", version=version)
 
     def poll_once(self) -> int:
         """One round: announce the step, fetch newly accepted files; returns the number fetched."""
@@ -72,6 +89,7 @@ class TrainerAdapter:
         if latest is None:
             return 0
         if latest != self.announced:
+            self._publish(latest)  # weights first, so nodes can fetch the version they are told to use
             try:
                 self.client.set_step(latest, latest)
             except ApiError as e:
@@ -125,6 +143,8 @@ class TrainerAdapter:
                     stop.wait(self.cfg.poll_s)
         finally:
             self.metrics.close()
+            if self.origin is not None:
+                self.origin.close(wait=False)
 
 
 def run_adapter(rl: RLConfig, cfg: AdapterConfig) -> None:

@@ -129,6 +129,16 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
     vpath.write_text(dump_config(vcfg))
     (root / "swarm.json").write_text(json.dumps({"orchestrator": url, "members": members}, indent=2))
 
+    policy_source = ""
+    adapter_extra: list[str] = []
+    if sw.weights == "shardcast":
+        from swarmrl.shardcast import keygen
+
+        sc_port = free_port()
+        pub = keygen(root / "shardcast.key")  # the adapter's origin signs manifests with it
+        policy_source = f"shardcast:{pub}@http://127.0.0.1:{sc_port}"
+        adapter_extra = ["--shardcast-dir", str(root / "shardcast"), "--shardcast-port", str(sc_port)]
+
     def orch_args() -> list[str]:
         return ["orchestrator", "serve", "--config", str(opath)]
 
@@ -136,13 +146,16 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         m = members[name]
         a = ["node", "run", "--orchestrator", url, "--key", m["key"], "--rl-config", str(rl_path),
              "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}"]
+        if policy_source:
+            a += ["--set", f'policy_source="{policy_source}"']
         if m["adversary"]:
             a += ["--adversary", m["adversary"], "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
         return a
 
     specs: dict[str, list[str]] = {
         "trainer": ["rl", "trainer", "--config", str(rl_path)],
-        "adapter": ["rl", "adapter", "--config", str(rl_path), "--orchestrator", url, "--key", tr_key["key"]],
+        "adapter": ["rl", "adapter", "--config", str(rl_path), "--orchestrator", url, "--key", tr_key["key"],
+                    *adapter_extra],
         "validator": ["validator", "run", "--config", str(vpath)],
         **{name: node_args(name) for name in members},
     }

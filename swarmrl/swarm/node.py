@@ -93,7 +93,8 @@ class SwarmNode:
         self.work.mkdir(parents=True, exist_ok=True)
         self.stop_file = Path(cfg.stop_file or run_dir / "DONE")
         self.tokenizer = load_tokenizer(self.rl.model)
-        self.policy = PolicyModel(make_policy_source(cfg.policy_source or str(run_dir)), self.rl.model)
+        self.policy = PolicyModel(make_policy_source(cfg.policy_source or str(run_dir), self.work / "policy",
+                                                     self.rl.model), self.rl.model)
         if cfg.adversary == "random_model":
             from transformers import AutoModelForCausalLM
 

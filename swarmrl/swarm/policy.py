@@ -54,16 +54,58 @@ class RunDirPolicySource:
         return d
 
 
-def make_policy_source(spec: str) -> PolicySource:
-    """``spec``: a run directory path (``rundir:PATH`` or a bare path). ``shardcast:...`` is reserved for the
-    SHARDCAST-backed source once ``swarmrl.shardcast`` is merged."""
+SHARDCAST_OFFSET = 1  # SHARDCAST versions start at 1: policy version v is published as v + 1
+
+
+class ShardcastPolicySource:
+    """Policy versions fetched through SHARDCAST relays (``swarmrl.shardcast.fetch``: signed manifest, BLAKE3
+    per shard) into ``cache_dir/v{n:06d}/model.safetensors``; config and tokenizer files come from
+    ``base_model_dir`` (they never change during a run). Keeps the newest ``keep`` versions on disk."""
+
+    def __init__(self, servers: list[str], origin_pubkey: str, cache_dir: str | Path, base_model_dir: str | Path,
+                 keep: int = 4) -> None:
+        self.servers, self.origin_pubkey = list(servers), origin_pubkey
+        self.cache = Path(cache_dir)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self.base = Path(base_model_dir)
+        self.keep = keep
+        self._latest: int | None = None
+
+    def latest(self) -> int | None:
+        return self._latest
+
+    def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
+        import shutil
+
+        from swarmrl.shardcast import FetchError, fetch
+
+        d = self.cache / f"v{version:06d}"
+        if (d / "model.safetensors").is_file():
+            return d
+        d.mkdir(parents=True, exist_ok=True)
+        for f in self.base.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".pt", ".bin")):
+                shutil.copy2(f, d / f.name)
+        try:
+            fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version + SHARDCAST_OFFSET,
+                  wait_s=timeout_s)
+        except (FetchError, OSError) as e:
+            raise PolicyUnavailable(f"policy v{version} via SHARDCAST: {e}") from None
+        self._latest = max(version, self._latest or 0)
+        for old in sorted(self.cache.glob("v*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return d
+
+
+def make_policy_source(spec: str, cache_dir: str | Path = "", base_model_dir: str | Path = "") -> PolicySource:
+    """``spec``: a run directory (``rundir:PATH`` or a bare path), or ``shardcast:PUBKEY@URL[,URL...]`` (the origin's
+    public key, hex, and relay/origin URLs; needs ``cache_dir`` and ``base_model_dir``)."""
     kind, sep, rest = spec.partition(":")
     if sep and kind == "shardcast":
-        try:
-            from swarmrl.shardcast import PolicySource as ShardcastSource  # type: ignore[attr-defined]
-        except ImportError as e:
-            raise PolicyUnavailable(f"shardcast policy source needs swarmrl.shardcast: {e}") from None
-        return ShardcastSource(rest)
+        pub, at, urls = rest.partition("@")
+        if not at or not urls:
+            raise ValueError("shardcast policy source: use shardcast:PUBKEY@URL[,URL...]")
+        return ShardcastPolicySource(urls.split(","), pub, cache_dir, base_model_dir)
     if sep and kind == "rundir":
         return RunDirPolicySource(rest)
     return RunDirPolicySource(spec)
