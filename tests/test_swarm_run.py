@@ -71,7 +71,29 @@ def _run_in_thread(cfg):
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
+    _started.append((cfg.rl.run_dir, t))
     return t, out
+
+
+_started: list[tuple[str, threading.Thread]] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftovers():
+    """A failed run must not leave its processes behind (they run in their own sessions)."""
+    yield
+    from pathlib import Path
+
+    while _started:
+        run_dir, t = _started.pop()
+        pids = Path(run_dir) / "pids.json"
+        if t.is_alive() and pids.is_file():  # only a launcher still running owns these pids
+            (Path(pids).parent / "DONE").touch()
+            for pid in json.loads(pids.read_text()).values():
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def _wait(cond, timeout, what):
@@ -149,3 +171,20 @@ def test_swarm_run_toploc_catches_model_and_token_cheats(tiny_model_dir, tmp_pat
     assert not t.is_alive() and "error" not in out, out.get("error")
     _check_report(out["summary"], adversaries,
                   {"random_model": ("toploc:", "sampling:"), "edit_tokens": ("toploc:", "sampling:")})
+
+
+@pytest.mark.timeout(400)
+def test_swarm_run_weights_through_shardcast(tiny_model_dir, tmp_path):
+    """Nodes fetch every policy version through the adapter's SHARDCAST origin (signed manifest, verified
+    shards) instead of reading the run directory."""
+    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=3, weights="shardcast")
+    run_dir = tmp_path / "run"
+    t, out = _run_in_thread(cfg)
+    t.join(timeout=360)
+    assert not t.is_alive() and "error" not in out, out.get("error")
+    assert out["summary"]["steps"] == 3
+    published = [r["version"] for r in read_metrics(run_dir / "metrics" / "adapter.jsonl") if r["event"] == "published"]
+    assert published[:3] == [0, 1, 2]
+    fetched = sorted(p.parent.name for p in (run_dir / "nodes").glob("*/policy/v*/model.safetensors"))
+    assert fetched and "v000000" in fetched
+    _check_report(out["summary"], [])

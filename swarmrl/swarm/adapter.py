@@ -76,7 +76,7 @@ class TrainerAdapter:
     def _publish(self, version: int) -> None:
         from swarmrl.swarm.policy import SHARDCAST_OFFSET
 
-        if self.origin is None or self.origin.last_version() >= version + SHARDCAST_OFFSET:
+        if self.origin is None or self.origin.last_version >= version + SHARDCAST_OFFSET:
             return
         self.origin.publish_sync(self.run.version_dir(version) / "model.safetensors", version + SHARDCAST_OFFSET)
         self.metrics.write(event="published", version=version)
