@@ -186,6 +186,8 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
             if not r.completion_ids:
                 continue
             model = ctx.model(r.policy_version)
+            if not isinstance(model, torch.nn.Module):
+                raise SkipCheck(f"policy v{r.policy_version} is not a torch model here")
             temp = r.temperature if r.temperature > 0 else 1.0
             packed = _pack([Sequence(list(r.prompt_ids), list(r.completion_ids), list(r.logprobs), 0.0, temp)], pad)
             with torch.no_grad():
