@@ -127,7 +127,9 @@ def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
 def check_policy(ctx: CheckContext) -> tuple[bool, str]:
     a, it = ctx.item.assignment, ctx.item
     lo = a.step - it.async_window
-    if it.current_step - a.step > it.async_window:
+    # judged against the step current at VERDICT time: a validator lagging behind the trainer would slash honest
+    # nodes for its own delay, so swarm mode turns this off (late work is harmless: the trainer never uses it)
+    if ctx.cfg.reject_late_steps and it.current_step - a.step > it.async_window:
         return False, f"step {a.step} is older than the async window ({it.async_window}) behind step {it.current_step}"
     for i, r in enumerate(ctx.rows):
         if r.policy_version < lo or r.policy_version > a.step:

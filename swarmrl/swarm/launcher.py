@@ -124,7 +124,8 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
                            model_dir_template=str(root / "policy" / "v{policy_version:06d}"), run_secret=secret,
                            poll_interval_s=sw.validator_poll_s, work_dir=str(root / "validator"),
                            logprob_rows=sw.logprob_rows, require_proofs=sw.require_proofs,
-                           sampling_thresholds={"min_token_logprob": sw.min_token_logprob})
+                           sampling_thresholds={"min_token_logprob": sw.min_token_logprob},
+                           reject_late_steps=False)
     vpath = root / "validator.toml"
     vpath.write_text(dump_config(vcfg))
     (root / "swarm.json").write_text(json.dumps({"orchestrator": url, "members": members}, indent=2))
