@@ -50,15 +50,27 @@ def pubkey(key: Annotated[Path, typer.Option("--key", "-k", help="Private key fi
 def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
              orchestrator: Annotated[Optional[str], typer.Option(help="Orchestrator URL.")] = None,
              key: Annotated[Optional[Path], typer.Option(help="Node private key file.")] = None,
-             max_beats: Annotated[int, typer.Option(help="Stop after this many heartbeats (0: forever).")] = 0
+             rl_config: Annotated[Optional[Path], typer.Option("--rl-config", help="RL config TOML (model, task, "
+                                  "sampling): answer assignments. Without it the node only heartbeats.")] = None,
+             adversary: Annotated[Optional[str], typer.Option(help="Run as a cheating node (demo): random_model, "
+                                  "edit_tokens, forge_rewards, replay, stale_policy, own_tasks, malformed, oversized, "
+                                  "wrong_key.")] = None,
+             max_beats: Annotated[int, typer.Option(help="Membership only: stop after this many heartbeats (0: forever).")] = 0
              ) -> None:
-    """Register (if needed) and keep heartbeating, printing assignments. Membership only for now:
-    the inference worker that answers assignments plugs in through swarmrl.protocol.node.run_node."""
-    cfg = resolve(NodeConfig, config, set_, opt("orchestrator", orchestrator) + opt("key", key), print_config)
+    """A swarm node: register with a measured throughput, heartbeat, and answer assignments (load the assigned
+    policy version, generate the seeded tasks' rollouts, upload them signed)."""
+    from swarmrl.swarm.node import SwarmNodeConfig
+
+    cfg = resolve(SwarmNodeConfig, config, set_, opt("orchestrator", orchestrator) + opt("key", key)
+                  + opt("rl_config", rl_config) + opt("adversary", adversary), print_config)
     if not cfg.key:
         console.print("[red]error:[/red] key: a node key file is required (swarmrl node keygen --out FILE)")
         raise typer.Exit(2)
     _logging()
+    if cfg.rl_config:
+        from swarmrl.swarm.node import run_swarm_node
+
+        raise typer.Exit(run_swarm_node(cfg))
     from swarmrl.protocol.client import NodeClient
     from swarmrl.protocol.node import ensure_registered, run_node
 

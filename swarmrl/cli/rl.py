@@ -39,30 +39,67 @@ def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (lette
     run_worker(cfg, worker_id)
 
 
+@rl_app.command("adapter")
+def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")],
+            key: Annotated[Path, typer.Option(help="Trainer private key file.")],
+            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+            shardcast_dir: Annotated[Optional[Path], typer.Option("--shardcast-dir", help="Publish each policy "
+                                     "version through a SHARDCAST origin in this directory.")] = None,
+            shardcast_port: Annotated[int, typer.Option("--shardcast-port", help="Port of that origin.")] = 0) -> None:
+    """Swarm mode, trainer side: announce the trainer's step to the orchestrator and fetch accepted rollout
+    files into the run directory (the trainer itself runs unchanged)."""
+    import logging
+
+    cfg = resolve(RLConfig, config, set_, print_config=print_config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from swarmrl.swarm.adapter import AdapterConfig, run_adapter
+
+    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key),
+                                   shardcast_dir=str(shardcast_dir) if shardcast_dir else "",
+                                   shardcast_port=shardcast_port))
+
+
 def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
         steps: Annotated[Optional[int], typer.Option(help="Trainer steps.")] = None,
         workers: Annotated[Optional[int], typer.Option(help="Number of inference workers.")] = None,
         async_level: Annotated[Optional[int], typer.Option("--async-level", help="Max policy staleness (0 = sync).")] = None,
-        run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Run directory.")] = None) -> None:
-    """The main job: warm start (if needed), then a trainer and workers on loopback, with live progress."""
+        run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Run directory.")] = None,
+        swarm: Annotated[bool, typer.Option("--swarm", help="Untrusted nodes behind an orchestrator + validator.")] = False,
+        nodes: Annotated[Optional[int], typer.Option(help="Swarm mode: honest nodes.")] = None,
+        adversary: Annotated[Optional[list[str]], typer.Option(help="Swarm mode: add a cheating node of this kind "
+                             "(repeatable; see `swarmrl node run --help`).")] = None) -> None:
+    """The main job: warm start (if needed), then a trainer and workers on loopback, with live progress.
+    With --swarm the workers are untrusted nodes: an orchestrator assigns seeded tasks, a validator checks
+    every upload (slashing cheaters) and the trainer uses accepted work only."""
     from swarmrl.rl.launcher import RunConfig, launch
 
     extra = (opt("rl.steps", steps) + opt("rl.workers.num", workers) + opt("rl.async_level", async_level)
-             + opt("rl.run_dir", run_dir))
+             + opt("rl.run_dir", run_dir) + (["mode=\"swarm\""] if swarm or adversary else [])
+             + opt("swarm.nodes", nodes) + ([f"swarm.adversaries={json.dumps(adversary)}"] if adversary else []))
     default_cfg = Path("configs/run.toml")
     cfg = resolve(RunConfig, config or (default_cfg if default_cfg.is_file() else None), set_, extra, print_config)
     from rich.live import Live
     from rich.table import Table
 
+    swarm_mode = cfg.mode == "swarm"
+    who = (f"{cfg.swarm.nodes} nodes + {len(cfg.swarm.adversaries)} adversaries" if swarm_mode
+           else f"{cfg.rl.workers.num} workers")
+
     def table(s: dict) -> Table:
-        t = Table(title=f"swarmrl run: {cfg.rl.task.name}, {cfg.rl.workers.num} workers, async_level {cfg.rl.async_level}")
-        for col in ("elapsed", "step", "task reward", "held-out acc", "async lag", "gen tok/s", "trainer wait"):
+        t = Table(title=f"swarmrl run: {cfg.rl.task.name}, {who}, async_level {cfg.rl.async_level}")
+        cols = ["elapsed", "step", "task reward", "held-out acc", "async lag", "gen tok/s", "trainer wait"]
+        if swarm_mode:
+            cols += ["accepted", "rejected", "slashed nodes"]
+        for col in cols:
             t.add_column(col, justify="right")
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         acc = "-" if s["heldout_acc"] is None else f"{100 * s['heldout_acc']:.1f}% (from {100 * s['first_acc']:.1f}%)"
-        t.add_row(f"{s['elapsed_s']:.0f}s", f"{s['step']}/{cfg.rl.steps}", f(s["reward"], ".3f"), acc,
-                  f(s["lag"], ".2f"), f(s["tokens_per_s"], ".0f"),
-                  "-" if s["wait_frac"] is None else f"{100 * s['wait_frac']:.0f}%")
+        row = [f"{s['elapsed_s']:.0f}s", f"{s['step']}/{cfg.rl.steps}", f(s["reward"], ".3f"), acc,
+               f(s["lag"], ".2f"), f(s["tokens_per_s"], ".0f"),
+               "-" if s["wait_frac"] is None else f"{100 * s['wait_frac']:.0f}%"]
+        if swarm_mode:
+            row += [str(s.get("accepted", 0)), str(s.get("rejected", 0)), str(s.get("slashed_nodes", 0))]
+        t.add_row(*row)
         return t
 
     with Live(table({"elapsed_s": 0, "step": 0, "reward": None, "heldout_acc": None, "first_acc": None, "lag": None,

@@ -13,9 +13,11 @@ from typing import Any
 from swarmrl.envs import Task, make_env
 
 
-def task_seed(node_id: str, step: int, run_secret: str) -> int:
-    """A 63-bit seed (fits a signed int64 column)."""
-    h = hashlib.blake2b(f"{node_id}|{step}|{run_secret}".encode("utf-8"), digest_size=8).digest()
+def task_seed(node_id: str, step: int, run_secret: str, round: int = 0) -> int:
+    """A 63-bit seed (fits a signed int64 column). ``round`` numbers a node's own assignments at one step
+    (demand-driven assignment hands out several); round 0 keeps the original derivation."""
+    msg = f"{node_id}|{step}|{run_secret}" if round == 0 else f"{node_id}|{step}|{round}|{run_secret}"
+    h = hashlib.blake2b(msg.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(h, "big") >> 1
 
 

@@ -45,6 +45,17 @@ class OrchestratorConfig(StrictModel):
     budget_tiers: list[int] = Field(default_factory=lambda: [64, 128, 256])  # thinking budgets, ascending
     target_step_time_s: float = Field(60.0, gt=0)  # a node's budget tier must fit this time at its throughput
     reassign_per_heartbeat: int = Field(1, ge=0)
+    # demand-driven assignment (swarm RL): > 0 hands a node a new assignment whenever it holds none open, for
+    # the lowest step in [step, step + lookahead] whose usable groups (pending + accepted submissions, plus
+    # tasks_per_node per open assignment) are below groups_per_step * overassign. 0: one per node per step.
+    groups_per_step: int = Field(0, ge=0)
+    overassign: float = Field(1.0, ge=1.0)
+    lookahead: int = Field(0, ge=0)  # capped by async_window: a step is never served with a policy older than that
+    count_tied_groups: bool = False  # True when the trainer keeps groups with equal rewards (filter_ties = false)
+    last_step: int = Field(-1, ge=-1)  # no assignments beyond this step (-1: unbounded)
+    # demand mode: open work older than this goes back to the pool (0: never), and so does an assignment whose
+    # upload was refused as invalid or oversized, so a stalling or broken node cannot starve a step
+    assignment_timeout_s: float = Field(0.0, ge=0)
     shardcast_relays: list[str] = Field(default_factory=list)
     # uploads
     max_upload_bytes: int = Field(64 << 20, gt=0)
@@ -83,6 +94,12 @@ class ValidatorConfig(StrictModel):
     toploc_check: str = "swarmrl.toploc:verify_rollout"  # module:function; skipped (logged) when absent
     sampling_claim: str = "swarmrl.toploc.rollout:claim_from_rollout"  # row -> claim, checked in the TOPLOC prefill
     sampling_check: str = ""  # optional separate module:function(model, row) -> (ok, reason) | .passed/.reason
+    logprob_rows: int = Field(4, ge=0)  # rows per submission whose logprobs are recomputed (0: off; needs a model)
+    logprob_tolerance: float = Field(1e-3, gt=0)  # max abs difference per token
+    # overrides of swarmrl.toploc SamplingThresholds passed to the TOPLOC check (e.g. {min_token_logprob = -30}):
+    # a slashing decision needs a per-token false-positive bound far below 1/tokens-judged
+    sampling_thresholds: dict[str, float | int] = Field(default_factory=dict)
+    reject_late_steps: bool = True  # policy check: reject work for a step older than the window at verdict time
     require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)

@@ -50,12 +50,13 @@ class Assignment(Base):
     n_tasks: Mapped[int] = mapped_column(Integer, nullable=False)
     group_size: Mapped[int] = mapped_column(Integer, nullable=False)
     policy_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    round: Mapped[int] = mapped_column(Integer, nullable=False, default=0)  # k-th own assignment of the node at this step
     target_length: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # open | submitted | orphaned (holder died, waiting for a taker) | reassigned (taken over)
     status: Mapped[str] = mapped_column(String(16), nullable=False)
     parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
-    __table_args__ = (UniqueConstraint("node_id", "origin_node_id", "step", name="uq_assignment_node_step"),
+    __table_args__ = (UniqueConstraint("node_id", "origin_node_id", "step", "round", name="uq_assignment_node_step"),
                       Index("ix_assign_status_step", "status", "step"))
 
 
@@ -68,6 +69,7 @@ class Submission(Base):
     sha256: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
     size: Mapped[int] = mapped_column(BigInteger, nullable=False)
     n_rows: Mapped[int] = mapped_column(Integer, nullable=False)
+    informative: Mapped[int] = mapped_column(Integer, nullable=False, default=0)  # groups the trainer can use (claimed)
     status: Mapped[str] = mapped_column(String(16), nullable=False, index=True)  # pending | accepted | rejected
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     checks: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)

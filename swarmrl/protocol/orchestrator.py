@@ -208,15 +208,15 @@ class Orchestrator:
         tasks = _tasks(a.env, json.dumps(a.env_params or {}, sort_keys=True), a.seed, a.n_tasks)
         return AssignmentSpec(assignment_id=a.id, step=a.step, policy_version=a.policy_version, seed=a.seed, env=a.env,
                               env_params=a.env_params or {}, group_size=a.group_size, target_length=a.target_length,
-                              tasks=list(tasks),
+                              tasks=list(tasks), round=a.round or 0,
                               reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None)
 
     def _new_assignment(self, node: Node, origin: str, seed: int, step: int, pv: int, now: float,
-                        parent: int | None = None) -> Assignment:
+                        parent: int | None = None, round: int = 0) -> Assignment:
         cfg = self.cfg
         a = Assignment(node_id=node.id, origin_node_id=origin, step=step, seed=seed, env=cfg.task.name,
                        env_params=dict(cfg.task.params), n_tasks=cfg.tasks_per_node, group_size=cfg.group_size,
-                       policy_version=pv,
+                       policy_version=pv, round=round,
                        target_length=thinking_budget(node.throughput, cfg.budget_tiers, cfg.tasks_per_node,
                                                      cfg.group_size, cfg.target_step_time_s),
                        status="open", parent_id=parent, created_at=now)
@@ -254,10 +254,21 @@ class Orchestrator:
             s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned")
                       .values(status="open"))
         step, pv = self._state(s)
-        lo = step - cfg.async_window
+        demand = cfg.groups_per_step > 0
+        # demand mode: work for steps the trainer has finished is of no use any more
+        lo = step if demand else step - cfg.async_window
         mine = s.execute(select(Assignment).where(Assignment.node_id == node.id, Assignment.step >= lo)
                          .order_by(Assignment.id)).scalars().all()
-        if not any(a.step == step and a.origin_node_id == node.id for a in mine):
+        if demand:
+            if not any(a.status == "open" for a in mine):
+                m = self._step_in_need(s, step, pv)
+                if m is not None:
+                    rnd = len([a for a in mine if a.step == m and a.origin_node_id == node.id])
+                    a = self._new_assignment(node, node.id, task_seed(node.id, m, cfg.run_secret, rnd), m, pv, now,
+                                             round=rnd)
+                    s.add(a)
+                    mine.append(a)
+        elif not any(a.step == step and a.origin_node_id == node.id for a in mine):
             a = self._new_assignment(node, node.id, task_seed(node.id, step, cfg.run_secret), step, pv, now)
             s.add(a)
             mine.append(a)
@@ -272,7 +283,8 @@ class Orchestrator:
                 self._orphans_hint = False
             for o in taken:
                 o.status = "reassigned"
-                a = self._new_assignment(node, o.origin_node_id, o.seed, o.step, pv, now, parent=o.id)
+                a = self._new_assignment(node, o.origin_node_id, o.seed, o.step, pv, now, parent=o.id,
+                                         round=o.round or 0)
                 s.add(a)
                 mine.append(a)
                 log.info("reassigned assignment %d (node %s) to %s", o.id, o.node_id, node.id)
@@ -281,6 +293,25 @@ class Orchestrator:
         return HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
                               heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(cfg.shardcast_relays),
                               assignments=specs)
+
+    def _step_in_need(self, s, step: int, pv: int) -> int | None:  # noqa: ANN001
+        """Demand mode: the lowest step in [step, step + lookahead] (never ahead of pv + async_window, never
+        past last_step) whose usable groups, counting open work as tasks_per_node each, are short."""
+        from sqlalchemy import func
+
+        cfg = self.cfg
+        need = cfg.groups_per_step * cfg.overassign
+        hi = min(step + cfg.lookahead, pv + cfg.async_window)
+        if cfg.last_step >= 0:
+            hi = min(hi, cfg.last_step)
+        for m in range(step, hi + 1):
+            have = s.execute(select(func.coalesce(func.sum(Submission.informative), 0)).where(
+                Submission.step == m, Submission.status.in_(("pending", "accepted")))).scalar_one()
+            held = s.execute(select(func.count()).select_from(Assignment).where(
+                Assignment.step == m, Assignment.status.in_(("open", "orphaned")))).scalar_one()
+            if int(have) + int(held) * cfg.tasks_per_node < need:
+                return m
+        return None
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Mark nodes that missed ``dead_after_missed`` heartbeats dead, orphan their open work, drop old nonces."""
@@ -296,6 +327,12 @@ class Orchestrator:
                 self._orphans_hint = True
                 s.execute(update(Assignment).where(Assignment.node_id.in_(ids), Assignment.status == "open")
                           .values(status="orphaned"))
+            if self.cfg.groups_per_step and self.cfg.assignment_timeout_s:
+                res = s.execute(update(Assignment).where(
+                    Assignment.status == "open", Assignment.created_at < now - self.cfg.assignment_timeout_s)
+                    .values(status="orphaned"))
+                if res.rowcount:
+                    log.info("%d assignments timed out; up for reassignment", res.rowcount)
             s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
         # re-arm the orphan query each sweep: bounds any missed update of the hint to one sweep interval
         self._orphans_hint = True
@@ -338,6 +375,19 @@ class Orchestrator:
                 raise ProtocolError(409, f"assignment {assignment_id} is {a.status}, not open")
             self._check_duplicate(s, p, p.content_sha256)
 
+    def release_assignment(self, p: Principal, assignment_id: int, reason: str) -> None:
+        """Demand mode: an upload for this assignment was refused (invalid / oversized): put it back up for
+        reassignment so the step is not starved by a node that cannot deliver."""
+        if not self.cfg.groups_per_step:
+            return
+        with self.db.tx() as s:
+            a = s.get(Assignment, assignment_id)
+            if a is not None and a.node_id == p.node_id and a.status == "open":
+                a.status = "orphaned"
+                self._orphans_hint = True
+                log.info("assignment %d released after a refused upload from %s: %s", assignment_id, p.node_id,
+                         reason[:200])
+
     @staticmethod
     def _check_duplicate(s, p: Principal, sha: str) -> None:  # noqa: ANN001
         dup = s.execute(select(Submission).where(Submission.sha256 == sha)).scalars().first()
@@ -367,7 +417,8 @@ class Orchestrator:
                                              f"(got {bad.worker_id!r}, {bad.step})")
                 self._check_duplicate(s, p, sha)
                 sub = Submission(assignment_id=a.id, node_id=p.node_id, step=a.step, sha256=sha, size=size,
-                                 n_rows=len(rows), status="pending", checks=[], created_at=now)
+                                 n_rows=len(rows), informative=self._usable_groups(rows, a.group_size),
+                                 status="pending", checks=[], created_at=now)
                 s.add(sub)
                 s.flush()
                 a.status = "submitted"
@@ -380,6 +431,16 @@ class Orchestrator:
         self.counters["uploads"] += 1
         log.info("submission %d from %s: %d rows, %s", reply.submission_id, p.node_id, reply.n_rows, sha[:12])
         return reply
+
+    def _usable_groups(self, rows, group_size: int) -> int:  # noqa: ANN001
+        """Complete groups the trainer can use: with distinct rewards unless tied groups count too."""
+        groups: dict[str, list[float]] = {}
+        for r in rows:
+            groups.setdefault(r.group_id, []).append(r.reward)
+        complete = [g for g in groups.values() if len(g) == group_size]
+        if self.cfg.count_tied_groups:
+            return len(complete)
+        return sum(1 for g in complete if max(g) - min(g) > 1e-9)
 
     def submission_path(self, submission_id: int) -> Path:
         with self.db.tx() as s:
@@ -403,7 +464,7 @@ class Orchestrator:
     def _info(sub: Submission) -> SubmissionInfo:
         return SubmissionInfo(submission_id=sub.id, node_id=sub.node_id, assignment_id=sub.assignment_id, step=sub.step,
                               sha256=sub.sha256, size=sub.size, n_rows=sub.n_rows, status=sub.status,
-                              reason=sub.reason, created_at=sub.created_at)
+                              reason=sub.reason, created_at=sub.created_at, informative=sub.informative or 0)
 
     # ---- validation ------------------------------------------------------------------------------
     def pending(self, limit: int) -> PendingList:
@@ -669,17 +730,22 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         p = await run_in_threadpool(orch.authenticate, request.method, _signed_path(request), request.headers, None,
                                     ("worker",))
         await run_in_threadpool(orch.precheck_upload, p, assignment_id)
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > cfg.max_upload_bytes:
-            raise ProtocolError(413, f"upload of {cl} bytes is over the {cfg.max_upload_bytes}-byte limit")
         try:
-            tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
-        except UploadTooLarge as e:
-            raise ProtocolError(413, str(e)) from None
-        if sha != p.content_sha256:
-            orch.store.discard(tmp)
-            raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
-        return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+            cl = request.headers.get("content-length")
+            if cl is not None and cl.isdigit() and int(cl) > cfg.max_upload_bytes:
+                raise ProtocolError(413, f"upload of {cl} bytes is over the {cfg.max_upload_bytes}-byte limit")
+            try:
+                tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
+            except UploadTooLarge as e:
+                raise ProtocolError(413, str(e)) from None
+            if sha != p.content_sha256:
+                orch.store.discard(tmp)
+                raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
+            return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+        except ProtocolError as e:
+            if e.status in (413, 422):
+                await run_in_threadpool(orch.release_assignment, p, assignment_id, e.detail)
+            raise
 
     @app.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=_ERRORS, tags=["public"])
     def submission(submission_id: IdParam) -> SubmissionDetail:

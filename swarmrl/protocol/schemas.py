@@ -43,6 +43,7 @@ class AssignmentSpec(Body):
     target_length: int | None
     tasks: list[TaskSpec]
     reassigned_from: str | None = None
+    round: int = 0  # part of the seed derivation: blake2b(origin node | step | round | secret)
 
 
 class HeartbeatReply(Body):
@@ -80,6 +81,7 @@ class SubmissionInfo(Body):
     status: str
     reason: str | None = None
     created_at: float
+    informative: int = 0  # usable groups in the file (as claimed at upload; trusted once accepted)
 
 
 class SubmissionDetail(SubmissionInfo):

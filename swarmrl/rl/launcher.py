@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import Field
 
@@ -22,6 +22,7 @@ from swarmrl.config import StrictModel, dump_config
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
 from swarmrl.sft.config import SFTConfig
+from swarmrl.swarm.config import SwarmSection
 from swarmrl.utils.metrics import read_metrics
 
 
@@ -32,7 +33,9 @@ class WarmstartSection(StrictModel):
 
 
 class RunConfig(StrictModel):
+    mode: Literal["local", "swarm"] = "local"  # swarm: untrusted nodes behind an orchestrator and validator
     rl: RLConfig = Field(default_factory=RLConfig)
+    swarm: SwarmSection = Field(default_factory=SwarmSection)
     warmstart: WarmstartSection = Field(default_factory=WarmstartSection)
     fresh: bool = True  # delete an existing run_dir first (False: resume it)
     max_worker_restarts: int = Field(5, ge=0)
@@ -89,6 +92,10 @@ def prepare_warmstart(cfg: RunConfig, progress: Callable[[str], None]) -> str:
 
 def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callable[[dict], None] | None = None) -> dict:
     """Run the whole job; returns a summary dict."""
+    if cfg.mode == "swarm":
+        from swarmrl.swarm.launcher import launch_swarm
+
+        return launch_swarm(cfg, progress, live)
     prepare_warmstart(cfg, progress)
     root = Path(cfg.rl.run_dir)
     if cfg.fresh and root.exists():
