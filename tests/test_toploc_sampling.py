@@ -33,9 +33,19 @@ def test_honest_completion_passes():
 
 def test_low_probability_token_is_flagged():
     lg = _logits(3)
-    toks = [5, 9, EOS]  # token 9 has logprob ~ -23
+    lg[1, 9] = -40.0
+    toks = [5, 9, EOS]  # token 9 has logprob ~ -43, below the default floor of -30
     c = check_sampling(lg, toks, SamplingClaim(EOS, 1.0, 1.0, _lp(lg, toks), True, 16))
     assert not c.passed and c.n_implausible == 1 and "implausible" in c.reasons[0]
+
+
+def test_rare_but_possible_token_is_not_flagged_by_default():
+    lg = _logits(3)
+    toks = [5, 9, EOS]  # token 9 has logprob ~ -23: rare, but honest sampling does produce such tokens
+    claim = SamplingClaim(EOS, 1.0, 1.0, _lp(lg, toks), True, 16)
+    assert check_sampling(lg, toks, claim).passed
+    strict = check_sampling(lg, toks, claim, SamplingThresholds(min_token_logprob=-12.0))
+    assert not strict.passed and strict.n_implausible == 1
 
 
 def test_token_outside_top_p_nucleus_is_flagged():

@@ -99,7 +99,10 @@ class ValidatorConfig(StrictModel):
     # overrides of swarmrl.toploc SamplingThresholds passed to the TOPLOC check (e.g. {min_token_logprob = -30}):
     # a slashing decision needs a per-token false-positive bound far below 1/tokens-judged
     sampling_thresholds: dict[str, float | int] = Field(default_factory=dict)
-    reject_late_steps: bool = True  # policy check: reject work for a step older than the window at verdict time
+    # Policy check: also reject work for a step older than the window at VERDICT time. Off by default:
+    # a validator lagging behind the trainer would slash honest nodes for its own delay, and late
+    # work is harmless (the trainer never uses it).
+    reject_late_steps: bool = False
     require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)

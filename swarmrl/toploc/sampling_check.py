@@ -37,7 +37,10 @@ class SamplingClaim:
 
 
 class SamplingThresholds(StrictModel):
-    min_token_logprob: float = Field(-12.0, le=0)  # a token below this logprob (at temperature T) is implausible
+    # A token below this logprob (at temperature T) is implausible. Honest sampling lands below a
+    # floor f with probability <= vocab * e^f per token: -12 gave ~1.6e-3 per token with a 260-token
+    # vocabulary and slashed honest nodes within minutes; -30 keeps it under ~1e-8 even at 150k tokens.
+    min_token_logprob: float = Field(-30.0, le=0)
     nucleus_slack: float = Field(0.02, ge=0)  # mass before the token may exceed top_p by this much
     greedy_margin: float = Field(0.05, ge=0)  # greedy: token logprob may be this far below the argmax's
     max_implausible_tokens: int = Field(0, ge=0)
