@@ -52,7 +52,8 @@ def test_real_toploc_proofs(tmp_path):
     policy = load_model(tmp_path / "policy")
     cfg, keys = make_cfg(tmp_path, tasks_per_node=2, group_size=2)
     with running(cfg, run_sweeper=False) as srv:
-        val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"),
+        # logprob_rows=0: this test is about TOPLOC and the sampling check catching cheats on their own
+        val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"), logprob_rows=0,
                                         model_dir=str(tmp_path / "policy")),
                         client=ValidatorClient(srv.url, keys["validator"]))
         honest, cheat, liar = (NodeClient(srv.url, generate_key()) for _ in range(3))
