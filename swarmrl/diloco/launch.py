@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 from swarmrl.diloco.config import DilocoConfig
+from swarmrl.utils.procs import free_port
 from swarmrl.utils.metrics import read_metrics
 
 
 class WorkerFailed(RuntimeError):
     pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _env(cfg: DilocoConfig, rank: int, world: int, port: int) -> dict[str, str]:

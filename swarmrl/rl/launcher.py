@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from swarmrl.rl.store import RunDir
 from swarmrl.sft.config import SFTConfig
 from swarmrl.swarm.config import SwarmSection
 from swarmrl.utils.metrics import read_metrics
+from swarmrl.utils.procs import free_port, stop_process
 
 
 class WarmstartSection(StrictModel):
@@ -47,20 +47,6 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
     f = open(log, "ab")
     return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=f, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
-
-
-def _stop(p: subprocess.Popen, grace: float = 10.0) -> None:
-    if p.poll() is not None:
-        return
-    try:
-        p.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 def prepare_warmstart(cfg: RunConfig, progress: Callable[[str], None]) -> str:
@@ -131,20 +117,12 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
             trainer.terminate()
         run.done_flag.touch()
         for p in workers.values():
-            _stop(p)
+            stop_process(p, wait_s=10.0)
         for p in relays:
-            _stop(p, grace=0.0)
+            stop_process(p)
     if live is not None:
         live(snapshot(root, t0))
     return finish(cfg, root, time.monotonic() - t0)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_relays(cfg: RunConfig, run: RunDir, trainer: subprocess.Popen, logs: Path,
@@ -162,7 +140,7 @@ def start_relays(cfg: RunConfig, run: RunDir, trainer: subprocess.Popen, logs: P
         time.sleep(0.2)
     procs, urls = [], []
     for i in range(cfg.rl.shardcast.relays):
-        port = _free_port()
+        port = free_port()
         procs.append(_spawn(["shardcast", "relay", "--upstream", origin["url"], "--dir", str(run.shardcast / f"relay{i}"),
                              "--port", str(port), "--origin-pubkey", origin["public_key"]], logs / f"relay{i}.log"))
         urls.append(f"http://127.0.0.1:{port}")

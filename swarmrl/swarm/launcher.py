@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -26,12 +25,7 @@ import httpx
 from swarmrl.config import dump_config
 from swarmrl.rl.store import RunDir
 from swarmrl.utils.metrics import read_metrics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from swarmrl.utils.procs import free_port, stop_process
 
 
 def _keygen(path: Path) -> dict:
@@ -55,20 +49,6 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError("orchestrator did not come up")
-
-
-def _kill(p: subprocess.Popen, grace: float = 5.0) -> None:
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        p.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
 
 
 def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, C901
@@ -166,7 +146,7 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
     try:
         _wait_http(url, procs["orchestrator"])
     except BaseException:
-        _kill(procs["orchestrator"])
+        stop_process(procs["orchestrator"])
         raise
     progress(f"orchestrator on {url}; {sw.nodes} honest nodes, adversaries: {', '.join(sw.adversaries) or 'none'}")
     for name, args in specs.items():
@@ -215,8 +195,8 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         run.done_flag.touch()
         for name, p in procs.items():
             if name != "orchestrator":
-                _kill(p, grace=3.0 if name in members else 1.0)
-        _kill(procs["orchestrator"])
+                stop_process(p, term_s=3.0 if name in members else 1.0)
+        stop_process(procs["orchestrator"])
     if live is not None:
         live(swarm_snapshot(root, t0))
     summary = finish(cfg, root, time.monotonic() - t0)
