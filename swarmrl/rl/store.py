@@ -21,6 +21,14 @@ from pathlib import Path
 _ROLLOUT = re.compile(r"^(?P<worker>[A-Za-z0-9_.-]+)-(?P<t>\d+)-g(?P<g>\d+)\.parquet$")
 
 
+def announced_groups(path: Path) -> int:
+    """Usable groups a rollout file announces in its name (``...-g<groups>.parquet``)."""
+    m = _ROLLOUT.match(path.name)
+    if m is None:
+        raise ValueError(f"{path.name} is not a rollout file name")
+    return int(m.group("g"))
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
@@ -89,8 +97,7 @@ class RunDir:
 
     def informative_groups(self, step: int) -> int:
         """Usable groups announced for ``step`` (file names) minus those the trainer found unusable."""
-        total = sum(int(_ROLLOUT.match(p.name).group("g")) for p in self.rollout_files(step))
-        return total - self.deficit(step)
+        return sum(announced_groups(p) for p in self.rollout_files(step)) - self.deficit(step)
 
     def deficit(self, step: int) -> int:
         try:

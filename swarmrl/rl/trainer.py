@@ -25,7 +25,7 @@ from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.rl.advantages import group_advantages, is_informative
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
-from swarmrl.rl.store import RunDir
+from swarmrl.rl.store import RunDir, announced_groups
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
 from swarmrl.utils.metrics import MetricsWriter
 
@@ -171,7 +171,7 @@ class Trainer:
             usable, stats = select_groups(list(cache.items()), step, cfg)
             if len(usable) >= cfg.prompts_per_step:
                 break
-            announced = sum(int(f.name.rsplit("-g", 1)[1].split(".")[0]) for f in files)
+            announced = sum(announced_groups(f) for f in files)
             missing = announced - len(usable)
             if missing > 0 and all(f.name in cache or f.name in rejected_files for f in files):
                 if self.run.deficit(step) != missing:
@@ -185,8 +185,7 @@ class Trainer:
                 self._log_event("waiting", step=step, usable=len(usable), need=cfg.prompts_per_step)
             time.sleep(cfg.trainer.poll_s)
         chosen = usable[: cfg.prompts_per_step]
-        used = sorted({r for g in chosen for r in [g[0].worker_id]})
-        stats["workers"] = used
+        stats["workers"] = sorted({g[0].worker_id for g in chosen})
         stats["surplus_groups"] = len(usable) - len(chosen)
         return Batch(chosen, sorted(cache), time.perf_counter() - t0, stats)
 

@@ -12,7 +12,6 @@ import hashlib
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -162,8 +161,9 @@ class PolicyHolder:
         if self.cfg.shardcast.enabled and latest >= 1:
             state = self._fetch(latest)
             got = (latest, state) if state is not None else None
-        elif self.cfg.shardcast.enabled:  # version 0: the base model this worker loaded itself
-            got = (0, load_file(str(Path(self.cfg.model) / "model.safetensors")))
+        elif self.cfg.shardcast.enabled:  # version 0 is the base model, already loaded at start-up
+            self.version = max(self.version, 0)
+            return self.version
         else:
             got = self._read_local(latest, allow_wait_s)
         if got is None:
