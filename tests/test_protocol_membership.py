@@ -94,3 +94,33 @@ def test_dead_node_work_is_reassigned(tmp_path):
         hb = quitter.heartbeat()
         assert srv.orch.node_info(quitter.node_id).status == "active"
         assert lost.assignment_id not in [x.assignment_id for x in hb.assignments]
+
+
+def test_trainer_announces_weight_servers(tmp_path):
+    """The trainer names its SHARDCAST servers and manifest key; heartbeats carry them; only a trainer may set
+    them, URLs and keys are validated, and they survive an orchestrator restart."""
+    cfg, keys = make_cfg(tmp_path)
+    pub = "ab" * 32
+    with running(cfg, run_sweeper=False) as srv:
+        node = NodeClient(srv.url, generate_key())
+        node.register(throughput=10.0, stake=100.0)
+        hb = node.heartbeat()
+        assert hb.weight_relays == [] and hb.weight_pubkey == ""
+        tc = TrainerClient(srv.url, keys["trainer"])
+        rep = tc.set_weights(["http://127.0.0.1:9001", "http://127.0.0.1:9002"], pub)
+        assert rep.servers == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"] and rep.public_key == pub
+        hb = node.heartbeat()
+        assert hb.weight_relays == rep.servers and hb.weight_pubkey == pub
+        for bad in (["file:///etc/passwd"], ["http://x/" + "a" * 400], ["http://h:1/"] * 65):
+            with pytest.raises(ApiError) as e:
+                tc.request("POST", "/v1/trainer/weights", {"servers": bad, "public_key": pub})
+            assert e.value.status == 422
+        with pytest.raises(ApiError) as e:
+            tc.request("POST", "/v1/trainer/weights", {"servers": [], "public_key": "zz"})
+        assert e.value.status == 422
+        with pytest.raises(ApiError) as e:  # a node is not the trainer
+            node.request("POST", "/v1/trainer/weights", {"servers": ["http://evil:1"], "public_key": pub})
+        assert e.value.status == 403
+    with running(cfg, run_sweeper=False) as srv:  # restart: the announcement is persisted
+        hb = NodeClient(srv.url, node.key).heartbeat()
+        assert hb.weight_relays == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"] and hb.weight_pubkey == pub

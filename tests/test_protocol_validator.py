@@ -163,11 +163,17 @@ def test_pluggable_and_lazy_checks(env, tmp_path):
     seen = []
     fail_from = {"row": 10**9}
 
-    def fake_verify(model, prompt_ids, completion_ids, proofs, claim=None):
-        seen.append((model, claim))
-        ok = len(seen) <= fail_from["row"]
-        return types.SimpleNamespace(passed=ok, reason=None if ok else "proof mismatch at chunk 0",
-                                     sampling=types.SimpleNamespace(passed=True, reasons=[]))
+    calls = []
+
+    def fake_verify(model, items, batch_size=1):  # batched: one call per policy version in a file
+        calls.append((model, len(items), batch_size))
+        out = []
+        for prompt_ids, completion_ids, proofs, claim in items:
+            seen.append((model, claim))
+            ok = len(seen) <= fail_from["row"]
+            out.append(types.SimpleNamespace(passed=ok, reason=None if ok else "proof mismatch at chunk 0",
+                                             sampling=types.SimpleNamespace(passed=True, reasons=[])))
+        return out
 
     mod = types.ModuleType("fake_toploc_mod")
     mod.verify = fake_verify
@@ -187,6 +193,7 @@ def test_pluggable_and_lazy_checks(env, tmp_path):
         assert by_name["toploc"].ok and not by_name["toploc"].skipped
         assert by_name["sampling"].ok and not by_name["sampling"].skipped
         assert seen[0] == ("model-v0", ("claim", 1.0, tokenizer().eos_token_id))
+        assert calls == [("model-v0", len(seen), vcfg.toploc_batch_size)]  # every row of the file in one call
         fail_from["row"] = len(seen) + 1  # the next submission's second row fails
         node2 = _node(srv)
         a2 = node2.heartbeat().assignments[0]

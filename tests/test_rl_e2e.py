@@ -1,4 +1,7 @@
-"""End to end: warm start + asynchronous GRPO with real trainer/worker processes; reward must rise."""
+"""End to end: warm start + asynchronous GRPO with real trainer/worker processes; reward must rise.
+
+250 steps with the main job's two workers: 150 steps with one worker moved held-out accuracy by only
++0.049 on a CI run (0.19 -> 0.24), too close to the +0.05 bar to be a reliable check."""
 
 import pytest
 
@@ -13,9 +16,9 @@ def test_short_run_reward_rises(tmp_path):
     cfg = load_config(RunConfig, "configs/run.toml", [
         f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tmp_path / "ws" / "model"}"',
         f'warmstart.sft.out="{tmp_path / "ws"}"', "warmstart.sft.stop_at_accuracy=0.2", "warmstart.sft.minutes=4.0",
-        "rl.steps=150", "rl.eval.every_steps=50", "rl.workers.num=1", "final_eval_n=512"])
+        "rl.steps=250", "rl.eval.every_steps=50", "final_eval_n=512"])
     summary = launch(cfg, progress=lambda m: None)
-    assert summary["steps"] == 150
+    assert summary["steps"] == 250
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics" / "trainer.jsonl") if "task_reward" in r]
     first = sum(r["task_reward"] for r in rows[:30]) / 30
     last = sum(r["task_reward"] for r in rows[-30:]) / 30

@@ -32,11 +32,11 @@ CAUGHT_BY = {
 }
 
 
-def _cfg(tmp_path, model, adversaries, *, nodes=2, steps=6, prompts=4, tasks=2, **swarm) -> RunConfig:
+def _cfg(tmp_path, model, adversaries, *, nodes=2, steps=6, prompts=4, tasks=2, rl_extra=None, **swarm) -> RunConfig:
     rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), task=TaskConfig(name="add", params={"digits": 2}),
                   steps=steps, async_level=1, keep_versions=3, prompts_per_step=prompts, group_size=2,
                   filter_ties=False, eval=EvalSection(every_steps=0, n=16),
-                  workers=WorkerSection(num=0, prompts_per_batch=tasks))
+                  workers=WorkerSection(num=0, prompts_per_batch=tasks), **(rl_extra or {}))
     sw = dict(nodes=nodes, adversaries=adversaries, overassign=2.0, assignment_timeout_s=10.0)
     sw.update(swarm)
     return RunConfig(mode="swarm", rl=rl, warmstart=WarmstartSection(enabled=False), final_eval_n=16,
@@ -175,16 +175,26 @@ def test_swarm_run_toploc_catches_model_and_token_cheats(tiny_model_dir, tmp_pat
 
 @pytest.mark.timeout(400)
 def test_swarm_run_weights_through_shardcast(tiny_model_dir, tmp_path):
-    """Nodes fetch every policy version through the adapter's SHARDCAST origin (signed manifest, verified
-    shards) instead of reading the run directory."""
-    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=3, weights="shardcast")
+    """With SHARDCAST on, the trainer is the origin, the launcher starts a relay, the adapter announces the relay
+    and the manifest key to the orchestrator, and nodes learn both from heartbeats and fetch every policy
+    version through the relay (signed manifest, verified shards) instead of reading the run directory."""
+    from swarmrl.rl.config import ShardcastSection
+
+    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=4, rl_extra={"shardcast": ShardcastSection(enabled=True, relays=1)})
     run_dir = tmp_path / "run"
     t, out = _run_in_thread(cfg)
     t.join(timeout=360)
     assert not t.is_alive() and "error" not in out, out.get("error")
-    assert out["summary"]["steps"] == 3
-    published = [r["version"] for r in read_metrics(run_dir / "metrics" / "adapter.jsonl") if r["event"] == "published"]
-    assert published[:3] == [0, 1, 2]
+    assert out["summary"]["steps"] == 4
+    relays = json.loads((run_dir / "shardcast" / "relays.json").read_text())
+    origin = json.loads((run_dir / "shardcast" / "origin.json").read_text())
+    announced = [r for r in read_metrics(run_dir / "metrics" / "adapter.jsonl") if r["event"] == "weights"]
+    assert announced and announced[-1]["servers"] == relays and announced[-1]["public_key"] == origin["public_key"]
+    assert relays and relays[0] != origin["url"]
     fetched = sorted(p.parent.name for p in (run_dir / "nodes").glob("*/policy/v*/model.safetensors"))
-    assert fetched and "v000000" in fetched
+    assert "v000001" in fetched  # version 0 is the initial model every node already has
+    relay_versions = {p.name for p in (run_dir / "shardcast" / "relay0").rglob("*") if p.is_dir()}
+    assert relay_versions, "the relay stored nothing: nodes did not fetch through it"
+    for nid in {p.parent.parent.parent.name for p in (run_dir / "nodes").glob("*/policy/v*/model.safetensors")}:
+        assert not (run_dir / "nodes" / nid / "policy" / "v000000").exists()
     _check_report(out["summary"], [])

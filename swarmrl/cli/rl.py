@@ -42,21 +42,16 @@ def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (lette
 @rl_app.command("adapter")
 def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")],
             key: Annotated[Path, typer.Option(help="Trainer private key file.")],
-            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
-            shardcast_dir: Annotated[Optional[Path], typer.Option("--shardcast-dir", help="Publish each policy "
-                                     "version through a SHARDCAST origin in this directory.")] = None,
-            shardcast_port: Annotated[int, typer.Option("--shardcast-port", help="Port of that origin.")] = 0) -> None:
-    """Swarm mode, trainer side: announce the trainer's step to the orchestrator and fetch accepted rollout
-    files into the run directory (the trainer itself runs unchanged)."""
+            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Swarm mode, trainer side: announce the trainer's step (and, with SHARDCAST on, its weight servers) to
+    the orchestrator and fetch accepted rollout files into the run directory (the trainer runs unchanged)."""
     import logging
 
     cfg = resolve(RLConfig, config, set_, print_config=print_config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from swarmrl.swarm.adapter import AdapterConfig, run_adapter
 
-    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key),
-                                   shardcast_dir=str(shardcast_dir) if shardcast_dir else "",
-                                   shardcast_port=shardcast_port))
+    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key)))
 
 
 def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,

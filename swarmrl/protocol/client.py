@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarmrl.protocol.schemas import (AcceptedList, Balance, HeartbeatReply, HeartbeatRequest, PendingList,
                                       RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionDetail, SubmitReply,
-                                      VerdictReply, VerdictRequest)
+                                      VerdictReply, VerdictRequest, WeightsReply, WeightsRequest)
 from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex, sign_request
 
 
@@ -137,6 +137,10 @@ class TrainerClient(ValidatorClient):
     def set_step(self, step: int, policy_version: int) -> StepReply:
         req = StepRequest(step=step, policy_version=policy_version)
         return StepReply.model_validate_json(self.request("POST", "/v1/trainer/step", req).content)
+
+    def set_weights(self, servers: list[str], public_key: str) -> WeightsReply:
+        req = WeightsRequest(servers=servers, public_key=public_key)
+        return WeightsReply.model_validate_json(self.request("POST", "/v1/trainer/weights", req).content)
 
     def accepted(self, step: int) -> AcceptedList:
         return AcceptedList.model_validate_json(

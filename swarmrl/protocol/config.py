@@ -91,7 +91,10 @@ class ValidatorConfig(StrictModel):
     work_dir: str = "runs/validator"
     reward_tolerance: float = Field(1e-4, ge=0)
     model_dir_template: str = ""  # e.g. "runs/ckpt/v{policy_version}": the policy per version for TOPLOC
-    toploc_check: str = "swarmrl.toploc:verify_rollout"  # module:function; skipped (logged) when absent
+    # module:function(model, items, batch_size=, [sampling_thresholds=]) -> one result per item, called once per
+    # policy version in a file; skipped (logged) when absent
+    toploc_check: str = "swarmrl.toploc.rollout:verify_rollouts"
+    toploc_batch_size: int = Field(64, ge=1)  # rows per prefill
     sampling_claim: str = "swarmrl.toploc.rollout:claim_from_rollout"  # row -> claim, checked in the TOPLOC prefill
     sampling_check: str = ""  # optional separate module:function(model, row) -> (ok, reason) | .passed/.reason
     logprob_rows: int = Field(4, ge=0)  # rows per submission whose logprobs are recomputed (0: off; needs a model)
@@ -106,6 +109,7 @@ class ValidatorConfig(StrictModel):
     require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)
+    threads: int = Field(0, ge=0)  # torch threads (0: torch's default, all cores)
 
 
 class NodeConfig(StrictModel):

@@ -33,7 +33,8 @@ from swarmrl.protocol.models import Assignment, Node, Nonce, State, Submission
 from swarmrl.protocol.schemas import (AcceptedList, AssignmentSpec, Balance, ErrorBody, Health, HeartbeatReply,
                                       HeartbeatRequest, LedgerRow, NodeInfo, PendingList, PendingSubmission,
                                       RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionInfo,
-                                      SubmissionDetail, SubmitReply, TaskSpec, VerdictReply, VerdictRequest)
+                                      SubmissionDetail, SubmitReply, TaskSpec, VerdictReply, VerdictRequest,
+                                      WeightsReply, WeightsRequest)
 from swarmrl.protocol.signing import (SignatureError, SignedHeaders, body_sha256, check_timestamp, node_id_for,
                                       parse_headers, verify_signature)
 from swarmrl.protocol.store import ContentStore, UploadTooLarge
@@ -106,6 +107,7 @@ class Orchestrator:
         self._metrics = None
         self._last_metrics = 0.0
         self._install_principals()
+        self._weights = self._load_weights()
 
     # ---- state -------------------------------------------------------------------------------
     def _install_principals(self) -> None:
@@ -128,6 +130,28 @@ class Orchestrator:
             for key, default in (("step", "0"), ("policy_version", "0")):
                 if s.get(State, key) is None:
                     s.add(State(key=key, value=default))
+
+    def _load_weights(self) -> tuple[list[str], str]:
+        """Weight servers: the config's ``shardcast_relays`` if set, else what the trainer announced (persisted)."""
+        import json
+
+        with self.db.tx() as s:
+            row = s.get(State, "weights")
+            announced = json.loads(row.value) if row is not None else {"servers": [], "public_key": ""}
+        return (list(self.cfg.shardcast_relays) or announced["servers"], announced["public_key"])
+
+    def set_weights(self, req: WeightsRequest) -> WeightsReply:
+        import json
+
+        with self.db.tx() as s:
+            row = s.get(State, "weights")
+            value = json.dumps({"servers": req.servers, "public_key": req.public_key})
+            if row is None:
+                s.add(State(key="weights", value=value))
+            else:
+                row.value = value
+        self._weights = self._load_weights()
+        return WeightsReply(servers=self._weights[0], public_key=self._weights[1])
 
     @staticmethod
     def _state(s) -> tuple[int, int]:  # noqa: ANN001
@@ -291,8 +315,8 @@ class Orchestrator:
         s.flush()
         specs = [self._spec(a) for a in mine if a.status == "open"]
         return HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
-                              heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(cfg.shardcast_relays),
-                              assignments=specs)
+                              heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
+                              weight_pubkey=self._weights[1], assignments=specs)
 
     def _step_in_need(self, s, step: int, pv: int) -> int | None:  # noqa: ANN001
         """Demand mode: the lowest step in [step, step + lookahead] (never ahead of pv + async_window, never
@@ -770,6 +794,11 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     @app.post("/v1/trainer/step", response_model=StepReply, responses=_ERRORS, tags=["trainer"])
     def set_step(body: StepRequest, p: Principal = Depends(signed("trainer"))) -> StepReply:
         return orch.set_step(body)
+
+    @app.post("/v1/trainer/weights", response_model=WeightsReply, responses=_ERRORS, tags=["trainer"])
+    def set_weights(body: WeightsRequest, p: Principal = Depends(signed("trainer"))) -> WeightsReply:
+        """Announce the SHARDCAST servers (relays) and manifest-signing key; heartbeats hand them to nodes."""
+        return orch.set_weights(body)
 
     @app.get("/v1/trainer/steps/{step}/submissions", response_model=AcceptedList, responses=_ERRORS,
              tags=["trainer"])

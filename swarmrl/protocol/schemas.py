@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Body(BaseModel):
@@ -52,8 +52,9 @@ class HeartbeatReply(Body):
     policy_version: int
     async_window: int
     heartbeat_interval_s: float
-    weight_relays: list[str]
+    weight_relays: list[str]  # SHARDCAST servers to fetch policy versions from (relays first)
     assignments: list[AssignmentSpec]
+    weight_pubkey: str = ""  # Ed25519 public key (hex) that signs the SHARDCAST manifests ("" = unknown)
 
 
 class SubmitReply(Body):
@@ -122,6 +123,31 @@ class VerdictReply(Body):
 class StepRequest(Body):
     step: int = Field(..., ge=0)
     policy_version: int = Field(..., ge=0)
+
+
+_URL = r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?$"
+
+
+class WeightsRequest(Body):
+    """Where nodes fetch policy versions: SHARDCAST servers and the key that signs their manifests."""
+
+    servers: list[str] = Field(..., max_length=64)
+    public_key: str = Field(..., pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        import re
+
+        for u in v:
+            if len(u) > 300 or not re.match(_URL, u):
+                raise ValueError(f"not an http(s) server URL: {u[:80]!r}")
+        return v
+
+
+class WeightsReply(Body):
+    servers: list[str]
+    public_key: str
 
 
 class StepReply(Body):

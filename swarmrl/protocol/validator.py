@@ -8,9 +8,11 @@ Checks are plain callables ``check(ctx) -> (ok, reason)`` run in order; a check 
 - ``tasks``: groups answer exactly the seeded tasks (group size, prompts, thinking budget)
 - ``policy``: every row's policy version lies inside the async window and was published
 - ``rewards``: completions decoded with the policy's tokenizer and re-scored with the env verifier
+- ``logprobs``: a few rows' claimed logprobs recomputed exactly (one packed forward per policy version)
 - ``toploc`` and ``sampling``: imported lazily from ``module:function`` names in the config (default
-  ``swarmrl.toploc``); skipped with a logged reason while that module is absent. The model is the one
-  of each row's policy version (``model_dir_template``) or ``model_dir``.
+  ``swarmrl.toploc.rollout:verify_rollouts``, batched: one call per policy version in the file); skipped
+  with a logged reason while that module is absent. The model is the one of each row's policy version
+  (``model_dir_template``) or ``model_dir``.
 """
 
 from __future__ import annotations
@@ -181,27 +183,33 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
         pad = getattr(ctx.tokenizer, "pad_token_id", None) or 0
         idx = list(range(len(ctx.rows)))
         random.Random(ctx.item.submission.sha256).shuffle(idx)
+        picked = [i for i in sorted(idx[: cfg.logprob_rows]) if ctx.rows[i].completion_ids]
         worst = 0.0
-        checked = 0
-        for i in sorted(idx[: cfg.logprob_rows]):
-            r = ctx.rows[i]
-            if not r.completion_ids:
-                continue
-            model = ctx.model(r.policy_version)
+        by_version: dict[int, list[int]] = defaultdict(list)
+        for i in picked:
+            by_version[ctx.rows[i].policy_version].append(i)
+        for version, rows_idx in sorted(by_version.items()):
+            model = ctx.model(version)
             if not isinstance(model, torch.nn.Module):
-                raise SkipCheck(f"policy v{r.policy_version} is not a torch model here")
-            temp = r.temperature if r.temperature > 0 else 1.0
-            packed = _pack([Sequence(list(r.prompt_ids), list(r.completion_ids), list(r.logprobs), 0.0, temp)], pad)
-            with torch.no_grad():
-                logp, _ = sequence_logprobs(model, packed, temp)
-            mask = packed["cmask"][0] > 0
-            diff = float((logp[0][mask] - packed["old"][0][mask]).abs().max())
-            if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
-                return False, (f"row {i}: claimed logprobs differ from policy v{r.policy_version}'s by {diff:.4g} "
-                               f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
-            worst = max(worst, diff)
-            checked += 1
-        return True, f"{checked} rows' logprobs recomputed (max diff {worst:.2e})"
+                raise SkipCheck(f"policy v{version} is not a torch model here")
+            by_temp: dict[float, list[int]] = defaultdict(list)  # one packed forward per sampling temperature
+            for i in rows_idx:
+                t = ctx.rows[i].temperature
+                by_temp[t if t > 0 else 1.0].append(i)
+            for temp, chunk in by_temp.items():
+                seqs = [Sequence(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids),
+                                 list(ctx.rows[i].logprobs), 0.0, temp) for i in chunk]
+                packed = _pack(seqs, pad)
+                with torch.no_grad():
+                    logp, _ = sequence_logprobs(model, packed, temp)
+                for j, i in enumerate(chunk):
+                    mask = packed["cmask"][j] > 0
+                    diff = float((logp[j][mask] - packed["old"][j][mask]).abs().max())
+                    if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
+                        return False, (f"row {i}: claimed logprobs differ from policy v{version}'s by {diff:.4g} "
+                                       f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
+                    worst = max(worst, diff)
+        return True, f"{len(picked)} rows' logprobs recomputed (max diff {worst:.2e})"
 
     check.__name__ = "check_logprobs"
     return check
@@ -255,29 +263,52 @@ def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any,
     return check
 
 
+def _by_version(rows: list[Rollout]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[r.policy_version].append(i)
+    return dict(sorted(groups.items()))
+
+
 def toploc_check(cfg: ValidatorConfig) -> Check:
-    """TOPLOC proofs per row: ``verify_rollout(model, prompt_ids, completion_ids, proofs[, claim=...])``.
-    When ``cfg.sampling_claim`` imports (default ``swarmrl.toploc.rollout:claim_from_rollout``) each row's sampling
-    claim (temperature, logprobs, finished) is checked in the same prefill."""
-
-    def per_row(fn: Callable[..., Any], model: Any, r: Rollout, ctx: CheckContext) -> Any:
-        kw = {}
-        claim_fn = ctx.cache.get("claim_fn")
-        eos = getattr(ctx.tokenizer, "eos_token_id", None)
-        if claim_fn is not None and eos is not None:
-            kw["claim"] = claim_fn(r, eos)
-            if cfg.sampling_thresholds:
-                from swarmrl.toploc.sampling_check import SamplingThresholds
-
-                kw["sampling_thresholds"] = SamplingThresholds(**cfg.sampling_thresholds)
-        res = fn(model, list(r.prompt_ids), list(r.completion_ids), list(r.proofs), **kw)
-        ctx.cache.setdefault("toploc_results", []).append(res)
-        return res
+    """TOPLOC proofs of every row, batched: for each policy version in the file, ONE call
+    ``toploc_check(model, items, batch_size=..., [sampling_thresholds=...])`` with items
+    ``(prompt_ids, completion_ids, proofs, claim-or-None)`` returning one result per item (default
+    ``swarmrl.toploc.rollout:verify_rollouts``: a left-padded prefill per ``toploc_batch_size`` rows).
+    When ``cfg.sampling_claim`` imports, each row's sampling claim (temperature, logprobs, finished) is
+    checked in the same prefill."""
 
     def check(ctx: CheckContext) -> tuple[bool, str]:
-        ctx.cache["claim_fn"] = _optional_import(cfg.sampling_claim, "sampling claims")
-        inner = lazy_check("toploc", cfg.toploc_check, lambda fn, m, r: per_row(fn, m, r, ctx))
-        return inner(ctx)
+        if not cfg.toploc_check:
+            raise SkipCheck("toploc check disabled")
+        try:
+            fn = _import_dotted(cfg.toploc_check)
+        except ImportError as e:
+            log.warning("toploc check skipped: cannot import %s (%s)", cfg.toploc_check, e)
+            raise SkipCheck(f"{cfg.toploc_check} not available: {e}") from None
+        claim_fn = _optional_import(cfg.sampling_claim, "sampling claims")
+        eos = getattr(ctx.tokenizer, "eos_token_id", None)
+        kw: dict[str, Any] = {"batch_size": cfg.toploc_batch_size}
+        if claim_fn is not None and eos is not None and cfg.sampling_thresholds:
+            from swarmrl.toploc.sampling_check import SamplingThresholds
+
+            kw["sampling_thresholds"] = SamplingThresholds(**cfg.sampling_thresholds)
+        results: list[Any] = [None] * len(ctx.rows)
+        for version, idx in _by_version(ctx.rows).items():
+            model = ctx.model(version)
+            items = [(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids), list(ctx.rows[i].proofs),
+                      claim_fn(ctx.rows[i], eos) if claim_fn is not None and eos is not None else None) for i in idx]
+            out = list(fn(model, items, **kw))
+            if len(out) != len(items):
+                raise RuntimeError(f"{cfg.toploc_check} returned {len(out)} results for {len(items)} rows")
+            for i, res in zip(idx, out):
+                results[i] = res
+        ctx.cache["toploc_results"] = results
+        for i, res in enumerate(results):
+            ok, reason = _result(res)
+            if not ok:
+                return False, f"row {i}: {reason}"
+        return True, f"{len(ctx.rows)} rows pass"
 
     check.__name__ = "check_toploc"
     return check
@@ -358,6 +389,10 @@ class Validator:
         from swarmrl.protocol.client import ValidatorClient
 
         self.cfg = cfg
+        if cfg.threads:
+            import torch
+
+            torch.set_num_threads(cfg.threads)
         self.client = client or ValidatorClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.checks = checks if checks is not None else default_checks(cfg)
         self.tokenizer = tokenizer

@@ -125,25 +125,38 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     return finish(cfg, root, time.monotonic() - t0)
 
 
-def start_relays(cfg: RunConfig, run: RunDir, trainer: subprocess.Popen, logs: Path,
-                 timeout_s: float = 180.0) -> list[subprocess.Popen]:
-    """Wait for the trainer's SHARDCAST origin, start the relay processes, announce their URLs."""
+def wait_for_origin(run: RunDir, trainer: subprocess.Popen, logs: Path, timeout_s: float = 180.0) -> dict:
+    """The trainer's SHARDCAST origin (``origin.json``: url, public_key), once it is up."""
     t0 = time.monotonic()
-    origin = None
-    while origin is None:
+    while True:
         origin = run.read_json("origin.json")
+        if isinstance(origin, dict):
+            return origin
         if trainer.poll() is not None:
             raise RuntimeError(f"trainer exited with {trainer.returncode} before its SHARDCAST origin came up; "
                                f"see {logs / 'trainer.log'}")
         if time.monotonic() - t0 > timeout_s:
             raise RuntimeError("the trainer's SHARDCAST origin did not come up")
         time.sleep(0.2)
-    procs, urls = [], []
-    for i in range(cfg.rl.shardcast.relays):
+
+
+def relay_specs(n: int, run: RunDir, origin: dict) -> tuple[dict[str, list[str]], list[str]]:
+    """CLI arguments of ``n`` relay processes under the origin (each on its own free port), and their URLs."""
+    specs, urls = {}, []
+    for i in range(n):
         port = free_port()
-        procs.append(_spawn(["shardcast", "relay", "--upstream", origin["url"], "--dir", str(run.shardcast / f"relay{i}"),
-                             "--port", str(port), "--origin-pubkey", origin["public_key"]], logs / f"relay{i}.log"))
+        specs[f"relay{i}"] = ["shardcast", "relay", "--upstream", origin["url"], "--dir", str(run.shardcast / f"relay{i}"),
+                              "--port", str(port), "--origin-pubkey", origin["public_key"]]
         urls.append(f"http://127.0.0.1:{port}")
+    return specs, urls
+
+
+def start_relays(cfg: RunConfig, run: RunDir, trainer: subprocess.Popen, logs: Path,
+                 timeout_s: float = 180.0) -> list[subprocess.Popen]:
+    """Wait for the trainer's SHARDCAST origin, start the relay processes, announce their URLs."""
+    origin = wait_for_origin(run, trainer, logs, timeout_s)
+    specs, urls = relay_specs(cfg.rl.shardcast.relays, run, origin)
+    procs = [_spawn(args, logs / f"{name}.log") for name, args in specs.items()]
     run.write_json("relays.json", urls)
     return procs
 

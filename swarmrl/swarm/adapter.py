@@ -3,7 +3,9 @@
 It tells the orchestrator the trainer's step (``set_step(n, n)`` whenever policy version n is
 committed), polls ``accepted(m)`` for the steps nodes may be working on (n .. n + async_level) and
 downloads each accepted submission into ``run_dir/rollouts/step_m/`` under the ``RunDir`` name
-pattern ``s<submission>.<node>-<time_ns>-g<usable groups>.parquet``. ``Trainer.gather`` then works
+pattern ``s<submission>.<node>-<time_ns>-g<usable groups>.parquet``. With SHARDCAST on it also
+announces the weight servers (the launcher's relays, else the trainer's origin) and the origin's
+manifest key, which heartbeat replies hand to the nodes. ``Trainer.gather`` then works
 exactly as in local mode: it only ever sees work the validator accepted (or, with the orchestrator's
 ``optimistic = true``, work still pending). The submission id in the name makes the adapter
 restartable: files already fetched are not fetched again.
@@ -35,9 +37,6 @@ class AdapterConfig(StrictModel):
     poll_s: float = Field(0.5, gt=0)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
-    # SHARDCAST origin: publish every committed policy version (as version + 1) and serve it on this port
-    shardcast_dir: str = ""  # "" = off (nodes read the run dir)
-    shardcast_port: int = Field(0, ge=0, le=65535)
 
 
 def usable_groups(rows, cfg: RLConfig) -> int:  # noqa: ANN001
@@ -66,20 +65,24 @@ class TrainerAdapter:
                 if m:
                     self.fetched.add(int(m.group("sid")))
         self.metrics = MetricsWriter(self.run.metrics / "adapter.jsonl")
-        self.origin = None
-        if cfg.shardcast_dir:
-            from swarmrl.shardcast import Origin
+        self.weights_announced: dict | None = None
 
-            self.origin = Origin(cfg.shardcast_dir, keep=rl.keep_versions)
-            self.origin.serve(port=cfg.shardcast_port)
-
-    def _publish(self, version: int) -> None:
-        from swarmrl.swarm.policy import SHARDCAST_OFFSET
-
-        if self.origin is None or self.origin.last_version >= version + SHARDCAST_OFFSET:
+    def _announce_weights(self) -> None:
+        """With SHARDCAST on, tell the orchestrator where nodes fetch weights: the relays the launcher started
+        (``relays.json``), else the trainer's origin, and the origin's manifest-signing key."""
+        if not self.rl.shardcast.enabled:
             return
-        self.origin.publish_sync(self.run.version_dir(version) / "model.safetensors", version + SHARDCAST_OFFSET)
-        self.metrics.write(event="published", version=version)
+        origin = self.run.read_json("origin.json")
+        if not isinstance(origin, dict):
+            return
+        relays = self.run.read_json("relays.json")
+        servers = list(self.rl.shardcast.servers) or (list(relays) if isinstance(relays, list) and relays
+                                                      else [origin["url"]])
+        want = {"servers": servers, "public_key": origin["public_key"]}
+        if want != self.weights_announced:
+            self.client.set_weights(servers, origin["public_key"])
+            self.weights_announced = want
+            self.metrics.write(event="weights", **want)
 
     def poll_once(self) -> int:
         """One round: announce the step, fetch newly accepted files; returns the number fetched."""
@@ -88,8 +91,9 @@ class TrainerAdapter:
         latest = self.run.latest_version()
         if latest is None:
             return 0
+        if self.weights_announced is None or latest != self.announced:
+            self._announce_weights()
         if latest != self.announced:
-            self._publish(latest)  # weights first, so nodes can fetch the version they are told to use
             try:
                 self.client.set_step(latest, latest)
             except ApiError as e:
@@ -143,8 +147,6 @@ class TrainerAdapter:
                     stop.wait(self.cfg.poll_s)
         finally:
             self.metrics.close()
-            if self.origin is not None:
-                self.origin.close(wait=False)
 
 
 def run_adapter(rl: RLConfig, cfg: AdapterConfig) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, field_validator
 
 from swarmrl.config import StrictModel
@@ -11,8 +9,6 @@ from swarmrl.config import StrictModel
 
 class SwarmSection(StrictModel):
     nodes: int = Field(2, ge=0)  # honest nodes
-    weights: Literal["rundir", "shardcast"] = "rundir"  # how nodes get policy versions (SHARDCAST: the adapter
-    # runs an origin on a free port and publishes each version; nodes fetch and verify signed shards)
     adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.swarm.node)
     tasks_per_node: int = Field(0, ge=0)  # tasks per assignment (0: rl.workers.prompts_per_batch)
     overassign: float = Field(1.0, ge=1.0)  # hand out this many times the groups a step needs
@@ -31,6 +27,7 @@ class SwarmSection(StrictModel):
     assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)
     stake: float = Field(100.0, ge=0)
     node_threads: int = Field(1, ge=1)
+    validator_threads: int = Field(1, ge=1)
     max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / honest node restarts
 
     @field_validator("adversaries")

@@ -1,10 +1,13 @@
 """``swarmrl run --swarm``: the async RL loop with untrusted nodes, all as real processes on 127.0.0.1.
 
-Processes: the orchestrator (SQLite under the run dir, a free port), the GRPO trainer (unchanged)
-with its adapter (step announcements, accepted files into the run dir), a validator (policy model of
-each version from the run dir), N honest nodes and one node per ``--adversary`` (each with its own key).
-The orchestrator, validator, adapter and honest nodes are restarted if they die (the orchestrator on
-the same port and database, so nothing is lost); ejected adversaries are not. The summary adds
+Processes: the orchestrator (SQLite under the run dir, a free port), the GRPO trainer (unchanged; with
+``rl.shardcast.enabled`` it is the SHARDCAST origin) with its adapter (step and weight-server
+announcements, accepted files into the run dir), ``rl.shardcast.relays`` relays under the origin (nodes
+learn their URLs and the manifest key from heartbeat replies), a validator (policy model of each
+version from the run dir), N honest nodes and one node per ``--adversary`` (each with its own key).
+The orchestrator, relays, validator, adapter and honest nodes are restarted if they die (the
+orchestrator and relays on the same port, the orchestrator on the same database, so nothing is lost);
+ejected adversaries are not. The summary adds
 per-node submission counts, verdict reasons and stakes.
 """
 
@@ -54,7 +57,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, C901
                  live: Callable[[dict], None] | None = None) -> dict:
     from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
-    from swarmrl.rl.launcher import _spawn, finish, prepare_warmstart, snapshot
+    from swarmrl.rl.launcher import _spawn, finish, prepare_warmstart, relay_specs, wait_for_origin
 
     sw = cfg.swarm
     prepare_warmstart(cfg, progress)
@@ -105,20 +108,10 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
                            poll_interval_s=sw.validator_poll_s, work_dir=str(root / "validator"),
                            logprob_rows=sw.logprob_rows, require_proofs=sw.require_proofs,
                            sampling_thresholds={"min_token_logprob": sw.min_token_logprob},
-                           reject_late_steps=False)
+                           reject_late_steps=False, threads=sw.validator_threads)
     vpath = root / "validator.toml"
     vpath.write_text(dump_config(vcfg))
     (root / "swarm.json").write_text(json.dumps({"orchestrator": url, "members": members}, indent=2))
-
-    policy_source = ""
-    adapter_extra: list[str] = []
-    if sw.weights == "shardcast":
-        from swarmrl.shardcast import keygen
-
-        sc_port = free_port()
-        pub = keygen(root / "shardcast.key")  # the adapter's origin signs manifests with it
-        policy_source = f"shardcast:{pub}@http://127.0.0.1:{sc_port}"
-        adapter_extra = ["--shardcast-dir", str(root / "shardcast"), "--shardcast-port", str(sc_port)]
 
     def orch_args() -> list[str]:
         return ["orchestrator", "serve", "--config", str(opath)]
@@ -127,16 +120,13 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         m = members[name]
         a = ["node", "run", "--orchestrator", url, "--key", m["key"], "--rl-config", str(rl_path),
              "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}"]
-        if policy_source:
-            a += ["--set", f'policy_source="{policy_source}"']
         if m["adversary"]:
             a += ["--adversary", m["adversary"], "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
         return a
 
     specs: dict[str, list[str]] = {
         "trainer": ["rl", "trainer", "--config", str(rl_path)],
-        "adapter": ["rl", "adapter", "--config", str(rl_path), "--orchestrator", url, "--key", tr_key["key"],
-                    *adapter_extra],
+        "adapter": ["rl", "adapter", "--config", str(rl_path), "--orchestrator", url, "--key", tr_key["key"]],
         "validator": ["validator", "run", "--config", str(vpath)],
         **{name: node_args(name) for name in members},
     }
@@ -149,8 +139,22 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         stop_process(procs["orchestrator"])
         raise
     progress(f"orchestrator on {url}; {sw.nodes} honest nodes, adversaries: {', '.join(sw.adversaries) or 'none'}")
+    procs["trainer"] = _spawn(specs["trainer"], logs / "trainer.log")
+    if rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the nodes
+        try:
+            origin = wait_for_origin(RunDir(root), procs["trainer"], logs)
+        except BaseException:
+            for p in procs.values():
+                stop_process(p)
+            raise
+        relays, relay_urls = relay_specs(rl.shardcast.relays, RunDir(root), origin)
+        specs.update(relays)
+        RunDir(root).write_json("relays.json", relay_urls)
+        progress(f"SHARDCAST: origin {origin['url']}, relays {', '.join(relay_urls) or 'none'} "
+                 "(announced to nodes in heartbeats)")
     for name, args in specs.items():
-        procs[name] = _spawn(args, logs / f"{name}.log")
+        if name not in procs:
+            procs[name] = _spawn(args, logs / f"{name}.log")
 
     def write_pids() -> None:
         tmp = root / ".pids.json.tmp"

@@ -49,7 +49,10 @@ ADVERSARIES: tuple[str, ...] = ("random_model", "edit_tokens", "forge_rewards", 
 
 class SwarmNodeConfig(NodeConfig):
     rl_config: str = ""  # RL config TOML (model, task, sampling, chat template); "" = membership only
-    policy_source: str = ""  # where policy versions come from ("" = the RL config's run_dir; see swarm.policy)
+    # where policy versions come from (see swarm.policy.make_policy_source): "" = the SHARDCAST servers and key the
+    # orchestrator's heartbeats announce (the RL config's run_dir until it announces any); "shardcast:PUBKEY" =
+    # announced servers, pinned manifest key; "shardcast:PUBKEY@URL,..." = fixed servers; a path = a run dir
+    policy_source: str = ""
     work_dir: str = ""  # rollout files before upload ("" = <run_dir>/nodes/<node_id>)
     stop_file: str = ""  # exit once this file exists ("" = <run_dir>/DONE)
     threads: int = Field(1, ge=1)
@@ -93,8 +96,8 @@ class SwarmNode:
         self.work.mkdir(parents=True, exist_ok=True)
         self.stop_file = Path(cfg.stop_file or run_dir / "DONE")
         self.tokenizer = load_tokenizer(self.rl.model)
-        self.policy = PolicyModel(make_policy_source(cfg.policy_source or str(run_dir), self.work / "policy",
-                                                     self.rl.model), self.rl.model)
+        self.policy = PolicyModel(make_policy_source(cfg.policy_source, self.work / "policy", self.rl.model,
+                                                     fallback_run_dir=run_dir), self.rl.model)
         if cfg.adversary == "random_model":
             from transformers import AutoModelForCausalLM
 
@@ -119,11 +122,14 @@ class SwarmNode:
         """Heartbeat and work until the stop file appears; returns 0, or 3 when ejected/refused."""
         from swarmrl.protocol.client import ApiError
         from swarmrl.protocol.node import run_node
+        from swarmrl.swarm.policy import AnnouncedPolicySource
 
         stop = stop or threading.Event()
         stop_file = self.stop_file
 
-        def on_reply(_reply: HeartbeatReply) -> None:
+        def on_reply(reply: HeartbeatReply) -> None:
+            if isinstance(self.policy.source, AnnouncedPolicySource):
+                self.policy.source.update(reply.weight_relays, reply.weight_pubkey)
             if stop_file.exists():
                 stop.set()
 
