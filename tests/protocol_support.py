@@ -90,10 +90,14 @@ def tokenizer():
 
 
 def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge_rewards: bool = False,
-                 policy_version: int | None = None, tasks: list[tuple[str, str, int]] | None = None) -> list[Rollout]:
+                 policy_version: int | None = None, tasks: list[tuple[str, str, int]] | None = None,
+                 bare_prompt: bool = False, length_penalty: float | None = None) -> list[Rollout]:
     """Rows answering assignment ``a``: correct answers (or wrong ones), honest rewards unless forged.
-    ``tasks`` overrides the tasks answered (task_id, prompt, answer) to model a node choosing its own."""
+    ``tasks`` overrides the tasks answered (task_id, prompt, answer) to model a node choosing its own. Under a
+    thinking budget the prompt states it (unless ``bare_prompt``) and the length penalty is the assigned one
+    (unless ``length_penalty`` forges another)."""
     from swarmrl.envs import make_env
+    from swarmrl.rl.budget import format_prompt
 
     tok = tokenizer()
     env = make_env(a.env, **a.env_params)
@@ -107,11 +111,15 @@ def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge
             reward = 1.0 if correct else 0.0
             if forge_rewards:
                 reward = 1.0
+            pen = 0.0 if a.target_length is None else a.budget_penalty * abs(a.target_length - (len(comp) - 1))
+            pen = pen if length_penalty is None else length_penalty
+            shown = prompt if bare_prompt or a.target_length is None else \
+                format_prompt(prompt, a.target_length, a.budget_prompt_format)
             rows.append(Rollout(worker_id=node_id, step=a.step,
                                 policy_version=a.policy_version if policy_version is None else policy_version,
                                 task_id=task_id, env=a.env, group_id=f"{a.assignment_id}-{gi}",
-                                prompt_ids=tok.encode(prompt, add_special_tokens=False), completion_ids=comp,
-                                logprobs=[-0.1] * len(comp), reward=reward, task_reward=reward, length_penalty=0.0,
+                                prompt_ids=tok.encode(shown, add_special_tokens=False), completion_ids=comp,
+                                logprobs=[-0.1] * len(comp), reward=reward - pen, task_reward=reward, length_penalty=pen,
                                 advantage=0.0, target_length=a.target_length, temperature=1.0, finished=True,
                                 seed=a.seed, proofs=[]))
     return rows

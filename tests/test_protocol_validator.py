@@ -243,3 +243,30 @@ def test_ejection_rejects_pending_work_and_frees_its_tasks(env):
     for _ in range(3):  # one reassignment per heartbeat
         seeds |= {x.seed for x in honest.heartbeat().assignments if x.reassigned_from == node.node_id}
     assert seeds == {a0.seed, a1.seed}
+
+
+def test_thinking_budget_is_checked(env):
+    """Assignments carry the budget, how it is stated and how it is scored; the validator accepts work that
+    states and scores it as assigned, and rejects work that ignores the budget in the prompt or forges the
+    length penalty (a zero penalty would make an over-long answer look as good as one within budget)."""
+    srv, keys, tmp, cfg = env
+    val = _validator(srv, keys, tmp)
+    honest, bare, forger = _node(srv), _node(srv), _node(srv)
+    a = honest.heartbeat().assignments[0]
+    assert a.target_length in cfg.budget_tiers
+    assert a.budget_prompt_format == cfg.budget_prompt_format and a.budget_penalty == cfg.budget_penalty
+    rows = rollouts_for(honest.node_id, a)
+    assert rows[0].length_penalty > 0 and tokenizer().decode(rows[0].prompt_ids).startswith(f"[{a.target_length}]")
+    honest.submit(a.assignment_id, write(rows, tmp / "h.parquet"))
+    [(_, v)] = val.run_once()
+    assert v.accepted, v.reason
+    b = bare.heartbeat().assignments[0]
+    bare.submit(b.assignment_id, write(rollouts_for(bare.node_id, b, bare_prompt=True), tmp / "b.parquet"))
+    [(_, v)] = val.run_once()
+    assert not v.accepted and v.reason.startswith("tasks:") and "prompt tokens" in v.reason
+    f = forger.heartbeat().assignments[0]
+    forger.submit(f.assignment_id, write(rollouts_for(forger.node_id, f, length_penalty=0.0), tmp / "f.parquet"))
+    [(_, v)] = val.run_once()
+    assert not v.accepted and v.reason.startswith("rewards:") and "length_penalty 0" in v.reason
+    assert honest.ledger().status == "active"
+    assert bare.ledger().status == "ejected" and forger.ledger().status == "ejected"

@@ -120,3 +120,19 @@ def test_budget_helpers():
     assert allowed_targets(cfg, 1e9, 100) == [4, 8, 16]
     assert allowed_targets(cfg.model_copy(update={"match_throughput": False}), 1.0, 100) == [4, 8, 16]
     assert set(draw_targets(50, [4, 8], random.Random(0))) == {4, 8}
+
+
+@pytest.mark.parametrize("fmt", ["{prompt}", "[{target}]", "{target}{prompt}{prompt}", "{prompt.__class__}{target}",
+                                 "{0}{prompt}{target}", "{target}{prompt}{x}", "{target}{prompt", "{prompt!z}{target}"])
+def test_budget_prompt_format_is_validated(fmt):
+    """The format travels in assignments and configs: anything but {prompt} once and {target} is refused."""
+    from pydantic import ValidationError
+
+    from swarmrl.protocol.config import OrchestratorConfig
+    from swarmrl.rl.budget import BudgetConfig
+
+    with pytest.raises(ValidationError, match="format"):
+        BudgetConfig(prompt_format=fmt)
+    with pytest.raises(ValidationError, match="format"):
+        OrchestratorConfig(budget_prompt_format=fmt)
+    assert BudgetConfig(prompt_format="Budget {target}: {prompt}").prompt_format == "Budget {target}: {prompt}"

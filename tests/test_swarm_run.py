@@ -174,13 +174,18 @@ def test_swarm_run_toploc_catches_model_and_token_cheats(tiny_model_dir, tmp_pat
 
 
 @pytest.mark.timeout(400)
-def test_swarm_run_weights_through_shardcast(tiny_model_dir, tmp_path):
+def test_swarm_run_weights_through_shardcast_with_thinking_budgets(tiny_model_dir, tmp_path):
     """With SHARDCAST on, the trainer is the origin, the launcher starts a relay, the adapter announces the relay
     and the manifest key to the orchestrator, and nodes learn both from heartbeats and fetch every policy
-    version through the relay (signed manifest, verified shards) instead of reading the run directory."""
+    version through the relay (signed manifest, verified shards) instead of reading the run directory.
+    Thinking budgets are on: nodes state the assigned budget and score its length penalty, the validator
+    re-derives both, and no honest node is rejected."""
+    from swarmrl.rl.budget import BudgetConfig
     from swarmrl.rl.config import ShardcastSection
 
-    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=4, rl_extra={"shardcast": ShardcastSection(enabled=True, relays=1)})
+    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=4, rl_extra={
+        "shardcast": ShardcastSection(enabled=True, relays=1),
+        "budget": BudgetConfig(enabled=True, targets=[3, 6], penalty=0.05, prompt_format="<{target}>{prompt}")})
     run_dir = tmp_path / "run"
     t, out = _run_in_thread(cfg)
     t.join(timeout=360)
@@ -192,9 +197,19 @@ def test_swarm_run_weights_through_shardcast(tiny_model_dir, tmp_path):
     assert announced and announced[-1]["servers"] == relays and announced[-1]["public_key"] == origin["public_key"]
     assert relays and relays[0] != origin["url"]
     fetched = sorted(p.parent.name for p in (run_dir / "nodes").glob("*/policy/v*/model.safetensors"))
-    assert "v000001" in fetched  # version 0 is the initial model every node already has
+    assert fetched and "v000000" not in fetched  # version 0 is the initial model every node already has
     relay_versions = {p.name for p in (run_dir / "shardcast" / "relay0").rglob("*") if p.is_dir()}
     assert relay_versions, "the relay stored nothing: nodes did not fetch through it"
     for nid in {p.parent.parent.parent.name for p in (run_dir / "nodes").glob("*/policy/v*/model.safetensors")}:
         assert not (run_dir / "nodes" / nid / "policy" / "v000000").exists()
     _check_report(out["summary"], [])
+    from swarmrl.models import load_tokenizer
+    from swarmrl.rl.rollouts import read_rollouts
+
+    tok = load_tokenizer(tiny_model_dir)
+    used = sorted((run_dir / "rollouts").glob("step_*/s*.parquet"))
+    assert used
+    rows = [r for f in used for r in read_rollouts(f)]
+    assert {r.target_length for r in rows} <= {3, 6} and all(r.target_length for r in rows)
+    assert all(tok.decode(r.prompt_ids).startswith(f"<{r.target_length}>") for r in rows)
+    assert any(r.length_penalty > 0 for r in rows)

@@ -44,6 +44,10 @@ class OrchestratorConfig(StrictModel):
     async_window: int = Field(2, ge=0)  # accepted policy versions: [step - async_window, step]
     budget_tiers: list[int] = Field(default_factory=lambda: [64, 128, 256])  # thinking budgets, ascending
     target_step_time_s: float = Field(60.0, gt=0)  # a node's budget tier must fit this time at its throughput
+    # how a budget reaches the model and the reward (sent with every assignment; the validator re-derives both):
+    # the prompt is budget_prompt_format with {target} and {prompt}; reward = task_reward - penalty * |target - len|
+    budget_prompt_format: str = "[{target}]{prompt}"
+    budget_penalty: float = Field(0.02, ge=0)
     reassign_per_heartbeat: int = Field(1, ge=0)
     # demand-driven assignment (swarm RL): > 0 hands a node a new assignment whenever it holds none open, for
     # the lowest step in [step, step + lookahead] whose usable groups (pending + accepted submissions, plus
@@ -73,6 +77,13 @@ class OrchestratorConfig(StrictModel):
     @classmethod
     def _keys(cls, v: list[str]) -> list[str]:
         return _check_keys(v)
+
+    @field_validator("budget_prompt_format")
+    @classmethod
+    def _fmt(cls, v: str) -> str:
+        from swarmrl.rl.budget import check_prompt_format
+
+        return check_prompt_format(v)
 
     @field_validator("budget_tiers")
     @classmethod

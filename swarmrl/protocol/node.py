@@ -1,5 +1,6 @@
 """A node's membership loop: register (once), heartbeat on the orchestrator's interval, hand new
-assignments to a worker callback and upload what it returns.
+assignments to a worker callback and upload what it returns. After finishing work it heartbeats again
+at once (the reply carries its next assignment), so a busy node never idles for a heartbeat interval.
 
 The inference worker plugs in as ``handler(assignment, reply) -> path | None`` (the rollout parquet
 file to submit, or None to skip). Without a handler the loop only keeps the node alive.
@@ -38,6 +39,7 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
     beats = 0
     while not stop.is_set():
         interval = 10.0
+        worked = False
         try:
             reply = client.heartbeat()
             interval = reply.heartbeat_interval_s
@@ -48,6 +50,7 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
                 if a.assignment_id in done or handler is None:
                     continue
                 done.add(a.assignment_id)
+                worked = True
                 path = handler(a, reply)
                 if path is not None:
                     rep = client.submit(a.assignment_id, path)
@@ -61,5 +64,6 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
             log.warning("orchestrator unreachable: %s", e)
         if max_beats and beats >= max_beats:
             break
-        stop.wait(interval)
+        if not worked:  # a node that just finished work beats again at once: the reply carries its next work
+            stop.wait(interval)
     return beats

@@ -233,7 +233,9 @@ class Orchestrator:
         return AssignmentSpec(assignment_id=a.id, step=a.step, policy_version=a.policy_version, seed=a.seed, env=a.env,
                               env_params=a.env_params or {}, group_size=a.group_size, target_length=a.target_length,
                               tasks=list(tasks), round=a.round or 0,
-                              reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None)
+                              reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None,
+                              **({"budget_prompt_format": self.cfg.budget_prompt_format,
+                                  "budget_penalty": self.cfg.budget_penalty} if a.target_length is not None else {}))
 
     def _new_assignment(self, node: Node, origin: str, seed: int, step: int, pv: int, now: float,
                         parent: int | None = None, round: int = 0) -> Assignment:

@@ -44,6 +44,10 @@ class AssignmentSpec(Body):
     tasks: list[TaskSpec]
     reassigned_from: str | None = None
     round: int = 0  # part of the seed derivation: blake2b(origin node | step | round | secret)
+    # with a thinking budget (target_length): the prompt is budget_prompt_format.format(target=, prompt=) and
+    # reward = task_reward - budget_penalty * |target_length - completion tokens before EOS|
+    budget_prompt_format: str = ""
+    budget_penalty: float = 0.0
 
 
 class HeartbeatReply(Body):

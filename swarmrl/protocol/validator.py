@@ -5,9 +5,11 @@ Checks are plain callables ``check(ctx) -> (ok, reason)`` run in order; a check 
 
 - ``schema``: the file passes ``read_rollouts`` and every row names this node, step and seed
 - ``seed``: the assignment's seed is blake2b(origin node | step | run secret) (re-derived here)
-- ``tasks``: groups answer exactly the seeded tasks (group size, prompts, thinking budget)
+- ``tasks``: groups answer exactly the seeded tasks (group size, prompts as stated under the assigned
+  thinking budget, that budget)
 - ``policy``: every row's policy version lies inside the async window and was published
-- ``rewards``: completions decoded with the policy's tokenizer and re-scored with the env verifier
+- ``rewards``: completions decoded with the policy's tokenizer and re-scored with the env verifier; the
+  length penalty re-derived from the assigned budget and the completion's length
 - ``logprobs``: a few rows' claimed logprobs recomputed exactly (one packed forward per policy version)
 - ``toploc`` and ``sampling``: imported lazily from ``module:function`` names in the config (default
   ``swarmrl.toploc.rollout:verify_rollouts``, batched: one call per policy version in the file); skipped
@@ -115,11 +117,15 @@ def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
             return False, f"row {i}: thinking budget {r.target_length} is not the assigned {a.target_length}"
     if ctx.tokenizer is not None:
         from swarmrl.inference.prompts import encode_prompt
+        from swarmrl.rl.budget import format_prompt
 
         enc: dict[str, list[int]] = {}
         for i, r in enumerate(ctx.rows):
             if r.task_id not in enc:
-                enc[r.task_id] = encode_prompt(ctx.tokenizer, by_id[r.task_id].prompt,
+                text = by_id[r.task_id].prompt
+                if a.target_length is not None:
+                    text = format_prompt(text, a.target_length, a.budget_prompt_format or "{prompt}")
+                enc[r.task_id] = encode_prompt(ctx.tokenizer, text,
                                                chat_template=bool(getattr(ctx.tokenizer, "chat_template", None)))
             if list(r.prompt_ids) != enc[r.task_id]:
                 return False, f"row {i}: prompt tokens are not the assigned task's prompt"
@@ -145,6 +151,7 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
     if ctx.tokenizer is None:
         raise SkipCheck("no tokenizer (model_dir) configured")
     from swarmrl.inference.prompts import decode_completion
+    from swarmrl.rl.budget import completion_length
 
     a = ctx.item.assignment
     env = make_env(a.env, **(a.env_params or {}))
@@ -158,6 +165,17 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
         want = float(env.verify(task, text))
         if abs(want - r.task_reward) > tol:
             return False, f"row {i}: task_reward {r.task_reward:g} but the verifier gives {want:g}"
+        if a.target_length is not None:
+            eos = getattr(ctx.tokenizer, "eos_token_id", None)
+            ends = bool(r.completion_ids) and r.completion_ids[-1] == eos
+            if r.finished != ends:
+                return False, f"row {i}: finished={r.finished} but the completion {'ends' if ends else 'does not end'} with EOS"
+            pen = a.budget_penalty * abs(a.target_length - completion_length(list(r.completion_ids), ends))
+            if abs(pen - r.length_penalty) > tol:
+                return False, (f"row {i}: length_penalty {r.length_penalty:g} but budget {a.target_length} and "
+                               f"{completion_length(list(r.completion_ids), ends)} tokens give {pen:g}")
+        elif r.length_penalty != 0.0:
+            return False, f"row {i}: length_penalty {r.length_penalty:g} without a thinking budget"
         if r.length_penalty < -tol or abs(r.reward - (r.task_reward - r.length_penalty)) > tol:
             return False, f"row {i}: reward {r.reward:g} != task_reward - length_penalty ({r.task_reward:g} - {r.length_penalty:g})"
     return True, f"{len(ctx.rows)} rewards recomputed"
@@ -353,32 +371,39 @@ class Verdict:
     accepted: bool
     reason: str
     checks: list[CheckResult]
+    seconds: dict[str, float] = field(default_factory=dict)  # per check (and "read")
 
 
 def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks: list[tuple[str, Check]],
           tokenizer: Any = None, model_loader: Callable[[int], Any] | None = None) -> Verdict:
     results: list[CheckResult] = []
+    secs: dict[str, float] = {}
+    t0 = time.perf_counter()
     try:
         rows = read_rollouts(rows_path)
     except RolloutError as e:
         return Verdict(False, f"schema: {e}", [CheckResult(name="schema", ok=False, reason=str(e))])
+    secs["read"] = time.perf_counter() - t0
     ctx = CheckContext(rows=rows, item=item, cfg=cfg, tokenizer=tokenizer, model_loader=model_loader)
     for name, check in checks:
+        t0 = time.perf_counter()
         try:
             ok, reason = check(ctx)
         except SkipCheck as e:
             required = name == "toploc" and cfg.require_proofs
             results.append(CheckResult(name=name, ok=not required, reason=f"skipped: {e}", skipped=True))
             if required:
-                return Verdict(False, f"{name}: required but skipped: {e}", results)
+                return Verdict(False, f"{name}: required but skipped: {e}", results, secs)
             continue
         except Exception as e:  # a check crashing on hostile input is a rejection, not a validator crash
             log.exception("check %s crashed", name)
             ok, reason = False, f"check crashed: {type(e).__name__}: {e}"
+        finally:
+            secs[name] = time.perf_counter() - t0
         results.append(CheckResult(name=name, ok=ok, reason=reason[:1000]))
         if not ok:
-            return Verdict(False, f"{name}: {reason}"[:4000], results)
-    return Verdict(True, "all checks passed", results)
+            return Verdict(False, f"{name}: {reason}"[:4000], results, secs)
+    return Verdict(True, "all checks passed", results, secs)
 
 
 class Validator:
@@ -453,6 +478,7 @@ class Validator:
             self.metrics.write(submission_id=sid, node_id=item.submission.node_id, step=item.submission.step,
                                rows=item.submission.n_rows, accepted=v.accepted, reason=v.reason[:300],
                                seconds=time.perf_counter() - t0,
+                               check_s={k: round(x, 4) for k, x in v.seconds.items()},
                                skipped=[c.name for c in v.checks if c.skipped])
             log.info("submission %d from %s: %s (%s)", sid, item.submission.node_id,
                      "accepted" if v.accepted else "REJECTED", v.reason)

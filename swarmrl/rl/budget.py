@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from swarmrl.config import StrictModel
 
@@ -23,11 +23,37 @@ class BudgetConfig(StrictModel):
     match_throughput: bool = False
     max_batch_seconds: float = Field(10.0, gt=0)  # with match_throughput: a batch must fit this time
 
+    @field_validator("prompt_format")
+    @classmethod
+    def _fmt(cls, v: str) -> str:
+        return check_prompt_format(v)
 
-def format_prompt(prompt: str, target: int | None, cfg: BudgetConfig) -> str:
+
+def check_prompt_format(fmt: str) -> str:
+    """A budget prompt format must use exactly the fields {target} and {prompt} (and may not do anything else)."""
+    import string
+
+    try:
+        fields = [f for _, f, spec, conv in string.Formatter().parse(fmt) if f is not None]
+        fmt.format(target=1, prompt="p")
+    except (ValueError, IndexError, KeyError) as e:
+        raise ValueError(f"bad prompt format {fmt!r}: {e}") from None
+    if sorted(set(fields)) != ["prompt", "target"] or fields.count("prompt") != 1:
+        raise ValueError(f"prompt format {fmt!r} must contain {{prompt}} once and {{target}}, and no other field")
+    return fmt
+
+
+def format_prompt(prompt: str, target: int | None, cfg: BudgetConfig | str) -> str:
+    """The prompt as the model sees it under a thinking budget (``cfg``: a BudgetConfig or its prompt format)."""
     if target is None:
         return prompt
-    return cfg.prompt_format.format(target=target, prompt=prompt)
+    fmt = cfg if isinstance(cfg, str) else cfg.prompt_format
+    return fmt.format(target=target, prompt=prompt)
+
+
+def completion_length(completion_ids: list[int], finished: bool) -> int:
+    """Tokens counted against the budget: the completion without its closing EOS."""
+    return len(completion_ids) - (1 if finished else 0)
 
 
 def length_penalty(length: int, target: int | None, penalty: float) -> float:

@@ -34,7 +34,7 @@ _FETCHED = re.compile(r"^s(?P<sid>\d+)\.")
 class AdapterConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""  # trainer key (its public key is in the orchestrator's trainer_keys)
-    poll_s: float = Field(0.5, gt=0)
+    poll_s: float = Field(0.2, gt=0)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
 

@@ -225,6 +225,9 @@ class SwarmNode:
             model = self.policy.load(version, self.cfg.policy_timeout_s)
         env = self._env(a.env, a.env_params)
         rl = self.rl.model_copy(update={"group_size": a.group_size})
+        if a.target_length is not None:  # the assignment says how the budget is stated and scored
+            rl = rl.model_copy(update={"budget": rl.budget.model_copy(update={
+                "prompt_format": a.budget_prompt_format or rl.budget.prompt_format, "penalty": a.budget_penalty})})
         targets = [a.target_length] if a.target_length is not None else None
         res = rollout_batch(model, self.tokenizer, env, tasks, rl, worker_id=self.node_id, step=a.step,
                             policy_version=version, seed=a.seed, targets=targets, generator=self.gen,
