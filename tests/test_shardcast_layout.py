@@ -110,5 +110,17 @@ def test_key_files(tmp_path):
     assert public_key_hex(load_public_key(pub)) == pub
     assert public_key_hex(load_private_key(tmp_path / "o.key")) == pub
     assert (tmp_path / "o.key").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "o.key").read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")  # one format: PEM
+    with pytest.raises(FileExistsError):
+        keygen(tmp_path / "o.key")  # never overwrites a key
+    legacy = generate_key()  # raw 64-hex seed files from earlier origins still load
+    from cryptography.hazmat.primitives import serialization
+
+    raw = legacy.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    (tmp_path / "legacy.key").write_text(raw.hex() + "\n")
+    assert public_key_hex(load_private_key(tmp_path / "legacy.key")) == public_key_hex(legacy)
+    (tmp_path / "junk.key").write_text("-----BEGIN PRIVATE KEY-----\nnope\n")
+    with pytest.raises(ValueError):
+        load_private_key(tmp_path / "junk.key")
     with pytest.raises(ValueError):
         load_public_key("not-a-key")

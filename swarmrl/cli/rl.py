@@ -59,20 +59,26 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
         workers: Annotated[Optional[int], typer.Option(help="Number of inference workers.")] = None,
         async_level: Annotated[Optional[int], typer.Option("--async-level", help="Max policy staleness (0 = sync).")] = None,
         run_dir: Annotated[Optional[str], typer.Option("--run-dir", help="Run directory.")] = None,
-        swarm: Annotated[bool, typer.Option("--swarm", help="Untrusted nodes behind an orchestrator + validator.")] = False,
+        swarm: Annotated[Optional[bool], typer.Option("--swarm/--local", help="Untrusted nodes behind an orchestrator "
+                         "and validator, or trusted local workers (default: the config's `mode`).")] = None,
         nodes: Annotated[Optional[int], typer.Option(help="Swarm mode: honest nodes.")] = None,
         adversary: Annotated[Optional[list[str]], typer.Option(help="Swarm mode: add a cheating node of this kind "
                              "(repeatable; see `swarmrl node run --help`).")] = None) -> None:
-    """The main job: warm start (if needed), then a trainer and workers on loopback, with live progress.
-    With --swarm the workers are untrusted nodes: an orchestrator assigns seeded tasks, a validator checks
-    every upload (slashing cheaters) and the trainer uses accepted work only."""
+    """The main job: warm start (if needed), then the whole swarm on loopback with live progress: an
+    orchestrator assigns seeded tasks to untrusted nodes, a validator checks every upload (slashing cheaters),
+    the trainer (SHARDCAST origin, with a relay) trains on accepted work only. --local runs trusted local
+    workers instead (no protocol); --adversary adds a cheating node to watch it get caught."""
     from swarmrl.rl.launcher import RunConfig, launch
 
     extra = (opt("rl.steps", steps) + opt("rl.workers.num", workers) + opt("rl.async_level", async_level)
-             + opt("rl.run_dir", run_dir) + (["mode=\"swarm\""] if swarm or adversary else [])
+             + opt("rl.run_dir", run_dir)
+             + (['mode="swarm"'] if swarm or (adversary and swarm is None) else ['mode="local"'] if swarm is False else [])
              + opt("swarm.nodes", nodes) + ([f"swarm.adversaries={json.dumps(adversary)}"] if adversary else []))
     default_cfg = Path("configs/run.toml")
     cfg = resolve(RunConfig, config or (default_cfg if default_cfg.is_file() else None), set_, extra, print_config)
+    if cfg.mode == "local" and cfg.swarm.adversaries:
+        console.print("[red]error:[/red] adversaries are swarm nodes: drop --local (or set mode = \"swarm\")")
+        raise typer.Exit(2)
     from rich.live import Live
     from rich.table import Table
 

@@ -15,18 +15,15 @@ encoded as UTF-8. Node ids are the first 16 bytes of blake2b(public key), hex.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from swarmrl.utils.keys import generate_key, public_key_hex  # noqa: F401  (re-exported)
+from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key  # noqa: F401  (re-exported)
 
 SCHEME = "swarmrl-req-v1"
 H_KEY = "X-Swarm-Key"
@@ -49,28 +46,6 @@ class SignatureError(ValueError):
 def node_id_for(public_key: str) -> str:
     """A short stable id for a public key (hex): blake2b-128 of the raw key bytes."""
     return hashlib.blake2b(bytes.fromhex(public_key), digest_size=16).hexdigest()
-
-
-def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> Path:
-    """Write the key as unencrypted PKCS#8 PEM, mode 0600, refusing to overwrite."""
-    path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{path} exists; refusing to overwrite a key")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    return path
-
-
-def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    data = Path(path).read_bytes()
-    key = serialization.load_pem_private_key(data, password=None)
-    if not isinstance(key, Ed25519PrivateKey):
-        raise ValueError(f"{path} does not hold an Ed25519 private key")
-    return key
 
 
 def parse_public_key(hex_key: str) -> Ed25519PublicKey:

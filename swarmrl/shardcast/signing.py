@@ -1,7 +1,7 @@
 """Ed25519 keys for the origin and the signed manifest envelope.
 
-Key files are small text files: the private key is 64 hex chars (raw 32-byte seed), the public
-key is 64 hex chars (raw 32 bytes). ``load_public_key`` also accepts the hex string itself, so
+Key files: the private key is PKCS#8 PEM like every swarmrl key (``swarmrl.utils.keys``), the public
+key file holds 64 hex chars (raw 32 bytes). ``load_public_key`` also accepts the hex string itself, so
 ``--origin-pubkey`` can be either a file or the key.
 
 Envelope (``v<N>/manifest.json``)::
@@ -12,15 +12,13 @@ Envelope (``v<N>/manifest.json``)::
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from swarmrl.utils.keys import generate_key, public_key_hex  # noqa: F401  (re-exported)
+from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key  # noqa: F401  (re-exported)
 
 from swarmrl.shardcast.layout import MAX_MANIFEST_BYTES, LayoutError, Manifest, canonical_json
 
@@ -32,23 +30,6 @@ _HEX = re.compile(r"[0-9a-fA-F]+")
 
 class SignatureError(LayoutError):
     """A manifest whose signature does not verify under the origin key (forged or altered)."""
-
-
-def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> None:
-    path = Path(path)
-    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                            serialization.NoEncryption())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(raw.hex() + "\n")
-
-
-def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    text = Path(path).read_text().strip()
-    if len(text) != 64 or not _HEX.fullmatch(text):
-        raise ValueError(f"{path}: expected a 64-hex-char Ed25519 private key")
-    return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text))
 
 
 def load_public_key(spec: str | Path | Ed25519PublicKey) -> Ed25519PublicKey:
