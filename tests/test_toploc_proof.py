@@ -171,3 +171,24 @@ def test_b64_list_roundtrip_and_errors():
 def test_bits_are_deterministic_for_same_input():
     h = _rand_hidden(96, 1024, seed=8)
     assert build_proofs(h) == build_proofs(h.clone())
+
+
+def test_batch_verification_equals_one_at_a_time():
+    """verify_proofs_batch compares equal-width chunks of many sequences in one pass; each sequence's result must
+    be exactly what verify_proofs gives it alone (honest, tampered, short, malformed, wrong count)."""
+    from swarmrl.toploc.verify import verify_proofs_batch
+
+    items = []
+    for i, n in enumerate([5, 5, 33, 64, 7, 5, 1]):
+        h = _rand_hidden(n, 96, seed=10 + i)
+        items.append((h, build_proofs(h)))
+    items[1] = (_rand_hidden(5, 96, seed=99), items[1][1])  # other states, same width as item 0
+    items[4] = (items[4][0], items[4][1] + items[4][1])  # proof count wrong
+    bad = bytearray(items[5][1][0])
+    bad[0:2] = b"\xff\xff"  # modulus out of range
+    items[5] = (items[5][0], [bytes(bad)])
+    items[6] = (items[6][0], "not a list")
+    batched = verify_proofs_batch(items)
+    alone = [verify_proofs(h, p) for h, p in items]
+    assert batched == alone
+    assert [all(c.passed for c in r) for r in batched] == [True, False, True, True, False, False, False]

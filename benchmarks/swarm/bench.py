@@ -7,6 +7,7 @@ Reports held-out accuracy before/after, steps, wall time, accepted/rejected subm
 wall-time overhead ratio.
 
     python benchmarks/swarm/bench.py --model /tmp/sft5/model --steps 15 [--adversary forge_rewards ...]
+    python benchmarks/swarm/bench.py --config configs/run.toml --model runs/warmstart/model --steps 100
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def one(mode: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
     sets = [f'mode="{mode}"', f'rl.model="{model}"', f'rl.run_dir="{out / mode}"', f"rl.steps={a.steps}",
             f"rl.workers.num={a.workers}", f"swarm.nodes={a.workers}", f"swarm.adversaries={json.dumps(a.adversary)}",
             "warmstart.enabled=false", f"final_eval_n={a.eval_n}", f"rl.eval.n={a.eval_n}", *a.set]
-    cfg = load_config(RunConfig, None, sets)
+    cfg = load_config(RunConfig, a.config, sets)
     print(f"--- {mode} run", file=sys.stderr)
     s = launch(cfg, progress=lambda m: print(m, file=sys.stderr))
     row = {"mode": mode, "steps": s["steps"], "wall_s": s["wall_s"], "acc_initial": s["heldout_acc_initial"],
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--adversary", action="append", default=[])
     ap.add_argument("--out", default="runs/bench_swarm")
     ap.add_argument("--set", action="append", default=[], help="extra RunConfig overrides")
+    ap.add_argument("--config", default=None, help="base RunConfig TOML (e.g. configs/run.toml; default: built-in)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import torch
 
 from swarmrl.inference.sampler import _LMHeadInputHook
 from swarmrl.toploc.sampling_check import SamplingCheck, SamplingClaim, SamplingThresholds, check_sampling
-from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs
+from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs_batch
 
 __all__ = ["Recomputed", "RolloutCheck", "recompute", "verify_rollout", "verify_rollouts", "verify_rows", "claim_from_rollout"]
 
@@ -94,10 +94,8 @@ def recompute(model: torch.nn.Module, items: Sequence[tuple[Sequence[int], Seque
     return out
 
 
-def _judge(rec: Recomputed, completion_ids: Sequence[int], proofs: object, chunk: int, k: int,
-           thresholds: Thresholds | None, claim: SamplingClaim | None,
+def _judge(rec: Recomputed, completion_ids: Sequence[int], chunks: list[ChunkCheck], claim: SamplingClaim | None,
            sampling_thresholds: SamplingThresholds | None) -> RolloutCheck:
-    chunks = verify_proofs(rec.hidden, proofs, chunk=chunk, k=k, thresholds=thresholds)
     reasons = []
     bad = [c for c in chunks if not c.passed]
     if bad:
@@ -144,9 +142,11 @@ def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], chunk: int =
         else:
             todo.append(i)
     recs = recompute(model, [(norm[i][0], norm[i][1]) for i in todo], batch_size=batch_size)
-    for i, rec in zip(todo, recs):
-        _, completion_ids, proofs, claim = norm[i]
-        results[i] = _judge(rec, completion_ids, proofs, chunk, k, thresholds, claim, sampling_thresholds)
+    chunk_checks = verify_proofs_batch([(rec.hidden, norm[i][2]) for i, rec in zip(todo, recs)], chunk=chunk, k=k,
+                                       thresholds=thresholds)  # every row's proofs in one vectorised pass
+    for i, rec, chunks in zip(todo, recs, chunk_checks):
+        _, completion_ids, _, claim = norm[i]
+        results[i] = _judge(rec, completion_ids, chunks, claim, sampling_thresholds)
     return results  # type: ignore[return-value]
 
 

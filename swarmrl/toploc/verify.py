@@ -19,7 +19,7 @@ from pydantic import Field
 from swarmrl.config import StrictModel
 from swarmrl.toploc.proof import ProofError, chunk_bits, chunk_count, decode_proof, evaluate, topk_indices
 
-__all__ = ["Thresholds", "ChunkCheck", "verify_proofs", "NO_AGREEMENT"]
+__all__ = ["Thresholds", "ChunkCheck", "verify_proofs", "verify_proofs_batch", "NO_AGREEMENT"]
 
 NO_AGREEMENT = float(2**64)
 MAX_PROOFS = 1 << 16  # more proofs than this in one call is rejected before looking at them
@@ -76,7 +76,11 @@ def verify_proofs(hidden: torch.Tensor, proofs: object, chunk: int = 32, k: int 
 
     Returns one ChunkCheck per chunk of ``hidden``; hostile proofs give failed checks with reasons.
     """
-    th = thresholds or Thresholds()
+    return verify_proofs_batch([(hidden, proofs)], chunk=chunk, k=k, thresholds=thresholds)[0]
+
+
+def _precheck(hidden: torch.Tensor, proofs: object, chunk: int, k: int) -> tuple[list, list, int] | list[ChunkCheck]:
+    """Decoded proofs and pre-filled checks (None = still to compare) of one sequence, or all its checks failed."""
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be [positions, hidden], got shape {tuple(hidden.shape)}")
     n_chunks = chunk_count(hidden.shape[0], chunk)
@@ -95,36 +99,58 @@ def verify_proofs(hidden: torch.Tensor, proofs: object, chunk: int = 32, k: int 
         except ProofError as e:
             decoded.append(None)
             checks.append(ChunkCheck(i, False, reason=f"proof {i} rejected: {e}"))
-    base = 0
-    for bits in chunk_bits(hidden, chunk):
-        c, n = bits.shape
-        rows = [r for r in range(c) if decoded[base + r] is not None]
-        if rows:
-            try:
-                _check_group(bits, rows, base, decoded, checks, k, th)
-            except Exception as e:  # defensive: a proof must never crash the verifier
-                for r in rows:
-                    checks[base + r] = ChunkCheck(base + r, False, reason=f"proof {base + r} could not be checked: "
-                                                                          f"{type(e).__name__}: {e}")
-        base += c
-    assert all(ch is not None for ch in checks)
-    return checks  # type: ignore[return-value]
+    return decoded, checks, n_chunks
 
 
-def _check_group(bits: torch.Tensor, rows: list[int], base: int, decoded: list, checks: list, k: int,
-                 th: Thresholds) -> None:
-    c, n = bits.shape
+def verify_proofs_batch(items: list[tuple[torch.Tensor, object]], chunk: int = 32, k: int = 128,
+                        thresholds: Thresholds | None = None) -> list[list[ChunkCheck]]:
+    """``verify_proofs`` for many sequences at once: chunks of equal width from every sequence are compared
+    in one vectorised pass (top-k, polynomial evaluation, bit comparison), which is what makes a validator's
+    check of a whole submission cheap. Each item's result is what ``verify_proofs`` gives for it alone."""
+    th = thresholds or Thresholds()
+    results: list[list] = []
+    by_width: dict[int, list[tuple[torch.Tensor, int, int, object]]] = {}
+    for it, (hidden, proofs) in enumerate(items):
+        pre = _precheck(hidden, proofs, chunk, k)
+        if isinstance(pre, list):
+            results.append(pre)
+            continue
+        decoded, checks, _ = pre
+        results.append(checks)
+        base = 0
+        for bits in chunk_bits(hidden, chunk):
+            for r in range(bits.shape[0]):
+                if decoded[base + r] is not None:
+                    by_width.setdefault(bits.shape[1], []).append((bits[r], it, base + r, decoded[base + r]))
+            base += bits.shape[0]
+    for entries in by_width.values():
+        try:
+            found = _compare(torch.stack([e[0] for e in entries]), [e[3] for e in entries], k, th)
+        except Exception as e:  # defensive: a proof must never crash the verifier
+            found = [(False, -1, NO_AGREEMENT, NO_AGREEMENT,
+                      f"could not be checked: {type(e).__name__}: {e}")] * len(entries)
+        for (_, it, ci, _), (ok, e_mis, mu, md, why) in zip(entries, found):
+            if e_mis < 0:
+                results[it][ci] = ChunkCheck(ci, False, reason=f"proof {ci} {why}")
+            else:
+                results[it][ci] = ChunkCheck(ci, ok, e_mis, mu, md, why)
+    assert all(ch is not None for res in results for ch in res)
+    return results
+
+
+def _compare(bits: torch.Tensor, decoded: list, k: int, th: Thresholds
+             ) -> list[tuple[bool, int, float, float, str | None]]:
+    """Rows of chunk bit patterns [R, n] against their decoded proofs: (passed, exp_mismatches, mean, median, why)."""
     sub = bits.numpy()
-    if len(rows) < c:
-        sub = sub[rows]
-    ke = min(k, n)
+    ke = min(k, sub.shape[1])
     idx = topk_indices(sub, ke)
     mine = np.take_along_axis(sub, idx, axis=1).astype(np.int64) & 0xFFFF
-    m = np.array([decoded[base + r].m for r in rows], dtype=np.int64)
-    coeffs = np.stack([decoded[base + r].coeffs for r in rows])
+    m = np.array([d.m for d in decoded], dtype=np.int64)
+    coeffs = np.stack([d.coeffs for d in decoded])
     claimed = evaluate(coeffs, idx % m[:, None])
     exp_mis, mean, median = compare_bits(claimed, mine)
-    for j, r in enumerate(rows):
+    out = []
+    for j in range(len(decoded)):
         e, mu, md = int(exp_mis[j]), float(mean[j]), float(median[j])
         why = []
         if e > th.max_exp_mismatches:
@@ -133,5 +159,5 @@ def _check_group(bits: torch.Tensor, rows: list[int], base: int, decoded: list, 
             why.append(f"mant_err_mean {mu:.3g} > {th.max_mant_err_mean}")
         if md > th.max_mant_err_median:
             why.append(f"mant_err_median {md:.3g} > {th.max_mant_err_median}")
-        checks[base + r] = ChunkCheck(base + r, not why, e, mu, md, "; ".join(why) or None)
-
+        out.append((not why, e, mu, md, "; ".join(why) or None))
+    return out

@@ -1,0 +1,88 @@
+"""What the validator's TOPLOC check costs per submission, batched vs one prefill per row.
+
+A 128-row submission (16 tasks x 8 completions, two-digit addition, proofs attached) sampled from a model;
+the baseline is how the validator worked before (``verify_rollout`` per row: one prefill and one proof
+comparison per row); then the validator's ``toploc`` check (proofs + sampling claim of every row: prefills of
+``toploc_batch_size`` rows, every proof compared in one vectorised pass), in the same run.
+
+    python benchmarks/swarm/validator.py [--model runs/warmstart/model] [--reps 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="runs/warmstart/model", help="HF model dir (a fresh tiny model if absent)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+
+    from swarmrl.envs import make_env
+    from swarmrl.models import ModelInitConfig, init_model, load_model, load_tokenizer
+    from swarmrl.protocol.config import ValidatorConfig
+    from swarmrl.protocol.validator import CheckContext, toploc_check
+    from swarmrl.rl.config import RLConfig
+    from swarmrl.rl.worker import rollout_batch
+
+    model_dir = Path(a.model)
+    if not (model_dir / "config.json").is_file():
+        model_dir = Path(tempfile.mkdtemp()) / "model"
+        init_model(ModelInitConfig(seed=0), model_dir)
+    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    rl = RLConfig(model=str(model_dir), group_size=a.group)
+    rl = rl.model_copy(update={"sampling": rl.sampling.model_copy(update={"max_new_tokens": 6})})
+    env = make_env("add", digits=2)
+    res = rollout_batch(model, tok, env, env.sample(1, a.tasks), rl, worker_id="n", step=0, policy_version=0, seed=1,
+                        targets=None, generator=torch.Generator().manual_seed(0), proofs=True)
+    rows = res.rows
+    print(f"{len(rows)} rows, {sum(len(r.completion_ids) for r in rows)} completion tokens; model {model_dir}; "
+          f"{a.threads} thread(s); generating them took {res.seconds:.3f}s")
+    from swarmrl.toploc.rollout import claim_from_rollout, verify_rollout
+    from swarmrl.toploc.sampling_check import SamplingThresholds
+
+    st = SamplingThresholds(min_token_logprob=-30)
+
+    def per_row() -> None:  # the baseline: what the validator did before, one call (one prefill) per row
+        for r in rows:
+            res = verify_rollout(model, list(r.prompt_ids), list(r.completion_ids), list(r.proofs),
+                                 claim=claim_from_rollout(r, tok.eos_token_id), sampling_thresholds=st)
+            assert res.passed, res.reason
+
+    def timed(fn) -> float:  # noqa: ANN001
+        times = []
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    out = {"per row (baseline)": timed(per_row)}
+    for bs in (8, 64, 128):
+        cfg = ValidatorConfig(toploc_batch_size=bs, sampling_thresholds={"min_token_logprob": -30})
+        check = toploc_check(cfg)
+
+        def batched() -> None:
+            ok, reason = check(CheckContext(rows=rows, item=None, cfg=cfg, tokenizer=tok, model_loader=lambda v: model))
+            assert ok, reason
+
+        out[f"batched, {bs} rows/prefill"] = timed(batched)
+    base = out["per row (baseline)"]
+    print(f"\n{'TOPLOC check of one submission':<32} {'s':>8} {'speed-up':>9}")
+    for name, t in out.items():
+        print(f"{name:<32} {t:>8.4f} {base / t:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
