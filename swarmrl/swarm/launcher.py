@@ -1,4 +1,5 @@
-"""``swarmrl run --swarm``: the async RL loop with untrusted nodes, all as real processes on 127.0.0.1.
+"""``swarmrl run`` in swarm mode (the main job): the async RL loop with untrusted nodes, all real processes
+on 127.0.0.1.
 
 Processes: the orchestrator (SQLite under the run dir, a free port), the GRPO trainer (unchanged; with
 ``rl.shardcast.enabled`` it is the SHARDCAST origin) with its adapter (step and weight-server
