@@ -144,8 +144,11 @@ def test_swarm_run_catches_cheats_survives_orchestrator_crash(tiny_model_dir, tm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_swarm_run_all_adversaries_and_a_killed_node(tiny_model_dir, tmp_path):
-    adversaries = list(CAUGHT_BY)
-    cfg = _cfg(tmp_path, tiny_model_dir, adversaries, nodes=3, steps=10, prompts=8, tasks=2)
+    from swarmrl.rl.config import ShardcastSection
+
+    adversaries = list(CAUGHT_BY)  # with weights through SHARDCAST, as in the main job
+    cfg = _cfg(tmp_path, tiny_model_dir, adversaries, nodes=3, steps=10, prompts=8, tasks=2,
+               rl_extra={"shardcast": ShardcastSection(enabled=True, relays=1)})
     run_dir = tmp_path / "run"
     t, out = _run_in_thread(cfg)
     _wait(lambda: _trainer_steps(run_dir) >= 3 or not t.is_alive(), 500, "three trainer steps")
