@@ -27,7 +27,12 @@ torch.set_num_threads(1)
 def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
     env = make_env(a.env, **a.env_params)
     tasks = env.sample(a.seed, len(a.tasks))
-    prompts = [tok.encode(t.prompt, add_special_tokens=False) for t in tasks for _ in range(a.group_size)]
+    from swarmrl.rl.budget import completion_length, format_prompt
+
+    # stated under the assigned thinking budget, as an honest node does (the validator re-derives the prompt)
+    shown = [format_prompt(t.prompt, a.target_length, a.budget_prompt_format) if a.target_length is not None
+             else t.prompt for t in tasks]
+    prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.group_size)]
     out = generate(model, prompts, SamplingParams(max_new_tokens=12, temperature=1.0), tok.eos_token_id,
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(seed))
     rows = []
@@ -35,9 +40,10 @@ def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
                                                out.hidden)):
         t = tasks[i // a.group_size]
         r = float(env.verify(t, decode_completion(tok, c)))
+        pen = 0.0 if a.target_length is None else a.budget_penalty * abs(a.target_length - completion_length(c, fin))
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
                             env=a.env, group_id=f"g{i // a.group_size}", prompt_ids=p, completion_ids=c, logprobs=lp,
-                            reward=r, task_reward=r, length_penalty=0.0, advantage=0.0, target_length=a.target_length,
+                            reward=r - pen, task_reward=r, length_penalty=pen, advantage=0.0, target_length=a.target_length,
                             temperature=1.0, finished=fin, seed=a.seed, proofs=proofs_for_sample(h)))
     return rows
 

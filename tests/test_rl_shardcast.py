@@ -32,3 +32,32 @@ def test_workers_fetch_policies_through_a_relay(tiny_model_dir, tmp_path):
     # the origin published the trainer's versions (1..4), numbered by step
     dist = (run / "shardcast" / "origin" / "distribution.txt").read_text().split()
     assert "v4:" in dist
+
+
+def test_relays_wait_for_the_new_trainers_origin_not_a_stale_one(tmp_path):
+    """A resumed run dir still holds the previous trainer's origin.json (an old port): the launchers forget it
+    before starting the trainer, so relays are pointed at the origin the new trainer announces."""
+    import json
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from swarmrl.rl.launcher import forget_origin, wait_for_origin
+    from swarmrl.rl.store import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.write_json("origin.json", {"url": "http://127.0.0.1:1", "public_key": "00" * 32})  # from the last run
+    fake_trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        forget_origin(run)
+        t = threading.Timer(0.5, lambda: run.write_json("origin.json", {"url": "http://127.0.0.1:2",
+                                                                        "public_key": "11" * 32}))
+        t.start()
+        t0 = time.monotonic()
+        origin = wait_for_origin(run, fake_trainer, tmp_path, timeout_s=10)
+        assert origin["url"] == "http://127.0.0.1:2" and time.monotonic() - t0 >= 0.4
+        assert json.loads((run.shardcast / "origin.json").read_text()) == origin
+    finally:
+        fake_trainer.kill()
+        fake_trainer.wait()

@@ -92,6 +92,7 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     t0 = time.monotonic()
+    forget_origin(run)
     trainer = _spawn(["rl", "trainer", "--config", str(cfg_path)], logs / "trainer.log")
     relays = start_relays(cfg, run, trainer, logs) if cfg.rl.shardcast.enabled else []
     workers = {f"w{i}": _spawn(["rl", "worker", "--config", str(cfg_path), "--id", f"w{i}"], logs / f"w{i}.log")
@@ -123,6 +124,11 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     if live is not None:
         live(snapshot(root, t0))
     return finish(cfg, root, time.monotonic() - t0)
+
+
+def forget_origin(run: RunDir) -> None:
+    """Before (re)starting a trainer: a resumed run's ``origin.json`` names the previous trainer's port."""
+    (run.shardcast / "origin.json").unlink(missing_ok=True)
 
 
 def wait_for_origin(run: RunDir, trainer: subprocess.Popen, logs: Path, timeout_s: float = 180.0) -> dict:

@@ -58,7 +58,7 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, C901
                  live: Callable[[dict], None] | None = None) -> dict:
     from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
-    from swarmrl.rl.launcher import _spawn, finish, prepare_warmstart, relay_specs, wait_for_origin
+    from swarmrl.rl.launcher import _spawn, finish, forget_origin, prepare_warmstart, relay_specs, wait_for_origin
 
     sw = cfg.swarm
     prepare_warmstart(cfg, progress)
@@ -141,6 +141,7 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
         stop_process(procs["orchestrator"])
         raise
     progress(f"orchestrator on {url}; {sw.nodes} honest nodes, adversaries: {', '.join(sw.adversaries) or 'none'}")
+    forget_origin(RunDir(root))
     procs["trainer"] = _spawn(specs["trainer"], logs / "trainer.log")
     if rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the nodes
         try:
