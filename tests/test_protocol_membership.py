@@ -124,3 +124,20 @@ def test_trainer_announces_weight_servers(tmp_path):
     with running(cfg, run_sweeper=False) as srv:  # restart: the announcement is persisted
         hb = NodeClient(srv.url, node.key).heartbeat()
         assert hb.weight_relays == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"] and hb.weight_pubkey == pub
+
+
+def test_assignment_budget_format_is_checked_where_a_node_reads_it():
+    """A node formats its prompts with the assignment's budget format: a reply carrying anything but {prompt}
+    and {target} (e.g. attribute access into the format arguments) fails to parse instead of being used."""
+    from pydantic import ValidationError
+
+    from swarmrl.protocol.schemas import AssignmentSpec
+
+    base = dict(assignment_id=1, step=0, policy_version=0, seed=1, env="add", env_params={}, group_size=2,
+                target_length=8, tasks=[])
+    assert AssignmentSpec(**base, budget_prompt_format="[{target}]{prompt}").budget_prompt_format
+    for bad in ("{prompt.__class__.__init__.__globals__}{target}", "{target}", "{prompt}{target}{x}"):
+        with pytest.raises(ValidationError):
+            AssignmentSpec(**base, budget_prompt_format=bad)
+    with pytest.raises(ValidationError):
+        AssignmentSpec(**base, budget_penalty=-1.0)

@@ -46,8 +46,15 @@ class AssignmentSpec(Body):
     round: int = 0  # part of the seed derivation: blake2b(origin node | step | round | secret)
     # with a thinking budget (target_length): the prompt is budget_prompt_format.format(target=, prompt=) and
     # reward = task_reward - budget_penalty * |target_length - completion tokens before EOS|
-    budget_prompt_format: str = ""
-    budget_penalty: float = 0.0
+    budget_prompt_format: str = Field("", max_length=1000)
+    budget_penalty: float = Field(0.0, ge=0, le=1e6)
+
+    @field_validator("budget_prompt_format")
+    @classmethod
+    def _fmt(cls, v: str) -> str:  # a node formats prompts with it: only {prompt} and {target}, no attribute access
+        from swarmrl.rl.budget import check_prompt_format
+
+        return check_prompt_format(v) if v else v
 
 
 class HeartbeatReply(Body):

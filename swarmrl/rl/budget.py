@@ -34,12 +34,15 @@ def check_prompt_format(fmt: str) -> str:
     import string
 
     try:
-        fields = [f for _, f, spec, conv in string.Formatter().parse(fmt) if f is not None]
-        fmt.format(target=1, prompt="p")
-    except (ValueError, IndexError, KeyError) as e:
+        fields = [f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None]
+    except ValueError as e:
         raise ValueError(f"bad prompt format {fmt!r}: {e}") from None
-    if sorted(set(fields)) != ["prompt", "target"] or fields.count("prompt") != 1:
+    if sorted(set(fields)) != ["prompt", "target"] or fields.count("prompt") != 1:  # before formatting anything
         raise ValueError(f"prompt format {fmt!r} must contain {{prompt}} once and {{target}}, and no other field")
+    try:
+        fmt.format(target=1, prompt="p")
+    except Exception as e:  # e.g. a format spec that does not apply to the value
+        raise ValueError(f"bad prompt format {fmt!r}: {e}") from None
     return fmt
 
 
