@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ from typer.testing import CliRunner
 
 from protocol_support import database_url, rollouts_for, write
 from swarmrl.cli import app
-from swarmrl.protocol.client import NodeClient
+from swarmrl.protocol.client import NodeClient, wait_until_up
 from swarmrl.protocol.signing import load_private_key, public_key_hex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,19 +59,6 @@ def _start_orchestrator(args: list[str], log: Path) -> subprocess.Popen:
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
 
 
-def _wait_up(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "orchestrator exited"
-        try:
-            if httpx.get(url + "/v1/ping", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("orchestrator did not come up")
-
-
 @pytest.mark.slow
 def test_real_processes_end_to_end(tmp_path):
     keys = {}
@@ -91,7 +77,7 @@ def test_real_processes_end_to_end(tmp_path):
     log = tmp_path / "orch.log"
     proc = _start_orchestrator(args, log)
     try:
-        _wait_up(url, proc)
+        wait_until_up(url, proc, timeout=180)
         spec = httpx.get(url + "/openapi.json").json()
         assert "/v1/nodes/heartbeat" in spec["paths"] and "HeartbeatReply" in spec["components"]["schemas"]
         r = _cli("node", "run", "--orchestrator", url, "--key", str(tmp_path / "node.pem"), "--max-beats", "2")
@@ -113,7 +99,7 @@ def test_real_processes_end_to_end(tmp_path):
         proc.wait(timeout=60)
     proc = _start_orchestrator(args, log)
     try:
-        _wait_up(url, proc)
+        wait_until_up(url, proc, timeout=180)
         assert NodeClient(url, tmp_path / "node.pem").ledger() == before
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -19,6 +19,9 @@ from swarmrl.protocol.schemas import (AcceptedList, Balance, HeartbeatReply, Hea
                                       RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionDetail, SubmitReply,
                                       VerdictReply, VerdictRequest, WeightsReply, WeightsRequest)
 from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex, sign_request
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 class ApiError(RuntimeError):
@@ -145,3 +148,20 @@ class TrainerClient(ValidatorClient):
     def accepted(self, step: int) -> AcceptedList:
         return AcceptedList.model_validate_json(
             self.request("GET", f"/v1/trainer/steps/{int(step)}/submissions").content)
+
+
+def wait_until_up(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
+    """Block until the orchestrator at ``url`` answers ``/v1/health``; fail early if ``proc`` (its process) exits."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"orchestrator exited with {proc.returncode} while starting")
+        try:
+            if httpx.get(url.rstrip("/") + "/v1/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"orchestrator at {url} did not come up within {timeout:.0f}s")

@@ -203,10 +203,7 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
         random.Random(ctx.item.submission.sha256).shuffle(idx)
         picked = [i for i in sorted(idx[: cfg.logprob_rows]) if ctx.rows[i].completion_ids]
         worst = 0.0
-        by_version: dict[int, list[int]] = defaultdict(list)
-        for i in picked:
-            by_version[ctx.rows[i].policy_version].append(i)
-        for version, rows_idx in sorted(by_version.items()):
+        for version, rows_idx in _by_version(ctx.rows, picked).items():
             model = ctx.model(version)
             if not isinstance(model, torch.nn.Module):
                 raise SkipCheck(f"policy v{version} is not a torch model here")
@@ -281,10 +278,11 @@ def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any,
     return check
 
 
-def _by_version(rows: list[Rollout]) -> dict[int, list[int]]:
+def _by_version(rows: list[Rollout], indices: list[int] | None = None) -> dict[int, list[int]]:
+    """Row indices (all, or ``indices``) grouped by policy version, versions ascending."""
     groups: dict[int, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows):
-        groups[r.policy_version].append(i)
+    for i in range(len(rows)) if indices is None else indices:
+        groups[rows[i].policy_version].append(i)
     return dict(sorted(groups.items()))
 
 

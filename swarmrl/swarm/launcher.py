@@ -41,22 +41,9 @@ def _keygen(path: Path) -> dict:
     return {"key": str(path), "public_key": pub, "node_id": node_id_for(pub)}
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"orchestrator exited with {proc.returncode} while starting")
-        try:
-            if httpx.get(url + "/v1/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("orchestrator did not come up")
-
-
 def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, C901
                  live: Callable[[dict], None] | None = None) -> dict:
+    from swarmrl.protocol.client import wait_until_up
     from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
     from swarmrl.rl.launcher import _spawn, finish, forget_origin, prepare_warmstart, relay_specs, wait_for_origin
 
@@ -136,7 +123,7 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
     procs: dict[str, subprocess.Popen] = {}
     procs["orchestrator"] = _spawn(orch_args(), logs / "orchestrator.log")
     try:
-        _wait_http(url, procs["orchestrator"])
+        wait_until_up(url, procs["orchestrator"])
     except BaseException:
         stop_process(procs["orchestrator"])
         raise
@@ -188,7 +175,7 @@ def launch_swarm(cfg, progress: Callable[[str], None] = print,  # noqa: ANN001, 
                 progress(f"{name} exited with {p.returncode}; restarting it")
                 if name == "orchestrator":
                     procs[name] = _spawn(orch_args(), logs / "orchestrator.log")
-                    _wait_http(url, procs[name])
+                    wait_until_up(url, procs[name])
                 else:
                     procs[name] = _spawn(specs[name], logs / f"{name}.log")
                 write_pids()
