@@ -48,7 +48,7 @@ def raw_http(port: int, request: bytes, timeout: float = 5.0) -> bytes:
                         k, _, v = line.partition(b":")
                         if k.strip().lower() == b"content-length" and len(body) >= int(v):
                             return buf
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
     return buf
 

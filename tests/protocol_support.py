@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import uvicorn
 
@@ -34,13 +34,17 @@ def database_url(tmp: Path) -> str:
 
 
 def make_cfg(tmp: Path, **kw) -> tuple[OrchestratorConfig, dict]:
-    validator, trainer = generate_key(), generate_key()
+    """A config with validator, trainer and stake authority keys (returned by role). Nodes declare their own stake
+    here (``self_declared_stake``) so the tests of everything else need no deposits; tests/attacks/test_sybils.py
+    runs the deposit model (``self_declared_stake=False``)."""
+    validator, trainer, authority = generate_key(), generate_key(), generate_key()
     base = dict(data_dir=str(tmp / "orch"), database_url=database_url(tmp), run_secret="test-secret",
                 validator_keys=[public_key_hex(validator)], trainer_keys=[public_key_hex(trainer)],
                 tasks_per_node=3, group_size=2, heartbeat_interval_s=10.0, sweep_interval_s=0.1,
-                rate_limit_per_s=1000.0, rate_limit_burst=1000)
+                rate_limit_per_s=1000.0, rate_limit_burst=1000,
+                stake_authority_keys=[public_key_hex(authority)], self_declared_stake=True)
     base.update(kw)
-    return OrchestratorConfig(**base), {"validator": validator, "trainer": trainer}
+    return OrchestratorConfig(**base), {"validator": validator, "trainer": trainer, "authority": authority}
 
 
 class Server:
@@ -51,7 +55,7 @@ class Server:
                                                     lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -96,8 +100,8 @@ def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge
     ``tasks`` overrides the tasks answered (task_id, prompt, answer) to model a node choosing its own. Under a
     thinking budget the prompt states it (unless ``bare_prompt``) and the length penalty is the assigned one
     (unless ``length_penalty`` forges another)."""
+    from swarmrl.contract import format_prompt
     from swarmrl.envs import make_env
-    from swarmrl.rl.budget import format_prompt
 
     tok = tokenizer()
     env = make_env(a.env, **a.env_params)
@@ -114,7 +118,7 @@ def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge
             pen = 0.0 if a.target_length is None else a.budget_penalty * abs(a.target_length - (len(comp) - 1))
             pen = pen if length_penalty is None else length_penalty
             shown = prompt if bare_prompt or a.target_length is None else \
-                format_prompt(prompt, a.target_length, a.budget_prompt_format)
+                format_prompt(prompt, a.budget())
             rows.append(Rollout(worker_id=node_id, step=a.step,
                                 policy_version=a.policy_version if policy_version is None else policy_version,
                                 task_id=task_id, env=a.env, group_id=f"{a.assignment_id}-{gi}",

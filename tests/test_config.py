@@ -3,7 +3,7 @@ from typer.testing import CliRunner
 
 from swarmrl.cli import app
 from swarmrl.config import ConfigError, dump_config, load_config, parse_override
-from swarmrl.rl.launcher import RunConfig
+from swarmrl.job import RunConfig
 from swarmrl.rl.config import RLConfig
 
 

@@ -5,8 +5,17 @@ import math
 import pytest
 import torch
 
-from swarmrl.diloco.outer import (OuterNesterov, compress, decompress, flatten, params_digest, pseudo_gradient,
-                                  unflatten_into, warmup_cosine, wire_bytes)
+from swarmrl.diloco.outer import (
+    OuterNesterov,
+    compress,
+    decompress,
+    flatten,
+    params_digest,
+    pseudo_gradient,
+    unflatten_into,
+    warmup_cosine,
+    wire_bytes,
+)
 
 torch.set_num_threads(1)
 

@@ -3,7 +3,6 @@ output (so reward would be 1); the sandbox must make it fail and leave the host 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from protocol_support import database_url, rollouts_for, write
 from typer.testing import CliRunner
 
-from protocol_support import database_url, rollouts_for, write
 from swarmrl.cli import app
 from swarmrl.protocol.client import NodeClient, wait_until_up
 from swarmrl.protocol.signing import load_private_key, public_key_hex
@@ -62,7 +62,7 @@ def _start_orchestrator(args: list[str], log: Path) -> subprocess.Popen:
 @pytest.mark.slow
 def test_real_processes_end_to_end(tmp_path):
     keys = {}
-    for name in ("validator", "node"):
+    for name in ("validator", "node", "authority"):
         r = _cli("node", "keygen", "--out", str(tmp_path / f"{name}.pem"))
         assert r.returncode == 0, r.stderr
         keys[name] = json.loads(r.stdout)
@@ -70,6 +70,7 @@ def test_real_processes_end_to_end(tmp_path):
     url = f"http://127.0.0.1:{port}"
     args = ["--port", str(port), "--data-dir", str(tmp_path / "orch"),
             "--set", f"validator_keys=['{keys['validator']['public_key']}']", "--set", "run_secret='s3'",
+            "--set", f"stake_authority_keys=['{keys['authority']['public_key']}']",
             "--set", "tasks_per_node=2", "--set", "group_size=2"]
     dburl = database_url(tmp_path)
     if dburl:
@@ -80,6 +81,9 @@ def test_real_processes_end_to_end(tmp_path):
         wait_until_up(url, proc, timeout=180)
         spec = httpx.get(url + "/openapi.json").json()
         assert "/v1/nodes/heartbeat" in spec["paths"] and "HeartbeatReply" in spec["components"]["schemas"]
+        r = _cli("orchestrator", "deposit", "--orchestrator", url, "--key", str(tmp_path / "authority.pem"),
+                 "--public-key", keys["node"]["public_key"], "--amount", "100")  # the node's stake (NodeConfig.stake)
+        assert r.returncode == 0, r.stderr
         r = _cli("node", "run", "--orchestrator", url, "--key", str(tmp_path / "node.pem"), "--max-beats", "2")
         assert r.returncode == 0, r.stderr
         beats = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
@@ -90,7 +94,8 @@ def test_real_processes_end_to_end(tmp_path):
         r = _cli("validator", "run", "--orchestrator", url, "--key", str(tmp_path / "validator.pem"),
                  "--set", "run_secret='s3'", "--set", "max_batches=1", "--set", f"work_dir='{tmp_path / 'val'}'")
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout.strip().splitlines()[-1]) == {"judged": 1}
+        summary = json.loads(r.stdout.strip().splitlines()[-1])  # the validator's health at exit
+        assert summary["judged"] == 1 and summary["validator_internal_errors"] == 0 and not summary["left_pending"]
         before = node.ledger()
         # without a model_dir the validator cannot decode: rewards are skipped, the rest is checked
         assert before.credits_locked == 4.0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from protocol_support import make_cfg
+
 from swarmrl.protocol import ledger
 from swarmrl.protocol.models import LedgerEntry, Nonce
 from swarmrl.protocol.orchestrator import Orchestrator, ProtocolError, create_app

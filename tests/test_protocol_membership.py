@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from protocol_support import make_cfg, running
+
+from swarmrl.contract import task_seed, thinking_budget
 from swarmrl.envs import make_env
-from swarmrl.protocol.assignment import task_seed, thinking_budget
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient
 from swarmrl.protocol.signing import generate_key
 

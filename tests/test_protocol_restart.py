@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.signing import generate_key, sign_request

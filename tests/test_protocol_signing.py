@@ -7,12 +7,25 @@ import time
 
 import httpx
 import pytest
-
 from protocol_support import make_cfg, running
+
 from swarmrl.protocol.client import ApiError, NodeClient
-from swarmrl.protocol.signing import (H_HASH, H_KEY, H_NONCE, H_SIG, H_TS, SignatureError, generate_key,
-                                      load_private_key, node_id_for, parse_headers, public_key_hex,
-                                      save_private_key, sign_request, verify_signature)
+from swarmrl.protocol.signing import (
+    H_HASH,
+    H_KEY,
+    H_NONCE,
+    H_SIG,
+    H_TS,
+    SignatureError,
+    generate_key,
+    load_private_key,
+    node_id_for,
+    parse_headers,
+    public_key_hex,
+    save_private_key,
+    sign_request,
+    verify_signature,
+)
 
 
 def test_sign_verify_roundtrip_and_tamper():

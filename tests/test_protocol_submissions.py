@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from protocol_support import make_cfg, rollouts_for, running, write
+
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.signing import generate_key, sign_request
 

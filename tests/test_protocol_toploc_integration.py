@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("swarmrl.toploc.rollout", reason="swarmrl.toploc not installed in this tree")
 
 import torch  # noqa: E402
-
 from protocol_support import make_cfg, running  # noqa: E402
+
 from swarmrl.envs import make_env  # noqa: E402
 from swarmrl.inference.prompts import decode_completion  # noqa: E402
 from swarmrl.inference.sampler import SamplingParams, generate  # noqa: E402
@@ -27,10 +27,10 @@ torch.set_num_threads(1)
 def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
     env = make_env(a.env, **a.env_params)
     tasks = env.sample(a.seed, len(a.tasks))
-    from swarmrl.rl.budget import completion_length, format_prompt
+    from swarmrl.contract import completion_length, format_prompt
 
     # stated under the assigned thinking budget, as an honest node does (the validator re-derives the prompt)
-    shown = [format_prompt(t.prompt, a.target_length, a.budget_prompt_format) if a.target_length is not None
+    shown = [format_prompt(t.prompt, a.budget()) if a.target_length is not None
              else t.prompt for t in tasks]
     prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.group_size)]
     out = generate(model, prompts, SamplingParams(max_new_tokens=12, temperature=1.0), tok.eos_token_id,

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import VerdictRequest
 from swarmrl.protocol.signing import generate_key
-from swarmrl.protocol.validator import SkipCheck, Validator, lazy_check
+from swarmrl.protocol.validator import Validator, lazy_check
 
 
 def _validator(srv, keys, tmp, **kw) -> Validator:
@@ -55,7 +55,9 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     assert not v1.accepted and v1.reason.startswith("rewards:") and "verifier gives 0" in v1.reason
     detail = node.submission(sid1)  # the verdict and every check's reason are public and persisted
     assert detail.status == "rejected" and detail.reason == v1.reason
-    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "rewards"]
+    # cheapest first; the model checks are skipped here (no model), the reward re-check comes last
+    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "proofs", "logprobs", "toploc",
+                                               "sampling", "rewards"]
     assert node.submission(sid0).status == "accepted"
     from swarmrl.utils.metrics import read_metrics
 
@@ -202,16 +204,22 @@ def test_pluggable_and_lazy_checks(env, tmp_path):
         assert not v2.accepted and v2.reason == "toploc: row 1: proof mismatch at chunk 0"
     finally:
         del sys.modules["fake_toploc_mod"]
-    # a missing module is skipped with its reason; require_proofs turns the skip into a rejection
+    # a missing module is a misconfiguration: an internal error (the node is not slashed, nothing is posted,
+    # the submission stays pending), and the CLI refuses such a config at startup
     chk = lazy_check("toploc", "no_such_module_xyz:verify", lambda fn, m, r: fn(m, r))
-    with pytest.raises(SkipCheck, match="no_such_module_xyz"):
+    with pytest.raises(ImportError, match="no_such_module_xyz"):
         chk(None)
     node3 = _node(srv)
     a3 = node3.heartbeat().assignments[0]
-    node3.submit(a3.assignment_id, write(rollouts_for(node3.node_id, a3), tmp / "q.parquet"))
-    strict = _validator(srv, keys, tmp, toploc_check="no_such_module_xyz:verify", require_proofs=True)
-    [(_, v3)] = strict.run_once()
-    assert not v3.accepted and "required but skipped" in v3.reason
+    sid3 = node3.submit(a3.assignment_id, write(rollouts_for(node3.node_id, a3), tmp / "q.parquet")).submission_id
+    strict = _validator(srv, keys, tmp, toploc_check="no_such_module_xyz:verify")
+    strict._load_model = lambda version: f"model-v{version}"
+    assert strict.run_once() == []
+    assert strict.internal_errors == 1 and node3.submission(sid3).status == "pending"
+    assert node3.ledger().status == "active"
+    from swarmrl.protocol.validator import config_problems
+
+    assert any("no_such_module_xyz" in p for p in config_problems(strict.cfg))
 
 
 def test_optimistic_mode_lists_pending(tmp_path):

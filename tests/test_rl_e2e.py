@@ -8,7 +8,8 @@ run (0.19 -> 0.24), too close to the +0.05 bar to be a reliable check."""
 import pytest
 
 from swarmrl.config import load_config
-from swarmrl.rl.launcher import RunConfig, launch
+from swarmrl.job import RunConfig
+from swarmrl.job.launch import launch
 from swarmrl.utils.metrics import read_metrics
 
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from swarmrl.rl.advantages import group_advantages, is_informative
+from swarmrl.contract import group_advantages, is_informative
 from swarmrl.rl.loss import grpo_token_loss, token_weights
 
 
@@ -109,11 +109,12 @@ def test_tied_groups_are_uninformative():
 def test_budget_helpers():
     import random
 
-    from swarmrl.rl.budget import BudgetConfig, allowed_targets, draw_targets, format_prompt, length_penalty
+    from swarmrl.contract import Budget, allowed_targets, draw_targets, format_prompt, length_penalty
+    from swarmrl.rl.budget import BudgetConfig
 
     cfg = BudgetConfig(enabled=True, targets=[16, 4, 8], match_throughput=True, max_batch_seconds=1.0)
-    assert format_prompt("1+1=", 8, cfg) == "[8]1+1=" and format_prompt("1+1=", None, cfg) == "1+1="
-    assert length_penalty(5, 8, 0.1) == pytest.approx(0.3) and length_penalty(5, None, 0.1) == 0.0
+    assert format_prompt("1+1=", cfg.budget(8)) == "[8]1+1=" and format_prompt("1+1=", cfg.budget(None)) == "1+1="
+    assert length_penalty(5, Budget(8, 0.1)) == pytest.approx(0.3) and length_penalty(5, None) == 0.0
     # 100 sequences in 1 s: 800 tok/s allows 8 tokens each, 300 tok/s only the shortest
     assert allowed_targets(cfg, 800.0, 100) == [4, 8]
     assert allowed_targets(cfg, 300.0, 100) == [4]

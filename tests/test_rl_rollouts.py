@@ -2,9 +2,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from swarmrl.contract import AsyncWindow, GroupRule
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import SCHEMA, Rollout, RolloutError, RolloutLimits, read_rollouts, to_table, write_rollouts
-from swarmrl.rl.trainer import select_groups
+
+
+def select_groups(rows_by_file, step, cfg):
+    """The trainer's selection for ``cfg`` (its rule and window come from the RL config)."""
+    return GroupRule(cfg.group_size, cfg.filter_ties).select(rows_by_file, step, AsyncWindow(cfg.async_level))
 
 
 def row(**kw) -> Rollout:
@@ -71,22 +76,22 @@ def test_staleness_gate_and_filters():
             + _group("too_old", [1, 0, 1, 0], 2) + _group("future", [0, 1, 0, 0], 6)
             + _group("tied", [1, 1, 1, 1], 4) + _group("short", [1, 0, 1], 4)
             + _group("other_step", [1, 0, 0, 0], 4, step=6))
-    usable, stats = select_groups([("f", rows)], step=5, cfg=cfg)
+    usable, stats = select_groups([("f", rows)], 5, cfg)
     assert [g[0].group_id for g in usable] == ["fresh", "ok_old"]
     assert stats["stale_rows"] == 8 and stats["tied_groups"] == 1 and stats["incomplete_groups"] == 1
     assert stats["wrong_step_rows"] == 4
     # synchronous mode accepts only the current policy
-    usable0, _ = select_groups([("f", rows)], step=5, cfg=RLConfig(async_level=0, group_size=4))
+    usable0, _ = select_groups([("f", rows)], 5, RLConfig(async_level=0, group_size=4))
     assert [g[0].group_id for g in usable0] == ["fresh"]
     # without the tie filter the tied group is kept
-    usable_nf, _ = select_groups([("f", rows)], step=5, cfg=RLConfig(async_level=2, group_size=4, filter_ties=False))
+    usable_nf, _ = select_groups([("f", rows)], 5, RLConfig(async_level=2, group_size=4, filter_ties=False))
     assert "tied" in [g[0].group_id for g in usable_nf]
 
 
 def test_same_group_id_from_two_workers_stays_separate():
     cfg = RLConfig(async_level=1, group_size=2)
     rows = _group("g", [1, 0], 5, worker="a") + _group("g", [0, 1], 5, worker="b")
-    usable, _ = select_groups([("f", rows)], step=5, cfg=cfg)
+    usable, _ = select_groups([("f", rows)], 5, cfg)
     assert len(usable) == 2 and all(len(g) == 2 for g in usable)
 
 

@@ -3,7 +3,8 @@
 import pytest
 
 from swarmrl.config import load_config
-from swarmrl.rl.launcher import RunConfig, launch
+from swarmrl.job import RunConfig
+from swarmrl.job.launch import launch
 from swarmrl.utils.metrics import read_metrics
 
 
@@ -43,7 +44,7 @@ def test_relays_wait_for_the_new_trainers_origin_not_a_stale_one(tmp_path):
     import threading
     import time
 
-    from swarmrl.rl.launcher import forget_origin, wait_for_origin
+    from swarmrl.job.launch import forget_origin, wait_for_origin
     from swarmrl.rl.store import RunDir
 
     run = RunDir(tmp_path / "run")

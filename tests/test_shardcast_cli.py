@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
-
 from _shardcast_util import make_file, same_file
+from typer.testing import CliRunner
 
 from swarmrl.shardcast import Origin, fetch
 

@@ -6,10 +6,25 @@ import json
 
 import pytest
 
-from swarmrl.shardcast.layout import (DistEntry, LayoutError, Manifest, ShardInfo, format_distribution,
-                                      parse_distribution, shard_relpath)
-from swarmrl.shardcast.signing import (SignatureError, generate_key, keygen, load_private_key, load_public_key,
-                                       public_key_hex, sign_manifest, verify_manifest)
+from swarmrl.shardcast.layout import (
+    DistEntry,
+    LayoutError,
+    Manifest,
+    ShardInfo,
+    format_distribution,
+    parse_distribution,
+    shard_relpath,
+)
+from swarmrl.shardcast.signing import (
+    SignatureError,
+    generate_key,
+    keygen,
+    load_private_key,
+    load_public_key,
+    public_key_hex,
+    sign_manifest,
+    verify_manifest,
+)
 
 H = "ab" * 32
 
@@ -124,3 +139,36 @@ def test_key_files(tmp_path):
         load_private_key(tmp_path / "junk.key")
     with pytest.raises(ValueError):
         load_public_key("not-a-key")
+
+
+def test_origin_publishes_again_a_version_whose_publication_crashed(tmp_path):
+    """A crash mid-publish leaves the version reserved but never served: the next origin publishes it instead
+    of refusing it for good (a restarted trainer could otherwise never hand that policy to its relays);
+    a crash after the rename but before distribution.txt is repaired at start."""
+    from swarmrl.shardcast import Origin
+    from swarmrl.shardcast.layout import DISTRIBUTION_NAME, parse_distribution
+    from swarmrl.shardcast.origin import STATE_NAME
+
+    ckpt = tmp_path / "model.bin"
+    ckpt.write_bytes(bytes(range(256)) * 12)
+    o = Origin(tmp_path / "o", keep=3, shard_size=1024, fsync=False)
+    o.publish_sync(ckpt, version=1)
+    # v2 reserved (persisted first), then the crash before its publication finished
+    (tmp_path / "o" / STATE_NAME).write_text(json.dumps({"last_version": 2, "completed": 1}))
+    (tmp_path / "o" / "v2.tmp").mkdir()
+    o.close()
+    o = Origin(tmp_path / "o", keep=3, shard_size=1024, fsync=False)
+    assert o.last_version == 2 and not o.is_published(2)
+    o.publish_sync(ckpt, version=2)
+    assert o.is_published(2) and o.versions() == [1, 2]
+    with pytest.raises(ValueError):
+        o.publish_sync(ckpt, version=2)  # once published, never again
+    with pytest.raises(ValueError):
+        o.publish_sync(ckpt, version=1)
+    o.publish_sync(ckpt, version=3)
+    dist = tmp_path / "o" / DISTRIBUTION_NAME
+    dist.write_bytes(b"".join(line + b"\n" for line in dist.read_bytes().splitlines()[:-1]))  # v3 unlisted
+    o.close()
+    o = Origin(tmp_path / "o", keep=3, shard_size=1024, fsync=False)
+    assert [e.version for e in parse_distribution(dist.read_bytes())] == [1, 2, 3]
+    o.close()

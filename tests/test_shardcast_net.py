@@ -13,9 +13,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from _shardcast_util import flip_byte, make_file, raw_http, same_file, status_of, wait_until
 from aiohttp import web
 
-from _shardcast_util import flip_byte, make_file, raw_http, same_file, status_of, wait_until
 from swarmrl.shardcast import FetchError, Origin, Relay, ShardServer, fetch, fetch_async
 from swarmrl.shardcast.layout import MANIFEST_NAME, Manifest, ShardInfo, atomic_write, shard_name
 from swarmrl.shardcast.signing import generate_key, sign_manifest, verify_manifest

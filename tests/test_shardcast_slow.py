@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _shardcast_util import make_file, same_file, wait_until
-from swarmrl.shardcast import Origin, Relay, fetch, fetch_async
+
+from swarmrl.shardcast import Origin, Relay, fetch_async
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

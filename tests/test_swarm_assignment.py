@@ -1,14 +1,15 @@
 """Demand-driven assignment (swarm RL): enough work per step, rounds in the seed, the async window,
-timeouts and refused uploads release work, dead nodes' work is reassigned, restarts lose nothing."""
+timeouts and refused uploads release work (the first upload of reassigned work wins), dead nodes' work is
+reassigned, restarts lose nothing."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-
 from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
-from swarmrl.protocol.assignment import task_seed
+
+from swarmrl.contract import task_seed
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.signing import generate_key
@@ -84,9 +85,13 @@ def test_refused_upload_and_timeout_release_work(tmp_path):
         srv.orch.sweep(now=time.time() + 1.0)  # slow never delivers: timed out
         [xh2] = _open(honest)
         assert xh2.seed == xs.seed and xh2.reassigned_from == slow.node_id
+        # both hold the work now: the first upload (here the slow node's, late but valid) completes it, and the
+        # other copy is closed (one 409, gone from the heartbeats)
+        slow.submit(xs.assignment_id, write(rollouts_for(slow.node_id, xs), tmp_path / "s.parquet"))
         with pytest.raises(ApiError) as e:
-            slow.submit(xs.assignment_id, write(rollouts_for(slow.node_id, xs), tmp_path / "s.parquet"))
-        assert e.value.status == 409
+            honest.submit(xh2.assignment_id, write(rollouts_for(honest.node_id, xh2), tmp_path / "h2.parquet"))
+        assert e.value.status == 409 and "completed" in e.value.detail
+        assert xh2.assignment_id not in [x.assignment_id for x in _open(honest)]
 
 
 def test_dead_node_work_reassigned_and_restart_keeps_assignments(tmp_path):

@@ -7,105 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
-import time
 
 import pytest
+from swarm_support import CAUGHT_BY, _cfg, _check_report, _kill_leftovers, _run_in_thread, _trainer_steps, _wait  # noqa: F401
 
-from swarmrl.envs.config import TaskConfig
-from swarmrl.rl.config import EvalSection, RLConfig, WorkerSection
-from swarmrl.rl.launcher import RunConfig, WarmstartSection, launch
-from swarmrl.swarm.config import SwarmSection
 from swarmrl.utils.metrics import read_metrics
-
-# what each adversary must be caught by: a verdict reason prefix, or the HTTP status its uploads get
-CAUGHT_BY = {
-    "forge_rewards": "rewards:",
-    "own_tasks": "tasks:",
-    "replay": "schema:",
-    "stale_policy": "policy:",
-    "random_model": "logprobs:",
-    "edit_tokens": "logprobs:",
-    "malformed": 422,
-    "oversized": 413,
-    "wrong_key": 401,
-}
-
-
-def _cfg(tmp_path, model, adversaries, *, nodes=2, steps=6, prompts=4, tasks=2, rl_extra=None, **swarm) -> RunConfig:
-    rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), task=TaskConfig(name="add", params={"digits": 2}),
-                  steps=steps, async_level=1, keep_versions=3, prompts_per_step=prompts, group_size=2,
-                  filter_ties=False, eval=EvalSection(every_steps=0, n=16),
-                  workers=WorkerSection(num=0, prompts_per_batch=tasks), **(rl_extra or {}))
-    sw = dict(nodes=nodes, adversaries=adversaries, overassign=2.0, assignment_timeout_s=10.0)
-    sw.update(swarm)
-    return RunConfig(mode="swarm", rl=rl, warmstart=WarmstartSection(enabled=False), final_eval_n=16,
-                     swarm=SwarmSection(**sw))
-
-
-def _check_report(summary: dict, adversaries: list[str], expect: dict = CAUGHT_BY) -> None:
-    nodes = summary["swarm"]["nodes"]
-    for name, n in nodes.items():
-        if n["adversary"] is None:
-            assert n["rejected"] == 0 and n["slashed"] == 0 and n["status"] in ("active", "dead"), (name, n)
-            assert n["refused_uploads"] == 0, (name, n)
-            continue
-        want = expect[n["adversary"]]
-        if isinstance(want, int):
-            assert n["refused_uploads"] >= 1 and n["accepted"] == 0, (name, n)
-            assert all(r.startswith(f"{want}:") for r in n["refusals"]), (name, n)
-        else:
-            assert n["rejected"] >= 1 and n["status"] == "ejected" and n["slashed"] > 0, (name, n)
-            assert all(r.startswith(want) for r in n["reject_reasons"]), (name, n)
-    assert sorted(n["adversary"] for n in nodes.values() if n["adversary"]) == sorted(adversaries)
-
-
-def _run_in_thread(cfg):
-    out: dict = {}
-
-    def go():
-        try:
-            out["summary"] = launch(cfg, progress=lambda m: None)
-        except BaseException as e:  # noqa: BLE001
-            out["error"] = e
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    _started.append((cfg.rl.run_dir, t))
-    return t, out
-
-
-_started: list[tuple[str, threading.Thread]] = []
-
-
-@pytest.fixture(autouse=True)
-def _kill_leftovers():
-    """A failed run must not leave its processes behind (they run in their own sessions)."""
-    yield
-    from pathlib import Path
-
-    while _started:
-        run_dir, t = _started.pop()
-        pids = Path(run_dir) / "pids.json"
-        if t.is_alive() and pids.is_file():  # only a launcher still running owns these pids
-            (Path(pids).parent / "DONE").touch()
-            for pid in json.loads(pids.read_text()).values():
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-
-def _wait(cond, timeout, what):
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _trainer_steps(run_dir) -> int:
-    return len([r for r in read_metrics(run_dir / "metrics" / "trainer.jsonl") if "reward" in r])
 
 
 @pytest.mark.timeout(400)
@@ -147,7 +53,7 @@ def test_swarm_run_all_adversaries_and_a_killed_node(tiny_model_dir, tmp_path):
     from swarmrl.rl.config import ShardcastSection
 
     adversaries = list(CAUGHT_BY)  # with weights through SHARDCAST, as in the main job
-    cfg = _cfg(tmp_path, tiny_model_dir, adversaries, nodes=3, steps=10, prompts=8, tasks=2,
+    cfg = _cfg(tmp_path, tiny_model_dir, adversaries, nodes=3, steps=16, prompts=8, tasks=2,
                rl_extra={"shardcast": ShardcastSection(enabled=True, relays=1)})
     run_dir = tmp_path / "run"
     t, out = _run_in_thread(cfg)
@@ -158,7 +64,7 @@ def test_swarm_run_all_adversaries_and_a_killed_node(tiny_model_dir, tmp_path):
     t.join(timeout=700)
     assert not t.is_alive() and "error" not in out, out.get("error")
     s = out["summary"]
-    assert s["steps"] == 10
+    assert s["steps"] == 16
     _check_report(s, adversaries)
 
 

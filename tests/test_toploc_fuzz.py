@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import torch
+
 from swarmrl.toploc import ChunkCheck, build_proofs, proof_from_b64, verify_proofs
 from swarmrl.toploc.proof import ProofError
 

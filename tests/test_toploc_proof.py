@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from swarmrl.toploc import (ProofError, Thresholds, build_proofs, decode_proof, proof_from_b64, proof_to_b64,
-                            verify_proofs)
+from swarmrl.toploc import (
+    ProofError,
+    Thresholds,
+    build_proofs,
+    decode_proof,
+    proof_from_b64,
+    proof_to_b64,
+    verify_proofs,
+)
 from swarmrl.toploc.proof import P, evaluate, find_modulus, interpolate, topk_indices
 
 torch.set_num_threads(1)

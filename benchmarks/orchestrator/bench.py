@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from swarmrl.protocol.assignment import task_seed, thinking_budget  # noqa: E402
+from swarmrl.contract import task_seed, thinking_budget  # noqa: E402
 from swarmrl.protocol.config import OrchestratorConfig  # noqa: E402
 from swarmrl.protocol.db import Database, sqlite_url  # noqa: E402
 from swarmrl.protocol.models import Assignment, LedgerEntry, Node  # noqa: E402

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from swarmrl.config import load_config
-from swarmrl.rl.launcher import RunConfig, launch
+from swarmrl.job import RunConfig
+from swarmrl.job.launch import launch
 from swarmrl.utils.metrics import read_metrics
 
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from swarmrl.config import load_config
-from swarmrl.rl.launcher import RunConfig, launch
+from swarmrl.job import RunConfig
+from swarmrl.job.launch import launch
 
 
 def one(mode: str, model: Path, out: Path, a: argparse.Namespace) -> dict:

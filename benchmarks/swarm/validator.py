@@ -45,7 +45,7 @@ def main() -> None:
     rl = rl.model_copy(update={"sampling": rl.sampling.model_copy(update={"max_new_tokens": 6})})
     env = make_env("add", digits=2)
     res = rollout_batch(model, tok, env, env.sample(1, a.tasks), rl, worker_id="n", step=0, policy_version=0, seed=1,
-                        targets=None, generator=torch.Generator().manual_seed(0), proofs=True)
+                        budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     rows = res.rows
     print(f"{len(rows)} rows, {sum(len(r.completion_ids) for r in rows)} completion tokens; model {model_dir}; "
           f"{a.threads} thread(s); generating them took {res.seconds:.3f}s")

@@ -1,4 +1,11 @@
-"""The `swarmrl` command line: a thin layer over the components (nothing imports it)."""
+"""The `swarmrl` command line: a thin layer over the components (nothing imports it).
+
+Start-up rule: importing these modules (what `swarmrl --help` and every `swarmrl <group> --help` pay for) must
+stay light. Components, their config classes and rich are imported inside the command that needs them, on
+lines marked `# lazy: startup`; tests/test_cli_startup.py checks that light commands import no torch,
+transformers, aiohttp, fastapi, uvicorn, sqlalchemy, pyarrow or matplotlib, and benchmarks/cli/bench.py
+times `swarmrl --help`.
+"""
 
 from __future__ import annotations
 

@@ -1,28 +1,61 @@
-"""Options every command shares: --config FILE, --set key=value (repeatable), --print-config."""
+"""Options every command shares: --config FILE, --set key=value (repeatable), --print-config.
+
+Importing this module (and every ``swarmrl.cli`` module) stays light: ``swarmrl --help`` must not pay for
+pydantic, the config loader or a rich Console. Those load on first use.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
 
 import typer
-from pydantic import BaseModel
-from rich.console import Console
 
-from swarmrl.config import ConfigError, dump_config, load_config
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from rich.console import Console
 
-console = Console(stderr=True)
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T", bound="BaseModel")
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file (see configs/).")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a field: key.sub=value (repeatable).")]
 PrintOpt = Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")]
 
 
+class _LazyConsole:
+    """Stands in for ``rich.console.Console(stderr=True)``, made on first attribute access."""
+
+    __slots__ = ("_console",)
+
+    def __init__(self) -> None:
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console  # noqa: PLC0415  # lazy: startup
+
+            self._console = Console(stderr=True)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+    def __enter__(self) -> Console:
+        return self.get().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.get().__exit__(*exc)
+
+
+console: Console = _LazyConsole()  # type: ignore[assignment]
+
+
 def resolve(model: type[T], config: Path | None, sets: list[str] | None, extra: list[str] | None = None,
             print_config: bool = False) -> T:
     """Load a command's config; exits with status 2 and a message naming the field on error."""
+    from swarmrl.config import ConfigError, dump_config, load_config  # noqa: PLC0415  # lazy: startup
+
     try:
         cfg = load_config(model, config, (extra or []) + (sets or []))
     except ConfigError as e:

@@ -1,6 +1,7 @@
 """`swarmrl diloco`: DiLoCo data-parallel training with W workers on loopback (or a `--ddp` baseline)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer would eval every command's string annotations
+# when it builds the command tree, on every start (`swarmrl --help` included).
 
 import json
 from pathlib import Path
@@ -23,13 +24,13 @@ def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt
 
     Writes OUT/worker{R}.jsonl metrics, OUT/worker{R}.summary.json and OUT/summary.json.
     """
-    from swarmrl.diloco.config import DilocoConfig
+    from swarmrl.diloco.config import DilocoConfig  # noqa: PLC0415  # lazy: startup
 
     extra = (opt("workers", workers) + opt("inner_steps", inner_steps) + opt("total_steps", steps)
              + opt("backend", backend) + opt("wire", wire) + opt("out", out)
              + (["mode=\"ddp\""] if ddp else []))
     cfg = resolve(DilocoConfig, config, set_, extra, print_config)
-    from swarmrl.diloco.launch import WorkerFailed, run
+    from swarmrl.diloco.launch import WorkerFailed, run  # noqa: PLC0415  # lazy: startup
 
     def progress(row: dict) -> None:
         msg = f"{cfg.mode} step {row['step']:>6}/{cfg.total_steps}"

@@ -1,16 +1,15 @@
 """`swarmrl node ...`, `swarmrl orchestrator ...`, `swarmrl validator ...`"""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer would eval every command's string annotations
+# when it builds the command tree, on every start (`swarmrl --help` included).
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.protocol.config import NodeConfig, OrchestratorConfig, ValidatorConfig
 
 node_app = typer.Typer(help="Node identity and membership.", no_args_is_help=True)
 orch_app = typer.Typer(help="The orchestrator service.", no_args_is_help=True)
@@ -18,6 +17,8 @@ val_app = typer.Typer(help="The validator service.", no_args_is_help=True)
 
 
 def _logging() -> None:
+    import logging  # noqa: PLC0415  # lazy: startup
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
@@ -25,7 +26,7 @@ def _logging() -> None:
 def keygen(out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the Ed25519 private key (PEM).")]
            ) -> None:
     """Make a node key pair; prints the public key and node id as JSON."""
-    from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex, save_private_key
+    from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex, save_private_key  # noqa: PLC0415  # lazy: startup
 
     key = generate_key()
     try:
@@ -40,7 +41,7 @@ def keygen(out: Annotated[Path, typer.Option("--out", "-o", help="Where to write
 @node_app.command("pubkey")
 def pubkey(key: Annotated[Path, typer.Option("--key", "-k", help="Private key file.")]) -> None:
     """Print the public key and node id of a key file."""
-    from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex
+    from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex  # noqa: PLC0415  # lazy: startup
 
     pub = public_key_hex(load_private_key(key))
     typer.echo(json.dumps({"public_key": pub, "node_id": node_id_for(pub)}))
@@ -54,28 +55,40 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
                                   "sampling): answer assignments. Without it the node only heartbeats.")] = None,
              adversary: Annotated[Optional[str], typer.Option(help="Run as a cheating node (demo): random_model, "
                                   "edit_tokens, forge_rewards, replay, stale_policy, own_tasks, malformed, oversized, "
-                                  "wrong_key.")] = None,
+                                  "wrong_key, bomb, flood, idle_connections.")] = None,
              max_beats: Annotated[int, typer.Option(help="Membership only: stop after this many heartbeats (0: forever).")] = 0
              ) -> None:
     """A swarm node: register with a measured throughput, heartbeat, and answer assignments (load the assigned
     policy version, generate the seeded tasks' rollouts, upload them signed)."""
-    from swarmrl.swarm.node import SwarmNodeConfig
+    from swarmrl.swarm.config import AdversaryConfig, SwarmNodeConfig  # noqa: PLC0415  # lazy: startup
 
-    cfg = resolve(SwarmNodeConfig, config, set_, opt("orchestrator", orchestrator) + opt("key", key)
-                  + opt("rl_config", rl_config) + opt("adversary", adversary), print_config)
+    cfg = resolve(AdversaryConfig if adversary else SwarmNodeConfig, config, set_,
+                  opt("orchestrator", orchestrator) + opt("key", key) + opt("rl_config", rl_config)
+                  + opt("adversary", adversary), print_config)
     if not cfg.key:
         console.print("[red]error:[/red] key: a node key file is required (swarmrl node keygen --out FILE)")
         raise typer.Exit(2)
     _logging()
+    if adversary:
+        if not cfg.rl_config:
+            console.print("[red]error:[/red] --adversary needs --rl-config (a cheater answers assignments)")
+            raise typer.Exit(2)
+        from swarmrl.swarm.adversaries import make_adversary  # noqa: PLC0415  # lazy: startup
+
+        raise typer.Exit(make_adversary(cfg).run())
     if cfg.rl_config:
-        from swarmrl.swarm.node import run_swarm_node
+        from swarmrl.swarm.node import run_swarm_node  # noqa: PLC0415  # lazy: startup
 
         raise typer.Exit(run_swarm_node(cfg))
-    from swarmrl.protocol.client import NodeClient
-    from swarmrl.protocol.node import ensure_registered, run_node
+    from swarmrl.protocol.client import ApiError, NodeClient  # noqa: PLC0415  # lazy: startup
+    from swarmrl.protocol.node import ensure_registered, run_node  # noqa: PLC0415  # lazy: startup
 
     client = NodeClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
-    ensure_registered(client, cfg.throughput, cfg.stake, {})
+    try:
+        ensure_registered(client, cfg.throughput, cfg.stake, {})
+    except ApiError as e:  # e.g. no deposit for this key: say why, exit 3 (refused) like a swarm node
+        console.print(f"[red]error:[/red] registration refused: {e}")
+        raise typer.Exit(3) from None
 
     def show(reply) -> None:  # noqa: ANN001
         typer.echo(json.dumps({"step": reply.step, "policy_version": reply.policy_version,
@@ -89,8 +102,8 @@ def node_status(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL
                 key: Annotated[Optional[Path], typer.Option(help="Node private key file.")] = None,
                 node_id: Annotated[Optional[str], typer.Option(help="Any node id (instead of --key).")] = None) -> None:
     """A node's status, stake and credits (locked / unlocked) with its ledger rows, as JSON."""
-    from swarmrl.protocol.client import ApiError, NodeClient
-    from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex
+    from swarmrl.protocol.client import ApiError, NodeClient  # noqa: PLC0415  # lazy: startup
+    from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex  # noqa: PLC0415  # lazy: startup
 
     if node_id is None and key is None:
         console.print("[red]error:[/red] give --key or --node-id")
@@ -110,12 +123,36 @@ def serve(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
           database_url: Annotated[Optional[str], typer.Option(help="SQLAlchemy URL (default: SQLite in data_dir).")] = None,
           data_dir: Annotated[Optional[Path], typer.Option(help="State directory (DB, uploads).")] = None) -> None:
     """Run the orchestrator HTTP service (OpenAPI schema at /openapi.json, docs at /docs)."""
+    from swarmrl.protocol.config import OrchestratorConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(OrchestratorConfig, config, set_,
                   opt("port", port) + opt("database_url", database_url) + opt("data_dir", data_dir), print_config)
     _logging()
-    from swarmrl.protocol.orchestrator import serve as run
+    from swarmrl.protocol.orchestrator import serve as run  # noqa: PLC0415  # lazy: startup
 
     run(cfg)
+
+
+@orch_app.command("deposit")
+def deposit(key: Annotated[Path, typer.Option(help="The stake authority's private key file (its public key is in "
+                                               "the orchestrator's stake_authority_keys).")],
+            amount: Annotated[float, typer.Option(help="Stake to deposit.")],
+            orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")] = "http://127.0.0.1:8700",
+            node_id: Annotated[Optional[str], typer.Option(help="The node to fund (its id)...")] = None,
+            public_key: Annotated[Optional[str], typer.Option(help="... or its public key (hex).")] = None,
+            note: Annotated[str, typer.Option(help="Recorded with the ledger row.")] = "") -> None:
+    """Deposit stake for a node (registered or not yet): it may then lock up to that much when it registers."""
+    from swarmrl.protocol.client import ApiError, AuthorityClient  # noqa: PLC0415  # lazy: startup
+
+    if (node_id is None) == (public_key is None):
+        console.print("[red]error:[/red] give one of --node-id and --public-key")
+        raise typer.Exit(2)
+    with AuthorityClient(orchestrator, key) as c:
+        try:
+            typer.echo(c.deposit(amount, node_id=node_id, public_key=public_key, note=note).model_dump_json())
+        except ApiError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from None
 
 
 @val_app.command("run")
@@ -125,20 +162,27 @@ def validator_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: P
                   model_dir: Annotated[Optional[Path], typer.Option(help="Policy model dir (tokenizer).")] = None
                   ) -> None:
     """Poll for pending submissions, check them, post signed verdicts."""
+    from swarmrl.protocol.config import ValidatorConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(ValidatorConfig, config, set_,
                   opt("orchestrator", orchestrator) + opt("key", key) + opt("model_dir", model_dir), print_config)
     if not cfg.key:
         console.print("[red]error:[/red] key: the validator's key file is required")
         raise typer.Exit(2)
-    _logging()
-    from swarmrl.protocol.validator import Validator
+    from swarmrl.protocol.validator import Validator, config_problems  # noqa: PLC0415  # lazy: startup
 
+    problems = config_problems(cfg)
+    if problems:  # a check that cannot work would only ever produce internal errors: refuse to start
+        for p in problems:
+            console.print(f"[red]error:[/red] {p}", markup=True, highlight=False)
+        raise typer.Exit(2)
+    _logging()
     v = Validator(cfg)
     try:
         v.run()
     except KeyboardInterrupt:
         pass
-    typer.echo(json.dumps({"judged": v.judged}))
+    typer.echo(json.dumps(v.health()))
 
 
 def register(app: typer.Typer) -> None:

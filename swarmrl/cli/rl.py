@@ -1,6 +1,7 @@
 """`swarmrl run`, `swarmrl rl trainer|worker`, `swarmrl filter`, `swarmrl plot`."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer would eval every command's string annotations
+# when it builds the command tree, on every start (`swarmrl --help` included).
 
 import json
 from pathlib import Path
@@ -9,7 +10,6 @@ from typing import Annotated, Optional
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.rl.config import RLConfig
 
 rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True)
 
@@ -17,8 +17,10 @@ rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by 
 @rl_app.command("trainer")
 def trainer(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Run the GRPO trainer on a run directory (resumes from its newest checkpoint). Works under torchrun."""
+    from swarmrl.rl.config import RLConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(RLConfig, config, set_, print_config=print_config)
-    from swarmrl.rl.trainer import run_trainer
+    from swarmrl.rl.trainer import run_trainer  # noqa: PLC0415  # lazy: startup
 
     steps = run_trainer(cfg)
     console.print(f"trainer finished at step {steps}")
@@ -28,13 +30,15 @@ def trainer(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
 def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (letters, digits, _ . -).")],
            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Run an inference worker on a run directory until the trainer is done."""
-    import re
+    import re  # noqa: PLC0415  # lazy: startup
 
     if not re.fullmatch(r"[A-Za-z0-9_.]+", worker_id):
         console.print("[red]error:[/red] --id may only contain letters, digits, '_' and '.'")
         raise typer.Exit(2)
+    from swarmrl.rl.config import RLConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(RLConfig, config, set_, print_config=print_config)
-    from swarmrl.rl.worker import run_worker
+    from swarmrl.rl.worker import run_worker  # noqa: PLC0415  # lazy: startup
 
     run_worker(cfg, worker_id)
 
@@ -45,11 +49,13 @@ def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")]
             config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Swarm mode, trainer side: announce the trainer's step (and, with SHARDCAST on, its weight servers) to
     the orchestrator and fetch accepted rollout files into the run directory (the trainer runs unchanged)."""
-    import logging
+    import logging  # noqa: PLC0415  # lazy: startup
+
+    from swarmrl.rl.config import RLConfig  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(RLConfig, config, set_, print_config=print_config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from swarmrl.swarm.adapter import AdapterConfig, run_adapter
+    from swarmrl.swarm.adapter import AdapterConfig, run_adapter  # noqa: PLC0415  # lazy: startup
 
     run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key)))
 
@@ -68,7 +74,8 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     orchestrator assigns seeded tasks to untrusted nodes, a validator checks every upload (slashing cheaters),
     the trainer (SHARDCAST origin, with a relay) trains on accepted work only. --local runs trusted local
     workers instead (no protocol); --adversary adds a cheating node to watch it get caught."""
-    from swarmrl.rl.launcher import RunConfig, launch
+    from swarmrl.job.config import RunConfig  # noqa: PLC0415  # lazy: startup
+    from swarmrl.job.launch import launch  # noqa: PLC0415  # lazy: startup
 
     extra = (opt("rl.steps", steps) + opt("rl.workers.num", workers) + opt("rl.async_level", async_level)
              + opt("rl.run_dir", run_dir)
@@ -79,8 +86,8 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     if cfg.mode == "local" and cfg.swarm.adversaries:
         console.print("[red]error:[/red] adversaries are swarm nodes: drop --local (or set mode = \"swarm\")")
         raise typer.Exit(2)
-    from rich.live import Live
-    from rich.table import Table
+    from rich.live import Live  # noqa: PLC0415  # lazy: startup
+    from rich.table import Table  # noqa: PLC0415  # lazy: startup
 
     swarm_mode = cfg.mode == "swarm"
     who = (f"{cfg.swarm.nodes} nodes + {len(cfg.swarm.adversaries)} adversaries" if swarm_mode
@@ -118,7 +125,7 @@ def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
             task: Annotated[Optional[str], typer.Option(help="Task name.")] = None,
             out: Annotated[Optional[str], typer.Option(help="Output JSONL task list.")] = None) -> None:
     """Offline filtering: keep training tasks whose estimated solve rate lies in a band (default [0.1, 0.8])."""
-    from swarmrl.rl.filter import FilterConfig, run_filter
+    from swarmrl.rl.filter import FilterConfig, run_filter  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(FilterConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("out", out),
                   print_config)
@@ -127,7 +134,7 @@ def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
 
 def plot(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
     """Draw a run's curves to RUN_DIR/curves.png."""
-    from swarmrl.rl.plot import plot_run
+    from swarmrl.rl.plot import plot_run  # noqa: PLC0415  # lazy: startup
 
     typer.echo(str(plot_run(run_dir)))
 

@@ -1,15 +1,14 @@
 """`swarmrl shardcast ...`: origin, publish, relay, fetch, keygen (thin: parse, resolve, call)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer would eval every command's string annotations
+# when it builds the command tree, on every start (`swarmrl --help` included).
 
-import asyncio
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.shardcast.config import FetchConfig, OriginConfig, PublishConfig, RelayConfig
 
 app = typer.Typer(help="Checkpoint broadcast through a tree of HTTP relays (SHARDCAST layout, signed).",
                   no_args_is_help=True)
@@ -23,7 +22,7 @@ def register(root: typer.Typer) -> None:
 def keygen_cmd(out: Annotated[Path, typer.Option("--out", "-o", help="Private key file; public key goes to FILE.pub")]
                ) -> None:
     """Create an origin Ed25519 key pair."""
-    from swarmrl.shardcast.signing import keygen
+    from swarmrl.shardcast.signing import keygen  # noqa: PLC0415  # lazy: startup
 
     if out.exists():
         console.print(f"[red]error:[/red] {out} exists; refusing to overwrite a key")
@@ -40,16 +39,21 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
                key: Annotated[Optional[Path], typer.Option("--key", help="Origin private key (to print its public key).")] = None,
                config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Serve an origin directory (publish into it with `shardcast publish` or the Origin API)."""
+    from swarmrl.shardcast.config import OriginConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(OriginConfig, config, set_, opt("dir", dir) + opt("port", port) + opt("host", host),
                   print_config)
-    from swarmrl.shardcast.server import ShardServer
+    import asyncio  # noqa: PLC0415  # lazy: startup
+
+    from swarmrl.shardcast.server import ShardServer  # noqa: PLC0415  # lazy: startup
+    from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
-        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s)
+        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg))
         await srv.start(cfg.host, cfg.port)
         console.print(f"origin serving {cfg.dir} on http://{cfg.host}:{srv.port}")
         if key is not None:
-            from swarmrl.shardcast.signing import load_private_key, public_key_hex
+            from swarmrl.shardcast.signing import load_private_key, public_key_hex  # noqa: PLC0415  # lazy: startup
 
             console.print(f"origin public key {public_key_hex(load_private_key(key))}")
         try:
@@ -71,9 +75,11 @@ def publish_cmd(file: Annotated[Path, typer.Argument(help="Checkpoint file (e.g.
                 keep: Annotated[Optional[int], typer.Option("--keep")] = None,
                 config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Shard, sign and list FILE as a new version in the origin directory."""
+    from swarmrl.shardcast.config import PublishConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(PublishConfig, config, set_, opt("dir", dir) + opt("version", version) + opt("key", key)
                   + opt("keep", keep), print_config)
-    from swarmrl.shardcast.origin import Origin
+    from swarmrl.shardcast.origin import Origin  # noqa: PLC0415  # lazy: startup
 
     origin = Origin(cfg.dir, key=cfg.key, keep=cfg.keep, shard_size=cfg.shard_size)
     try:
@@ -95,14 +101,19 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
               origin_pubkey: Annotated[Optional[str], typer.Option("--origin-pubkey", help="Hex key or file.")] = None,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Mirror signed versions from upstream servers and serve them (pipelined)."""
+    from swarmrl.shardcast.config import RelayConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(RelayConfig, config, set_, opt("upstream", upstream) + opt("dir", dir) + opt("port", port)
                   + opt("origin_pubkey", origin_pubkey), print_config)
-    from swarmrl.shardcast.relay import Relay
+    import asyncio  # noqa: PLC0415  # lazy: startup
+
+    from swarmrl.shardcast.relay import Relay  # noqa: PLC0415  # lazy: startup
+    from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
         relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep, parallel=cfg.parallel,
                       poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s,
-                      metrics=cfg.metrics)
+                      metrics=cfg.metrics, limits=ConnLimits.from_config(cfg))
         url = await relay.start(cfg.host, cfg.port)
         console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
         try:
@@ -124,11 +135,13 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
               wait: Annotated[Optional[float], typer.Option("--wait", help="Seconds to wait for the version.")] = None,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Fetch and verify one version into --out."""
+    from swarmrl.shardcast.config import FetchConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(FetchConfig, config, set_, opt("server", server) + opt("out", out) + opt("version", version)
                   + opt("origin_pubkey", origin_pubkey) + opt("wait_s", wait), print_config)
-    from rich.progress import Progress
+    from rich.progress import Progress  # noqa: PLC0415  # lazy: startup
 
-    from swarmrl.shardcast.client import FetchError, fetch
+    from swarmrl.shardcast.client import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task("fetching", total=None)
@@ -139,7 +152,8 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
         try:
             res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, version=cfg.version, parallel=cfg.parallel,
                         max_attempts=cfg.max_attempts, max_server_failures=cfg.max_server_failures,
-                        wait_s=cfg.wait_s, verify_whole=cfg.verify_whole, fsync=cfg.fsync, on_shard=on_shard)
+                        wait_s=cfg.wait_s, verify_whole=cfg.verify_whole, fsync=cfg.fsync, on_shard=on_shard,
+                        stall_s=cfg.stall_s, min_bps=cfg.min_bps, window_s=cfg.window_s)
         except (FetchError, ValueError) as e:
             console.print(f"[red]fetch failed:[/red] {e}", highlight=False)
             raise typer.Exit(1) from None
@@ -148,7 +162,7 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
     for url, why in res.excluded.items():
         console.print(f"  excluded {url}: {why}", highlight=False)
     if cfg.metrics:
-        from swarmrl.utils.metrics import MetricsWriter
+        from swarmrl.utils.metrics import MetricsWriter  # noqa: PLC0415  # lazy: startup
 
         with MetricsWriter(cfg.metrics) as mw:
             mw.write(event="fetch", version=res.version, size=res.size, seconds=res.seconds, mb_per_s=res.mb_per_s,

@@ -1,34 +1,24 @@
 """`swarmrl toploc ...`: calibrate TOPLOC thresholds on a model, verify a rollout file."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer would eval every command's string annotations
+# when it builds the command tree, on every start (`swarmrl --help` included).
 
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from pydantic import Field
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.config import StrictModel
-from swarmrl.toploc.calibrate import CalibrateConfig
-from swarmrl.toploc.sampling_check import SamplingThresholds
-from swarmrl.toploc.verify import Thresholds
 
 app = typer.Typer(help="TOPLOC inference proofs: calibrate thresholds, verify rollouts.", no_args_is_help=True)
 
 
-class VerifyFileConfig(StrictModel):
-    model: str = ""
-    rollouts: str = ""
-    dtype: str = "float32"
-    chunk: int = Field(32, ge=1)
-    k: int = Field(128, ge=1)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
-    check_sampling: bool = True
-    thresholds: Thresholds = Field(default_factory=Thresholds)
-    sampling: SamplingThresholds = Field(default_factory=SamplingThresholds)
+def __getattr__(name: str):  # VerifyFileConfig stays importable from here without importing torch up front
+    if name == "VerifyFileConfig":
+        from swarmrl.cli._toploc_config import VerifyFileConfig  # noqa: PLC0415  # lazy: startup
+
+        return VerifyFileConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _fmt(v: float) -> str:
@@ -43,13 +33,15 @@ def _fmt(v: float) -> str:
 def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Honest recomputation vs tampering on MODEL: metric distributions and recommended thresholds."""
+    from swarmrl.toploc.calibrate import CalibrateConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(CalibrateConfig, config, set_, opt("model", model), print_config)
     if not cfg.model:
         console.print("[red]error:[/red] --model is required")
         raise typer.Exit(2)
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415  # lazy: startup
 
-    from swarmrl.toploc.calibrate import run_calibration
+    from swarmrl.toploc.calibrate import run_calibration  # noqa: PLC0415  # lazy: startup
 
     with console.status("calibrating") as status:
         report = run_calibration(cfg, progress=lambda m: status.update(f"calibrating: {m}"))
@@ -66,7 +58,7 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
                   f"{r['toploc_fail_rate']:.0%}", f"{report.detection_recommended[s.name]:.0%}",
                   f"{r['sampling_fail_rate']:.0%}", _fmt(r["logprob_diff_max"]),
                   f"{report.logprob_detection_recommended[s.name]:.0%}", f"{report.any_detection_recommended[s.name]:.0%}")
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415  # lazy: startup
 
     out = Console(width=250)
     out.print(t)
@@ -89,13 +81,15 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
            rollouts: Annotated[Optional[Path], typer.Option("--rollouts", "-r", help="Rollout parquet file.")] = None,
            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Verify the TOPLOC proofs (and sampling) of every row of a rollout file; exit 1 if any fails."""
+    from swarmrl.cli._toploc_config import VerifyFileConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(VerifyFileConfig, config, set_, opt("model", model) + opt("rollouts", rollouts), print_config)
     if not cfg.model or not cfg.rollouts:
         console.print("[red]error:[/red] --model and --rollouts are required")
         raise typer.Exit(2)
-    from swarmrl.models.io import load_model, load_tokenizer
-    from swarmrl.rl.rollouts import RolloutError, read_rollouts
-    from swarmrl.toploc.rollout import verify_rows
+    from swarmrl.models.io import load_model, load_tokenizer  # noqa: PLC0415  # lazy: startup
+    from swarmrl.rl.rollouts import RolloutError, read_rollouts  # noqa: PLC0415  # lazy: startup
+    from swarmrl.toploc.rollout import verify_rows  # noqa: PLC0415  # lazy: startup
 
     try:
         rows = read_rollouts(cfg.rollouts)
@@ -117,7 +111,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
 
 
 def _load_hidden(path: Path, key: str):
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # noqa: PLC0415  # lazy: startup
 
     try:
         tensors = load_file(str(path))
@@ -136,7 +130,7 @@ def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
           key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
           chunk: int = 32, k: int = 128) -> None:
     """Build TOPLOC proofs for the last hidden states stored in a safetensors file."""
-    from swarmrl.toploc.proof import build_proofs, proof_to_b64
+    from swarmrl.toploc.proof import build_proofs, proof_to_b64  # noqa: PLC0415  # lazy: startup
 
     proofs = build_proofs(_load_hidden(hidden, key), chunk=chunk, k=k)
     out.write_text("".join(proof_to_b64(p) + "\n" for p in proofs), encoding="ascii")
@@ -149,7 +143,7 @@ def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
           key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
           chunk: int = 32, k: int = 128, config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Check base64 proofs against hidden states (thresholds via --config/--set); exit 1 if a chunk fails."""
-    from swarmrl.toploc.verify import verify_proofs
+    from swarmrl.toploc.verify import Thresholds, verify_proofs  # noqa: PLC0415  # lazy: startup
 
     th = resolve(Thresholds, config, set_)
     h = _load_hidden(hidden, key)
@@ -158,7 +152,7 @@ def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
     except OSError as e:
         console.print(f"[red]error:[/red] cannot read {proofs}: {e}")
         raise typer.Exit(2) from None
-    from swarmrl.toploc.proof import ProofError, proof_from_b64
+    from swarmrl.toploc.proof import ProofError, proof_from_b64  # noqa: PLC0415  # lazy: startup
 
     raw: list[object] = []
     b64_errors: dict[int, str] = {}

@@ -1,6 +1,7 @@
 """`swarmrl sft` and `swarmrl eval`."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer would eval every command's string annotations
+# when it builds the command tree, on every start (`swarmrl --help` included).
 
 import json
 from pathlib import Path
@@ -9,8 +10,6 @@ from typing import Annotated, Optional
 import typer
 
 from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
-from swarmrl.eval.config import EvalConfig
-from swarmrl.sft.config import SFTConfig
 
 
 def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
@@ -19,9 +18,11 @@ def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
         out: Annotated[Optional[Path], typer.Option(help="Output directory.")] = None,
         minutes: Annotated[Optional[float], typer.Option(help="Training wall-clock budget.")] = None) -> None:
     """Supervised warm start on a task's demonstrations; saves OUT/model and OUT/metrics.jsonl."""
+    from swarmrl.sft.config import SFTConfig  # noqa: PLC0415  # lazy: startup
+
     extra = opt("model", model) + opt("task.name", task) + opt("out", out) + opt("minutes", minutes)
     cfg = resolve(SFTConfig, config, set_, extra, print_config)
-    from swarmrl.sft.train import run_sft
+    from swarmrl.sft.train import run_sft  # noqa: PLC0415  # lazy: startup
 
     def progress(row: dict) -> None:
         msg = f"sft step {row['step']:>5}  {row['train_s']:>6.1f}s  loss {row['loss']:.4f}"
@@ -38,8 +39,10 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
           task: Annotated[Optional[str], typer.Option(help="Task name.")] = None,
           n: Annotated[Optional[int], typer.Option(help="Number of held-out tasks.")] = None) -> None:
     """Held-out accuracy (greedy, batched, KV cache), printed as JSON."""
+    from swarmrl.eval.config import EvalConfig  # noqa: PLC0415  # lazy: startup
+
     cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n), print_config)
-    from swarmrl.eval.heldout import evaluate_path
+    from swarmrl.eval.heldout import evaluate_path  # noqa: PLC0415  # lazy: startup
 
     try:
         res = evaluate_path(cfg)
@@ -51,7 +54,7 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
 
 def tasks() -> None:
     """List the registered tasks."""
-    from swarmrl.envs import available_envs
+    from swarmrl.envs import available_envs  # noqa: PLC0415  # lazy: startup
 
     for name in available_envs():
         typer.echo(name)

@@ -5,8 +5,21 @@
 * ``swarmrl.diloco.worker``: one worker process; ``swarmrl.diloco.launch``: W workers on loopback.
 """
 
-from swarmrl.diloco.config import DilocoConfig, HivemindConfig
-from swarmrl.diloco.outer import OuterNesterov, compress, decompress, pseudo_gradient, warmup_cosine
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from swarmrl.utils.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from swarmrl.diloco.config import DilocoConfig
+
+# Attributes load on first use: importing the package (e.g. for its config) must not import torch.
+_EXPORTS = {
+    "DilocoConfig": "swarmrl.diloco.config", "HivemindConfig": "swarmrl.diloco.config",
+    "OuterNesterov": "swarmrl.diloco.outer", "pseudo_gradient": "swarmrl.diloco.outer",
+    "compress": "swarmrl.diloco.outer", "decompress": "swarmrl.diloco.outer", "warmup_cosine": "swarmrl.diloco.outer",
+}
 
 __all__ = ["DilocoConfig", "HivemindConfig", "OuterNesterov", "pseudo_gradient", "compress", "decompress",
            "warmup_cosine", "run"]
@@ -14,6 +27,9 @@ __all__ = ["DilocoConfig", "HivemindConfig", "OuterNesterov", "pseudo_gradient",
 
 def run(cfg: DilocoConfig, on_progress=None) -> dict:
     """Launch ``cfg.workers`` worker processes on loopback and return the run summary."""
-    from swarmrl.diloco.launch import run as _run
+    from swarmrl.diloco.launch import run as _run  # noqa: PLC0415  # lazy: torch
 
     return _run(cfg, on_progress)
+
+
+__getattr__ = lazy_exports(_EXPORTS)

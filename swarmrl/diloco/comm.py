@@ -19,11 +19,14 @@ per round). The real wire traffic of a ring/butterfly all-reduce is about 2(W-1)
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 
 from swarmrl.diloco.outer import WireDtype, compress, decompress, wire_bytes
 
@@ -36,7 +39,7 @@ HIVEMIND_MISSING = ("hivemind is not installed; install the optional extra: pip 
 
 def hivemind_available() -> bool:
     try:
-        import hivemind  # noqa: F401
+        import hivemind  # noqa: F401, PLC0415  # lazy: optional
     except ImportError:
         return False
     return True
@@ -64,8 +67,6 @@ class TorchDistributedAverager:
     def __init__(self, rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
                  backend: str = "auto", wire: WireDtype = "fp32", timeout_s: float = 120.0,
                  device: str = "cpu") -> None:
-        import torch.distributed as dist
-
         if backend == "auto":
             backend = "nccl" if device.startswith("cuda") else "gloo"
         self.rank, self.world_size, self.backend, self.wire = rank, world_size, backend, wire
@@ -111,11 +112,10 @@ class HivemindAverager:
                  state_fn: Callable[[], tuple[dict, list[torch.Tensor]]] | None = None,
                  host: str = "127.0.0.1") -> None:
         try:
-            import hivemind
-            from hivemind.compression import Float16Compression, NoCompression
+            import hivemind  # noqa: PLC0415  # lazy: optional
+            from hivemind.compression import Float16Compression, NoCompression  # noqa: PLC0415  # lazy: optional
         except ImportError as e:
             raise RuntimeError(HIVEMIND_MISSING) from e
-        import multiprocessing
 
         # hivemind runs its averager as a forked child process; a process that was itself spawned
         # (spawn start method) would try to pickle it and fail.

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
-from swarmrl.models.tiny import ModelInitConfig
+from swarmrl.models.config import ModelInitConfig
 
 
 def _small_model() -> ModelInitConfig:
@@ -64,7 +64,7 @@ class DilocoConfig(StrictModel):
     hivemind: HivemindConfig = Field(default_factory=HivemindConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> "DilocoConfig":
+    def _check(self) -> DilocoConfig:
         if self.mode == "ddp" and self.backend != "torch":
             raise ValueError("mode 'ddp' needs backend 'torch' (a fixed group all-reducing every step)")
         if self.init.max_position_embeddings < self.seq_len:

@@ -12,12 +12,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from swarmrl.diloco.config import DilocoConfig
-from swarmrl.utils.procs import free_port
 from swarmrl.utils.metrics import read_metrics
+from swarmrl.utils.procs import free_port
 
 
 class WorkerFailed(RuntimeError):

@@ -18,8 +18,10 @@ off the accelerator"). What is all-reduced may be cast to fp16/bf16 (``compress`
 
 from __future__ import annotations
 
+import hashlib
 import math
-from typing import Iterable, Literal, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import torch
 
@@ -136,6 +138,5 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float = 0.1) ->
 
 def params_digest(flat: torch.Tensor) -> str:
     """A short hash of a flat parameter vector (to check workers hold identical parameters)."""
-    import hashlib
 
     return hashlib.sha256(flat.detach().cpu().float().contiguous().numpy().tobytes()).hexdigest()[:16]

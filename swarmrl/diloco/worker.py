@@ -16,9 +16,11 @@ from pathlib import Path
 
 import torch
 
+from swarmrl.diloco.comm import HivemindAverager, TorchDistributedAverager
 from swarmrl.diloco.config import DilocoConfig
 from swarmrl.diloco.data import PackedCorpus, eval_loss
 from swarmrl.diloco.outer import OuterNesterov, flatten, params_digest, pseudo_gradient, unflatten_into, warmup_cosine
+from swarmrl.models.io import save_model
 from swarmrl.models.tiny import init_model
 from swarmrl.utils.metrics import MetricsWriter
 
@@ -102,8 +104,6 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
     state = {"round": 0}  # what a joining peer downloads (guarded by the averager's lock)
     if world > 1 or cfg.backend == "hivemind":
         if cfg.backend == "torch":
-            from swarmrl.diloco.comm import TorchDistributedAverager
-
             port = int(os.environ.get("MASTER_PORT", cfg.master_port or 29500))
             averager = TorchDistributedAverager(rank, world, os.environ.get("MASTER_ADDR", cfg.master_addr), port,
                                                 backend=cfg.dist_backend, wire=cfg.wire, device=cfg.device)
@@ -111,8 +111,6 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
             outer.anchor = synced
             unflatten_into(synced, params)
         else:
-            from swarmrl.diloco.comm import HivemindAverager
-
             hm = cfg.hivemind
             pfile = peers_file(out)
             if hm.initial_peers:
@@ -251,8 +249,6 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
         "evals": evals, "round_log": round_rows, "left": left, "joined_from": joined_from,
     }
     if rank == 0 and not left:
-        from swarmrl.models.io import save_model
-
         model.eval()
         save_model(model, tok, out / "model")  # loadable with swarmrl.models.load_model
     if cfg.save_final_params:

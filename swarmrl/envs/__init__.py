@@ -1,5 +1,11 @@
-"""Tasks and verifiers: registered environments with seedable task sources."""
+"""Tasks and verifiers: registered environments with seedable task sources.
 
-from swarmrl.envs.base import Environment, Task, available_envs, heldout_bucket, make_env, register_env
+Importing the package registers the built-in environments (``add``, ``mul_add``, ``math``, ``code``,
+``filtered``); ``make_env(name, **params)`` builds one.
+"""
 
-__all__ = ["Environment", "Task", "available_envs", "heldout_bucket", "make_env", "register_env"]
+from swarmrl.envs import arithmetic, code, filtered, math  # noqa: F401  (they register themselves)
+from swarmrl.envs.base import Environment, Split, Task, VerifierUnavailable, heldout_bucket
+from swarmrl.envs.registry import available_envs, make_env, register_env
+
+__all__ = ["Environment", "Split", "Task", "VerifierUnavailable", "available_envs", "heldout_bucket", "make_env", "register_env"]

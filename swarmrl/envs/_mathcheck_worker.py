@@ -59,8 +59,8 @@ def _latex_to_expr(s: str) -> str | None:
 
 
 def _sympy_equal(gold: str, pred: str) -> bool:
-    import sympy
-    from sympy.parsing.sympy_parser import implicit_multiplication, parse_expr, standard_transformations
+    import sympy  # noqa: PLC0415  # lazy: sandbox
+    from sympy.parsing.sympy_parser import implicit_multiplication, parse_expr, standard_transformations  # noqa: PLC0415  # lazy: sandbox
 
     g, p = _latex_to_expr(gold), _latex_to_expr(pred)
     if not g or not p:
@@ -82,7 +82,7 @@ def _sympy_equal(gold: str, pred: str) -> bool:
 
 def equal(gold: str, pred: str) -> bool:
     try:
-        from math_verify import parse, verify
+        from math_verify import parse, verify  # noqa: PLC0415  # lazy: sandbox
 
         g = parse("\\boxed{" + gold + "}", parsing_timeout=3)
         p = parse("\\boxed{" + pred + "}", parsing_timeout=3)
@@ -96,7 +96,7 @@ def equal(gold: str, pred: str) -> bool:
 def main() -> None:
     _limit_memory()
     try:  # warm the imports before answering the first request
-        import math_verify  # noqa: F401
+        import math_verify  # noqa: F401, PLC0415  # lazy: sandbox
     except Exception:  # noqa: BLE001
         pass
     sys.stdout.write(json.dumps({"ready": True}) + "\n")

@@ -16,6 +16,99 @@ IN, OUT, ERR = ".in", ".out", ".err"
 HARNESS_FILES = {IN, OUT, ERR}
 STDERR_TAIL = 2048
 
+# seccomp: system calls an untrusted program never needs, denied in each case's process (kill the process, so
+# the harness sees SIGSYS and reports it). (x86_64, aarch64) numbers. socket() is killed too except for AF_UNIX,
+# which gets EACCES: glibc asks nscd over a unix socket on any user lookup (pwd.getpwuid), and must just fail.
+DENIED_SYSCALLS = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "bpf": (321, 280), "keyctl": (250, 219),
+    "add_key": (248, 217), "request_key": (249, 218), "perf_event_open": (298, 241), "unshare": (272, 97),
+    "setns": (308, 268), "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
+    "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225), "userfaultfd": (323, 282),
+    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264), "acct": (163, 89), "quotactl": (179, 60),
+    "lookup_dcookie": (212, 18), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+}
+SYS_CLONE, SYS_CLONE3 = {"x86_64": (56, 435), "aarch64": (220, 435)}.get(os.uname().machine, (None, None))
+SYS_SOCKET = {"x86_64": 41, "aarch64": 198}.get(os.uname().machine)
+AF_UNIX, EACCES = 1, 13
+CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET: new namespaces via clone()
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}.get(os.uname().machine)
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+ENOSYS = 38
+
+
+def seccomp_program():
+    """The classic-BPF filter: [(code, jt, jf, k)]. Other ABIs (i386 via int 0x80, x32) are killed outright;
+    clone3 gets ENOSYS (its flags sit behind a pointer; libc falls back to clone, whose flags are checked)."""
+    arm = os.uname().machine == "aarch64"
+    nrs = sorted({v[1] if arm else v[0] for v in DENIED_SYSCALLS.values()})
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    prog = [("ld", 4), ("jeq_else", AUDIT_ARCH, "kill"), ("ld", 0)]
+    if not arm:
+        prog.append(("jge", 0x40000000, "kill"))  # the x32 ABI: same numbers with bit 30 set
+    prog += [("jeq", nr, "kill") for nr in nrs]
+    prog += [("jeq", SYS_CLONE3, "enosys"), ("jeq", SYS_SOCKET, "socket"), ("jeq_else", SYS_CLONE, "allow"),
+             ("ld", 16), ("jset", CLONE_NEW_ANY, "kill"), ("label", "allow"), ("ret", RET_ALLOW),
+             ("label", "socket"), ("ld", 16), ("jeq_else", AF_UNIX, "kill"), ("ret", RET_ERRNO | EACCES),
+             ("label", "enosys"), ("ret", RET_ERRNO | ENOSYS), ("label", "kill"), ("ret", RET_KILL_PROCESS)]
+    labels, pc = {}, 0
+    for ins in prog:
+        if ins[0] == "label":
+            labels[ins[1]] = pc
+        else:
+            pc += 1
+    out, pc = [], 0
+    for ins in prog:
+        op = ins[0]
+        if op == "label":
+            continue
+        if op == "ld":
+            out.append((ld, 0, 0, ins[1]))
+        elif op == "ret":
+            out.append((ret, 0, 0, ins[1]))
+        else:
+            off = labels[ins[2]] - pc - 1
+            code = {"jeq": jeq, "jeq_else": jeq, "jge": jge, "jset": jset}[op]
+            out.append((code, 0, off, ins[1]) if op == "jeq_else" else (code, off, 0, ins[1]))
+        pc += 1
+    return out
+
+
+def install_seccomp():
+    """Install the filter in this process (needs no_new_privs, which the launcher set). Returns an error or None."""
+    import ctypes  # noqa: PLC0415  # lazy: sandbox
+
+    if AUDIT_ARCH is None or SYS_CLONE is None or SYS_SOCKET is None:
+        return f"seccomp: unsupported architecture {os.uname().machine}"
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
+
+    ins = seccomp_program()
+    arr = (Insn * len(ins))(*[Insn(*i) for i in ins])
+    prog = Prog(len(ins), ctypes.cast(arr, ctypes.POINTER(Insn)))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    if libc.prctl(22, 2, ctypes.addressof(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return f"seccomp: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def seccomp_works():
+    """Whether the filter installs here (probed once, in a throwaway child)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if install_seccomp() is None else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
 
 def install_audit_hook(read_roots, write_roots):
     """Second layer (first in the no-namespace fallback): refuse I/O outside the roots, sockets,
@@ -73,7 +166,7 @@ def install_audit_hook(read_roots, write_roots):
 
 def run_child(spec, case, work, res_w, nonce):
     """In the forked child: become the test case. Never returns."""
-    import resource
+    import resource  # noqa: PLC0415  # lazy: sandbox
 
     mode = spec["mode"]
     try:
@@ -87,7 +180,7 @@ def run_child(spec, case, work, res_w, nonce):
         keep = res_w
         os.closerange(3, keep)
         os.closerange(keep + 1, 1 << 16)
-        sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
+        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
         cpu = int(spec["cpu_s"])
@@ -97,6 +190,11 @@ def run_child(spec, case, work, res_w, nonce):
         extra = None
         if mode == "function":
             extra = compile(spec.get("prelude", "") + "\n" + case["test"], "tests.py", "exec")
+        if spec.get("seccomp"):
+            why = install_seccomp()
+            if why is not None:  # it installed in the probe: fail closed
+                os.write(2, f"sandbox: {why}\n".encode())
+                os._exit(126)
         if spec["audit"]:
             install_audit_hook(spec["read_roots"], spec["write_roots"])
         del spec
@@ -124,7 +222,7 @@ def run_child(spec, case, work, res_w, nonce):
         os._exit(code & 0xFF)
     except BaseException:  # noqa: BLE001
         try:
-            import traceback
+            import traceback  # noqa: PLC0415  # lazy: sandbox
 
             traceback.print_exc()
             sys.stdout.flush()
@@ -142,7 +240,7 @@ def wait_child(pid, wall_s):
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         pidfd = None
-    import select
+    import select  # noqa: PLC0415  # lazy: sandbox
 
     delay = 0.001
     try:
@@ -193,7 +291,7 @@ def read_capped(path, cap, tail=False):
 
 
 def clean_work(work):
-    import shutil
+    import shutil  # noqa: PLC0415  # lazy: sandbox
 
     for name in os.listdir(work):
         p = os.path.join(work, name)
@@ -218,13 +316,14 @@ def reap():
 
 def main():
     try:
-        import ctypes
+        import ctypes  # noqa: PLC0415  # lazy: sandbox
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: same-uid children cannot ptrace us
     except Exception:  # noqa: BLE001
         pass
     report_fd = os.dup(1)
     spec = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    spec["seccomp"] = bool(spec.get("seccomp")) and seccomp_works()
     work = os.getcwd()
     results = []
     for case in spec["cases"]:
@@ -252,8 +351,11 @@ def main():
         ret = got[len(nonce):].decode("utf-8", errors="replace") if completed else None
         if status == "ok" and not completed:
             status = "exit"  # exited 0 without finishing (e.g. os._exit(0) before the tests ran)
+        denied = spec["seccomp"] and status == "signal" and code == signal.SIGSYS
+        if denied:
+            err = (err + "\nsandbox: killed by the seccomp filter (a denied system call)")[-STDERR_TAIL:]
         results.append({"status": status, "code": code, "completed": completed, "stdout": out,
-                        "stdout_truncated": out_trunc, "stderr": err, "ret": ret})
+                        "stdout_truncated": out_trunc, "stderr": err, "ret": ret, "denied_syscall": denied})
     clean_work(work)
     if spec.get("sweep"):
         try:  # every other process of this sandbox's private uid (the no-namespace fallback)
@@ -261,7 +363,7 @@ def main():
         except OSError:
             pass
         reap()
-    os.write(report_fd, json.dumps({"results": results}).encode())
+    os.write(report_fd, json.dumps({"results": results, "seccomp": spec["seccomp"]}).encode())
     os.close(report_fd)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 import re
 
-from swarmrl.envs.base import Environment, Split, Task, heldout_bucket, register_env
+from swarmrl.envs.base import Environment, Split, Task, heldout_bucket
+from swarmrl.envs.registry import register_env
 
 _INT = re.compile(r"^\s*(-?\d+)\s*$")
 

@@ -11,7 +11,7 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 Split = Literal["train", "heldout"]
 
@@ -42,10 +42,18 @@ def heldout_bucket(key: str, heldout_pct: float) -> bool:
     return (h % 10_000) < int(round(heldout_pct * 100))
 
 
+class VerifierUnavailable(RuntimeError):
+    """The verifier could not judge a completion because its own machinery failed (a sandbox that did not
+    start, a broken report): that says nothing about the completion. Raised only by environments whose
+    ``strict`` is set (the validator: its own failure must not read as a wrong answer and slash the node);
+    otherwise ``verify`` gives 0 and never raises."""
+
+
 class Environment(ABC):
     """A task source and its verifier."""
 
     name: str = "env"
+    strict: bool = False  # verify raises VerifierUnavailable instead of giving 0 when it cannot judge
 
     @abstractmethod
     def sample(self, seed: int, n: int, split: Split = "train") -> list[Task]:
@@ -58,42 +66,3 @@ class Environment(ABC):
     def heldout_set(self, n: int, seed: int = 1234) -> list[Task]:
         """A fixed held-out evaluation set."""
         return self.sample(seed, n, split="heldout")
-
-
-_REGISTRY: dict[str, Callable[..., Environment]] = {}
-
-
-def register_env(name: str) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
-    def deco(factory: Callable[..., Environment]) -> Callable[..., Environment]:
-        if name in _REGISTRY:
-            raise ValueError(f"environment {name!r} registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def available_envs() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def make_env(name: str, **params: Any) -> Environment:
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown task {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    try:
-        return _REGISTRY[name](**params)
-    except TypeError as e:
-        raise ValueError(f"bad parameters for task {name!r}: {e}") from None
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers their environments.
-    import swarmrl.envs.arithmetic  # noqa: F401
-    for mod in ("swarmrl.envs.math", "swarmrl.envs.code", "swarmrl.envs.filtered"):
-        try:
-            __import__(mod)
-        except ModuleNotFoundError as e:  # optional modules not yet present
-            if e.name != mod:
-                raise

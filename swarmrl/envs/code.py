@@ -17,7 +17,8 @@ any of:
 
 ``language`` must be ``python`` when given. The completion's program is the last fenced code block
 (```python / ```py / ```), an unterminated trailing one, or else the whole text. Reward: the fraction
-of tests passed (``all_or_nothing=True``: 1 only if all pass). A failed sandbox gives 0; never raises.
+of tests passed (``all_or_nothing=True``: 1 only if all pass). A failed sandbox gives 0; never raises, except
+``VerifierUnavailable`` when ``strict`` and the sandbox itself failed (the validator's setting).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from swarmrl.envs.base import Task, register_env
+from swarmrl.envs.base import Task, VerifierUnavailable
 from swarmrl.envs.datafile import DataFileError, FileEnvironment, Record
+from swarmrl.envs.registry import register_env
 from swarmrl.envs.sandbox import CaseResult, SandboxLimits, isolation_level, run_program
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -202,6 +204,8 @@ class CodeEnv(FileEnvironment):
             total += len(job["cases"])
             run = run_program(program, job["cases"], job["mode"], self.limits, self.isolation, job["prelude"])
             if run.error is not None:
+                if run.internal and self.strict:
+                    raise VerifierUnavailable(f"code sandbox: {run.error}")
                 continue
             passed += sum(self.case_passed(job["mode"], r, e) for r, e in zip(run.results, job["expected"]))
         return passed, total
@@ -211,6 +215,8 @@ class CodeEnv(FileEnvironment):
             if not isinstance(completion, str) or len(completion) > self.max_completion_chars:
                 return 0.0
             passed, total = self.run_tests(task, completion)
+        except VerifierUnavailable:
+            raise  # only when strict (the validator): its own failure, not the completion's
         except Exception:  # noqa: BLE001 - a verifier never crashes its caller
             return 0.0
         if total == 0:

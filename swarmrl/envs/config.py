@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from swarmrl.config import StrictModel
-from swarmrl.envs.base import Environment, make_env
+from swarmrl.envs import Environment, make_env
 
 
 class TaskConfig(StrictModel):

@@ -71,7 +71,7 @@ def load_records(path: str | Path, default_task_type: str) -> list[Record]:
     out: list[Record] = []
     if p.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # noqa: PLC0415  # lazy: pyarrow
 
             rows = pq.read_table(p).to_pylist()
         except Exception as e:  # noqa: BLE001 - any reader failure is a malformed file

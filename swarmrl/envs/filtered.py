@@ -12,8 +12,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from swarmrl.envs.base import Environment, Split, Task, make_env, register_env
+from swarmrl.envs.base import Environment, Split, Task
 from swarmrl.envs.datafile import DataFileError
+from swarmrl.envs.registry import make_env, register_env
 
 
 class FilteredEnv(Environment):

@@ -25,8 +25,9 @@ import threading
 from fractions import Fraction
 from pathlib import Path
 
-from swarmrl.envs.base import Task, register_env
+from swarmrl.envs.base import Task
 from swarmrl.envs.datafile import DataFileError, FileEnvironment, Record
+from swarmrl.envs.registry import register_env
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_MATH_PATH = DATA_DIR / "math_sample.jsonl"

@@ -32,6 +32,19 @@ namespaces are allowed). Enforced by the KERNEL:
   (fork bombs), ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``; wall time per case (harness, SIGKILL to the
   case's process group) and overall (host, SIGKILL to the launcher's process group).
 
+Enforced by a SECCOMP filter (``seccomp=True``, the default; every mode) installed in each case's process
+after the harness set it up and before the program runs: a classic-BPF filter built with ctypes (no
+library: the harness runs with ``-I -S`` and sees no site-packages) that KILLS the process at ``socket``
+(except ``AF_UNIX``, which fails with EACCES: glibc tries nscd on any user lookup), ``ptrace``, ``process_vm_readv/writev``, the mount family (``mount``, ``umount2``, ``pivot_root``,
+``chroot``, ``open_tree``, ``move_mount``, ``fs*``, ``mount_setattr``), ``kexec_load/kexec_file_load``,
+``bpf``, ``keyctl``/``add_key``/``request_key``, ``perf_event_open``, ``unshare``, ``setns``, ``clone`` with
+any ``CLONE_NEW*`` flag, module loading, ``reboot``, ``swapon/off``, ``userfaultfd``, handle-based opens,
+``io_uring_*``, ``acct``, ``quotactl``, ``lookup_dcookie``, and any other ABI (i386 ``int 0x80``, x32);
+``clone3`` gets ENOSYS (its flags are behind a pointer; libc falls back to ``clone``). A case killed there
+reports ``status="signal"``, ``code=SIGSYS``, ``denied_syscall=True`` and says so in its stderr;
+``SandboxRun.seccomp`` tells whether the filter was in place (if the kernel refuses it, a warning, and the
+other layers remain).
+
 Enforced by a Python AUDIT HOOK (``sys.addaudithook``) installed in each case's process before the
 program runs (``audit_hook=True``, the default; a second layer under namespaces): ``open`` only
 under the interpreter's stdlib, the work dir, ``/tmp`` and ``/dev`` (writes only under the work dir
@@ -96,6 +109,7 @@ class SandboxLimits:
     max_cases: int = 64
     max_input_bytes: int = 4 * 1024**2  # all case inputs together
     audit_hook: bool = True  # forced on in the fallback, where it is the main barrier
+    seccomp: bool = True  # a seccomp filter in each case's process (see DENIED_SYSCALLS in the harness)
 
 
 @dataclass
@@ -107,6 +121,7 @@ class CaseResult:
     stdout_truncated: bool = False
     stderr: str = ""
     ret: str | None = None  # call mode: JSON of the return value
+    denied_syscall: bool = False  # killed by the seccomp filter (status "signal", code SIGSYS)
 
 
 @dataclass
@@ -114,6 +129,8 @@ class SandboxRun:
     isolation: str
     results: list[CaseResult] = field(default_factory=list)
     error: str | None = None  # set when the sandbox itself failed (then results are all "error")
+    internal: bool = False  # the error is the sandbox's own failure (did not start, broken report), not the program's
+    seccomp: bool = False  # the seccomp filter was installed in every case's process
 
 
 def _python() -> str:
@@ -161,8 +178,9 @@ def run_program(program: str, cases: list[dict[str, Any]], mode: Mode = "stdio",
     return _run(program, cases, mode, limits, isolation, prelude)
 
 
-def _error_run(isolation: str, n: int, msg: str) -> SandboxRun:
-    return SandboxRun(isolation=isolation, results=[CaseResult(status="error") for _ in range(n)], error=msg)
+def _error_run(isolation: str, n: int, msg: str, internal: bool = False) -> SandboxRun:
+    return SandboxRun(isolation=isolation, results=[CaseResult(status="error") for _ in range(n)], error=msg,
+                      internal=internal)
 
 
 def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLimits, isolation: str,
@@ -208,6 +226,7 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
         spec = {"program": program, "mode": mode, "prelude": prelude, "cases": cases, "wall_s": limits.wall_s,
                 "cpu_s": limits.cpu_s, "out_bytes": int(limits.out_bytes) + 1,
                 "audit": limits.audit_hook or not isolate,  # the fallback always needs the hook
+                "seccomp": limits.seccomp,
                 "read_roots": read_roots + [work_in, tmp_in], "write_roots": [work_in, tmp_in],
                 "sweep": (not isolate) and uid is not None}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -219,21 +238,25 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
             out, err = proc.communicate(json.dumps(spec).encode("utf-8"), timeout=total)
         except subprocess.TimeoutExpired:
             _killpg(proc)
-            return _error_run(isolation, n, f"sandbox exceeded its overall wall time ({total:.0f}s)")
+            return _error_run(isolation, n, f"sandbox exceeded its overall wall time ({total:.0f}s)", internal=True)
         finally:
             if not isolate and uid is not None:
                 _sweep_uid(python, uid)
         if proc.returncode != 0:
             msg = err.decode("utf-8", errors="replace")[-2000:].strip()
-            return _error_run(isolation, n, f"sandbox failed (rc={proc.returncode}): {msg}")
+            return _error_run(isolation, n, f"sandbox failed (rc={proc.returncode}): {msg}", internal=True)
         try:
             report = json.loads(out.decode("utf-8"))
             results = [CaseResult(**r) for r in report["results"]]
+            seccomp = bool(report.get("seccomp"))
         except (ValueError, KeyError, TypeError) as e:
-            return _error_run(isolation, n, f"bad sandbox report: {e}")
+            return _error_run(isolation, n, f"bad sandbox report: {e}", internal=True)
         if len(results) != n:
-            return _error_run(isolation, n, "sandbox report has the wrong number of results")
-        return SandboxRun(isolation=isolation, results=results)
+            return _error_run(isolation, n, "sandbox report has the wrong number of results", internal=True)
+        if limits.seccomp and not seccomp:
+            _warn_once("code sandbox: the seccomp filter could not be installed here (kernel without seccomp, or "
+                       "an unsupported architecture); namespaces, rlimits and the audit hook remain")
+        return SandboxRun(isolation=isolation, results=results, seccomp=seccomp)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import torch
+
 from swarmrl.envs.base import Environment
 from swarmrl.eval.config import EvalConfig
-from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.inference.sampler import generate
+from swarmrl.models.io import load_model, load_tokenizer
 
 
 def evaluate(model, tokenizer, env: Environment, n: int = 512, batch_size: int = 256, max_new_tokens: int = 8,
@@ -29,10 +32,6 @@ def evaluate(model, tokenizer, env: Environment, n: int = 512, batch_size: int =
 
 
 def evaluate_path(cfg: EvalConfig) -> dict[str, float]:
-    import torch
-
-    from swarmrl.models.io import load_model, load_tokenizer
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model = load_model(cfg.model)

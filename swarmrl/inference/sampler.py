@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from swarmrl.inference.params import SamplingParams
 
 

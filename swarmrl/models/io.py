@@ -11,6 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import shutil
+
 from transformers.utils import logging as _hf_logging  # noqa: E402
 
 _hf_logging.disable_progress_bar()
@@ -49,16 +51,12 @@ def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if out.exists():
-        import shutil
-
         old = out.with_name(out.name + ".old")
         if old.exists():
             shutil.rmtree(old)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import torch
-from transformers import LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwen2Config
 
 from swarmrl.models.config import ModelInitConfig
+from swarmrl.models.io import save_model
 from swarmrl.models.tokenizer import build_char_tokenizer
 
 
@@ -30,13 +32,10 @@ def init_model(cfg: ModelInitConfig, out_dir: str | Path | None = None) -> tuple
         attn_implementation="sdpa",
     )
     config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     if out_dir is not None:
-        from swarmrl.models.io import save_model
-
         save_model(model, tokenizer, out_dir)
     return model, tokenizer

@@ -1,7 +1,7 @@
 """Clients of the orchestrator API: every call is signed with the caller's Ed25519 key (httpx).
 
-``NodeClient`` is what an inference worker uses (register, heartbeat, submit); ``ValidatorClient``
-and ``TrainerClient`` add the calls of those roles. Errors come back as ``ApiError`` carrying the
+``NodeClient`` is what an inference worker uses (register, heartbeat, submit); ``ValidatorClient``,
+``TrainerClient`` and ``AuthorityClient`` (stake deposits) add the calls of those roles. Errors come back as ``ApiError`` carrying the
 HTTP status and the server's reason.
 """
 
@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarmrl.protocol.schemas import (AcceptedList, Balance, HeartbeatReply, HeartbeatRequest, PendingList,
-                                      RegisterReply, RegisterRequest, StepReply, StepRequest, SubmissionDetail, SubmitReply,
-                                      VerdictReply, VerdictRequest, WeightsReply, WeightsRequest)
+from swarmrl.protocol.schemas import (
+    AcceptedList,
+    Balance,
+    DepositReply,
+    DepositRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    PendingList,
+    RegisterReply,
+    RegisterRequest,
+    StepReply,
+    StepRequest,
+    SubmissionDetail,
+    SubmitReply,
+    VerdictReply,
+    VerdictRequest,
+    WeightsReply,
+    WeightsRequest,
+)
 from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex, sign_request
 
 if TYPE_CHECKING:
@@ -25,9 +43,10 @@ if TYPE_CHECKING:
 
 
 class ApiError(RuntimeError):
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, retry_after: float | None = None) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status, self.detail = status, detail
+        self.retry_after = retry_after  # seconds, from a 429's Retry-After header
 
 
 class SignedClient:
@@ -54,7 +73,9 @@ class SignedClient:
                 detail = r.json().get("detail", r.text)
             except (ValueError, AttributeError):
                 detail = r.text
-            raise ApiError(r.status_code, detail if isinstance(detail, str) else json.dumps(detail))
+            retry = r.headers.get("retry-after", "")
+            raise ApiError(r.status_code, detail if isinstance(detail, str) else json.dumps(detail),
+                           float(retry) if retry.isdigit() else None)
         return r
 
     def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
@@ -150,9 +171,17 @@ class TrainerClient(ValidatorClient):
             self.request("GET", f"/v1/trainer/steps/{int(step)}/submissions").content)
 
 
+class AuthorityClient(SignedClient):
+    """A stake authority (its key in the orchestrator's ``stake_authority_keys``): deposits stake for nodes."""
+
+    def deposit(self, amount: float, node_id: str | None = None, public_key: str | None = None,
+                note: str = "") -> DepositReply:
+        req = DepositRequest(node_id=node_id, public_key=public_key, amount=amount, note=note)
+        return DepositReply.model_validate_json(self.request("POST", "/v1/ledger/deposits", req).content)
+
+
 def wait_until_up(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
     """Block until the orchestrator at ``url`` answers ``/v1/health``; fail early if ``proc`` (its process) exits."""
-    import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+import ipaddress
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from swarmrl.config import StrictModel
+from swarmrl.contract import check_prompt_format
 from swarmrl.envs.config import TaskConfig
+from swarmrl.utils.keys import public_key_problem
+
+DEFAULT_RUN_SECRET = "change-me"
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` (a name or address to listen on or connect to) stays on this machine."""
+    h = (host or "").strip().strip("[]").lower()
+    if h == "localhost" or h.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_secret(secret: str, where: str | None, what: str) -> str:
+    """The shipped default run secret is public (anyone could derive every task seed and pick easy work): refused
+    unless everything stays on this machine."""
+    if where is not None and not is_loopback(where) and secret in ("", DEFAULT_RUN_SECRET):
+        raise ValueError(f"the default run secret {secret!r} is public, and {what} {where!r}, not a loopback "
+                         "address: set run_secret to a secret of your own (e.g. the output of `python -c "
+                         "'import secrets; print(secrets.token_hex(16))'`), the same for the orchestrator and its "
+                         "validators")
+    return secret
 
 
 def _check_keys(keys: list[str]) -> list[str]:
@@ -14,6 +43,9 @@ def _check_keys(keys: list[str]) -> list[str]:
         k = k.strip().lower()
         if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
             raise ValueError(f"{k!r} is not a 64-hex-char Ed25519 public key")
+        why = public_key_problem(bytes.fromhex(k))
+        if why is not None:
+            raise ValueError(f"{k!r}: {why}")
         out.append(k)
     return out
 
@@ -24,7 +56,7 @@ class OrchestratorConfig(StrictModel):
     workers: int = Field(1, ge=1, le=64)  # >1: that many server processes (PostgreSQL only)
     database_url: str = ""  # empty: SQLite file <data_dir>/orchestrator.db; else e.g. postgresql+psycopg2://...
     data_dir: str = "runs/orchestrator"  # content-addressed store lives in <data_dir>/store
-    run_secret: str = "change-me"  # mixed into task seeds; validators need it to re-derive assignments
+    run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # mixed into task seeds; validators need it; the default only on loopback
     validator_keys: list[str] = Field(default_factory=list)  # public keys (hex) allowed to post verdicts
     trainer_keys: list[str] = Field(default_factory=list)  # public keys (hex) allowed to advance steps
     # requests
@@ -48,6 +80,7 @@ class OrchestratorConfig(StrictModel):
     # the prompt is budget_prompt_format with {target} and {prompt}; reward = task_reward - penalty * |target - len|
     budget_prompt_format: str = "[{target}]{prompt}"
     budget_penalty: float = Field(0.02, ge=0)
+    chat_template: bool = False  # assignments tell nodes (and the validator) to state prompts in the chat template
     reassign_per_heartbeat: int = Field(1, ge=0)
     # demand-driven assignment (swarm RL): > 0 hands a node a new assignment whenever it holds none open, for
     # the lowest step in [step, step + lookahead] whose usable groups (pending + accepted submissions, plus
@@ -72,18 +105,62 @@ class OrchestratorConfig(StrictModel):
     # metrics (JSONL): "" = <data_dir>/metrics.jsonl; a snapshot row every metrics_interval_s plus verdict events
     metrics_path: str = ""
     metrics_interval_s: float = Field(10.0, gt=0)
+    # hostile uploads: limits on a rollout file once DECODED (swarmrl.rl.rollouts.RolloutLimits, same names and
+    # defaults), checked from the parquet metadata and then batch by batch before anything is materialised; a
+    # file over one is refused with 413 naming the limit (a malformed one with 422)
+    max_decoded_bytes: int = Field(64 << 20, gt=0)  # all columns' values decoded
+    max_string_bytes: int = Field(1024, gt=0)  # worker_id, task_id, env, group_id
+    max_prompt_tokens: int = Field(32_768, gt=0)
+    max_completion_tokens: int = Field(32_768, gt=0)
+    max_proofs_per_row: int = Field(4_096, ge=0)
+    max_proof_bytes: int = Field(4_096, ge=0)
+    max_footer_bytes: int = Field(1 << 20, gt=0)  # parquet footer (metadata), bounded before it is parsed
+    # membership and sybils
+    # stake is deposited by these keys (POST /v1/ledger/deposits); registration locks at most what was deposited
+    stake_authority_keys: list[str] = Field(default_factory=list)
+    self_declared_stake: bool = False  # local demos only: registration locks whatever stake a node claims
+    register_rate_per_s: float = Field(0.5, gt=0)  # registrations per source address (token bucket)
+    register_burst: int = Field(20, ge=1)
+    public_rate_per_s: float = Field(20.0, gt=0)  # unsigned GETs (health, nodes, ledgers, submissions) per address
+    public_burst: int = Field(100, ge=1)
+    # demand mode: the open work of a node silent for this many heartbeat intervals goes back to the pool at the
+    # next sweep (its holder may still upload it first); 0: only once the node is dead (dead_after_missed)
+    idle_after_missed: int = Field(2, ge=0)
+    # connection limits (swarmrl.utils.serving): per source address (IPv6: per /64) and per server process, the
+    # latter clipped to the open-files limit; reserved_connections of them only for addresses that made an
+    # authenticated request within trusted_ttl_s. A request head must arrive within header_timeout_s (of the
+    # connection going idle), its body within body_timeout_s; idle keep-alive connections close after
+    # idle_timeout_s.
+    max_connections: int = Field(16384, ge=1)
+    max_connections_per_ip: int = Field(64, ge=1)
+    reserved_connections: int = Field(1024, ge=0)
+    trusted_ttl_s: float = Field(600.0, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(120.0, gt=0)
+    idle_timeout_s: float = Field(5.0, gt=0)
+    backlog: int = Field(4096, ge=1)
 
-    @field_validator("validator_keys", "trainer_keys")
+    @field_validator("validator_keys", "trainer_keys", "stake_authority_keys")
     @classmethod
     def _keys(cls, v: list[str]) -> list[str]:
         return _check_keys(v)
 
+    @field_validator("run_secret")
+    @classmethod
+    def _secret(cls, v: str, info: ValidationInfo) -> str:
+        return _check_secret(v, info.data.get("host"), "the orchestrator listens on")
+
     @field_validator("budget_prompt_format")
     @classmethod
     def _fmt(cls, v: str) -> str:
-        from swarmrl.rl.budget import check_prompt_format
-
         return check_prompt_format(v)
+
+    @model_validator(mode="after")
+    def _one_role_per_key(self) -> OrchestratorConfig:
+        both = set(self.stake_authority_keys) & (set(self.validator_keys) | set(self.trainer_keys))
+        if both:
+            raise ValueError(f"a stake authority key may not also be a validator or trainer key: {sorted(both)}")
+        return self
 
     @field_validator("budget_tiers")
     @classmethod
@@ -97,13 +174,13 @@ class ValidatorConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""  # path to the validator's Ed25519 PEM key (its public key must be in validator_keys)
     model_dir: str = ""  # HF model dir of the policy in use: its tokenizer decodes completions
-    run_secret: str = "change-me"  # must match the orchestrator's (re-derives task seeds)
+    run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # must match the orchestrator's (re-derives task seeds)
     poll_interval_s: float = Field(2.0, gt=0)
     work_dir: str = "runs/validator"
     reward_tolerance: float = Field(1e-4, ge=0)
     model_dir_template: str = ""  # e.g. "runs/ckpt/v{policy_version}": the policy per version for TOPLOC
     # module:function(model, items, batch_size=, [sampling_thresholds=]) -> one result per item, called once per
-    # policy version in a file; skipped (logged) when absent
+    # policy version in a file; one that does not import or take these arguments is refused at startup
     toploc_check: str = "swarmrl.toploc.rollout:verify_rollouts"
     toploc_batch_size: int = Field(64, ge=1)  # rows per prefill
     sampling_claim: str = "swarmrl.toploc.rollout:claim_from_rollout"  # row -> claim, checked in the TOPLOC prefill
@@ -117,10 +194,23 @@ class ValidatorConfig(StrictModel):
     # a validator lagging behind the trainer would slash honest nodes for its own delay, and late
     # work is harmless (the trainer never uses it).
     reject_late_steps: bool = False
-    require_proofs: bool = False  # when true, a skipped TOPLOC check rejects instead of passing
+    require_proofs: bool = False  # when true, rows without TOPLOC proofs are rejected (and the check must be able to run)
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)
     threads: int = Field(0, ge=0)  # torch threads (0: torch's default, all cores)
+    # validator robustness
+    # an internal error (a check that raises, a model that cannot be loaded, a download that fails) never
+    # rejects: the submission stays pending and is judged again after internal_error_backoff_s, doubling up
+    # to internal_error_backoff_max_s, at most internal_error_retries more times; then it is left pending
+    internal_error_retries: int = Field(5, ge=0)
+    internal_error_backoff_s: float = Field(10.0, ge=0)
+    internal_error_backoff_max_s: float = Field(600.0, ge=0)
+
+    @field_validator("run_secret")
+    @classmethod
+    def _secret(cls, v: str, info: ValidationInfo) -> str:
+        url = info.data.get("orchestrator")
+        return _check_secret(v, None if url is None else (urlsplit(url).hostname or url), "the orchestrator is at")
 
 
 class NodeConfig(StrictModel):

@@ -1,8 +1,9 @@
-"""The ledger: append-only rows; stakes, credits locked for a challenge window, slashing.
+"""The ledger: append-only rows; deposits, stakes, credits locked for a challenge window, slashing.
 
-Balances are sums. A credit carries ``unlock_at`` (end of its challenge window); slashing a node
-appends a ``slash`` row (a fraction of its stake) and one ``revoke`` row per credit still inside
-its window, each referencing the credit it cancels.
+Balances are sums. A stake authority's ``deposit`` row funds a node; registering locks part of it as a
+``stake`` row (what is deposited and not locked is ``deposit_available``). A credit carries ``unlock_at`` (end of
+its challenge window); slashing a node appends a ``slash`` row (a fraction of its stake) and one ``revoke`` row
+per credit still inside its window, each referencing the credit it cancels.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ def stake_of(s: Session, node_id: str) -> float:
     q = select(func.coalesce(func.sum(LedgerEntry.amount), 0.0)).where(
         LedgerEntry.node_id == node_id, LedgerEntry.kind.in_(("stake", "slash")))
     return float(s.execute(q).scalar_one())
+
+
+def deposit_available(s: Session, node_id: str) -> float:
+    """Deposited for the node and not locked as stake (never below 0: self-declared stakes have no deposit)."""
+    q = select(LedgerEntry.kind, func.coalesce(func.sum(LedgerEntry.amount), 0.0)).where(
+        LedgerEntry.node_id == node_id, LedgerEntry.kind.in_(("deposit", "stake"))).group_by(LedgerEntry.kind)
+    sums = {k: float(v) for k, v in s.execute(q).all()}
+    return max(0.0, sums.get("deposit", 0.0) - sums.get("stake", 0.0))
 
 
 def credit(s: Session, node_id: str, amount: float, submission_id: int, window_s: float,
@@ -73,6 +82,7 @@ class Balances:
     stake: float
     credits_locked: float
     credits_unlocked: float
+    deposited: float = 0.0  # deposit not locked as stake
 
 
 def balances(s: Session, node_id: str, now: float | None = None) -> Balances:
@@ -82,4 +92,6 @@ def balances(s: Session, node_id: str, now: float | None = None) -> Balances:
     stake = sum(r.amount for r in rows if r.kind in ("stake", "slash"))
     locked = sum(r.amount for r in rows if r.kind == "credit" and r.id not in revoked and (r.unlock_at or 0) > now)
     unlocked = sum(r.amount for r in rows if r.kind == "credit" and r.id not in revoked and (r.unlock_at or 0) <= now)
-    return Balances(stake, locked, unlocked)
+    deposited = max(0.0, sum(r.amount for r in rows if r.kind == "deposit")
+                    - sum(r.amount for r in rows if r.kind == "stake"))
+    return Balances(stake, locked, unlocked, deposited)

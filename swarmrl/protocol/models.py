@@ -21,7 +21,8 @@ class Node(Base):
     __tablename__ = "nodes"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     public_key: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
-    role: Mapped[str] = mapped_column(String(16), nullable=False)  # worker | validator | trainer | retired (key removed from config)
+    # worker | validator | trainer | authority (deposits stake) | retired (key removed from config)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
     status: Mapped[str] = mapped_column(String(16), nullable=False)  # active | dead | ejected
     hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     throughput: Mapped[float] = mapped_column(Float, default=0.0)  # measured tokens/s
@@ -52,7 +53,8 @@ class Assignment(Base):
     policy_version: Mapped[int] = mapped_column(BigInteger, nullable=False)
     round: Mapped[int] = mapped_column(Integer, nullable=False, default=0)  # k-th own assignment of the node at this step
     target_length: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # open | submitted | orphaned (holder died, waiting for a taker) | reassigned (taken over)
+    # open | submitted | orphaned (holder died, waiting for a taker) | reassigned (taken over; its holder may still
+    # upload it first) | closed (another row of the same (origin, step, round) work was uploaded first)
     status: Mapped[str] = mapped_column(String(16), nullable=False)
     parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
@@ -84,7 +86,7 @@ class LedgerEntry(Base):
     __tablename__ = "ledger"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     node_id: Mapped[str] = mapped_column(String(32), nullable=False, index=True)
-    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # stake | credit | revoke | slash
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # deposit | stake | credit | revoke | slash
     amount: Mapped[float] = mapped_column(Float, nullable=False)
     submission_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     ref_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)  # revoke -> credit row

@@ -1,6 +1,8 @@
 """A node's membership loop: register (once), heartbeat on the orchestrator's interval, hand new
-assignments to a worker callback and upload what it returns. After finishing work it heartbeats again
-at once (the reply carries its next assignment), so a busy node never idles for a heartbeat interval.
+assignments to a worker callback and upload what it returns. While the callback works, a keepalive thread
+goes on heartbeating on the same interval (a node silent for a few intervals loses its open work to live
+nodes). After finishing work it heartbeats again at once (the reply carries its next assignment), so a busy
+node never idles for a heartbeat interval.
 
 The inference worker plugs in as ``handler(assignment, reply) -> path | None`` (the rollout parquet
 file to submit, or None to skip). Without a handler the loop only keeps the node alive.
@@ -8,10 +10,12 @@ file to submit, or None to skip). Without a handler the loop only keeps the node
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply
@@ -21,14 +25,45 @@ log = logging.getLogger("swarmrl.protocol.node")
 Handler = Callable[[AssignmentSpec, HeartbeatReply], "Path | str | None"]
 
 
-def ensure_registered(client: NodeClient, throughput: float, stake: float, hardware: dict | None = None) -> None:
+def ensure_registered(client: NodeClient, throughput: float, stake: float, hardware: dict | None = None,
+                      attempts: int = 30) -> None:
+    """Register, or find the key registered already; waits out the per-address registration limit (429)."""
+    for i in range(attempts):
+        try:
+            client.register(throughput=throughput, stake=stake, hardware=hardware)
+            log.info("registered as %s", client.node_id)
+            return
+        except ApiError as e:
+            if e.status == 409:
+                log.info("already registered as %s", client.node_id)
+                return
+            if e.status != 429 or i == attempts - 1:
+                raise
+            wait = min(30.0, e.retry_after or 1.0)
+            log.warning("registration rate-limited (%s); retrying in %.0f s", e.detail, wait)
+            time.sleep(wait)
+
+
+@contextlib.contextmanager
+def keepalive(client: NodeClient, interval_s: float) -> Iterator[None]:
+    """Heartbeat every ``interval_s`` in a thread while the body runs (replies are left to the main loop: the
+    work they list stays listed until done)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(interval_s):
+            try:
+                client.heartbeat()
+            except Exception as e:  # the main loop reports failures; a keepalive only keeps trying
+                log.debug("keepalive heartbeat failed: %s", e)
+
+    t = threading.Thread(target=beat, name="keepalive", daemon=True)
+    t.start()
     try:
-        client.register(throughput=throughput, stake=stake, hardware=hardware)
-        log.info("registered as %s", client.node_id)
-    except ApiError as e:
-        if e.status != 409:
-            raise
-        log.info("already registered as %s", client.node_id)
+        yield
+    finally:
+        done.set()
+        t.join(timeout=interval_s + 60.0)
 
 
 def run_node(client: NodeClient, handler: Handler | None = None, stop: threading.Event | None = None,
@@ -51,10 +86,11 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
                     continue
                 done.add(a.assignment_id)
                 worked = True
-                path = handler(a, reply)
-                if path is not None:
-                    rep = client.submit(a.assignment_id, path)
-                    log.info("submitted assignment %d: submission %d", a.assignment_id, rep.submission_id)
+                with keepalive(client, interval):
+                    path = handler(a, reply)
+                    if path is not None:
+                        rep = client.submit(a.assignment_id, path)
+                        log.info("submitted assignment %d: submission %d", a.assignment_id, rep.submission_id)
         except ApiError as e:
             if e.status in (401, 403):
                 log.error("orchestrator refused this node: %s", e)

@@ -2,19 +2,71 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import math
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from swarmrl.contract import Budget, check_prompt_format
+from swarmrl.utils.keys import public_key_problem
+
+DEFAULT_BUDGET_FORMAT = "[{target}]{prompt}"
+
+
+def nonfinite_path(value: Any) -> str | None:
+    """Where a NaN or an infinity sits in a JSON-like value (``"a.b[2]"``, ``""`` for the value itself), or None."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # no recursion: nesting is bounded by the body size, not by Python's stack
+        where, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return where
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
+def _finite_json(v: dict[str, Any]) -> dict[str, Any]:
+    where = nonfinite_path(v)
+    if where is not None:
+        raise ValueError(f"{where or 'value'} is not a finite number (NaN and Infinity are refused)")
+    return v
+
+
+# a free-form object from outside: any JSON, but no NaN or Infinity anywhere in it
+FreeForm = Annotated[dict[str, Any], AfterValidator(_finite_json)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # numbers from outside: NaN and +-Infinity are refused in every float field (free-form dicts: ``FreeForm``)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# free-form dicts from nodes (hardware, status) are stored and served back: bounded after decoding
+MAX_FREEFORM_KEYS = 32
+MAX_FREEFORM_BYTES = 4096
+
+
+def bounded_dict(v: dict[str, Any]) -> dict[str, Any]:
+    if len(v) > MAX_FREEFORM_KEYS:
+        raise ValueError(f"at most {MAX_FREEFORM_KEYS} keys (got {len(v)})")
+    size = len(json.dumps(v, separators=(",", ":"), default=str))
+    if size > MAX_FREEFORM_BYTES:
+        raise ValueError(f"at most {MAX_FREEFORM_BYTES} bytes as JSON (got {size})")
+    return v
 
 
 class RegisterRequest(Body):
-    hardware: dict[str, Any] = Field(default_factory=dict, description="free-form: gpu, memory, cpu...")
+    hardware: FreeForm = Field(default_factory=dict, description=f"free-form: gpu, memory, cpu... (at most "
+                               f"{MAX_FREEFORM_KEYS} keys, {MAX_FREEFORM_BYTES} bytes as JSON)")
     throughput: float = Field(..., ge=0, le=1e9, description="measured generation throughput, tokens/s")
-    stake: float = Field(..., ge=0, le=1e12, description="stake to lock in the ledger")
+    stake: float = Field(..., ge=0, le=1e12, description="stake to lock in the ledger: at most what a stake "
+                         "authority deposited for this key (unless the orchestrator runs self_declared_stake)")
+
+    _hardware = field_validator("hardware")(bounded_dict)
 
 
 class RegisterReply(Body):
@@ -24,7 +76,10 @@ class RegisterReply(Body):
 
 
 class HeartbeatRequest(Body):
-    status: dict[str, Any] = Field(default_factory=dict, description="free-form worker status")
+    status: FreeForm = Field(default_factory=dict, description=f"free-form worker status (at most "
+                             f"{MAX_FREEFORM_KEYS} keys, {MAX_FREEFORM_BYTES} bytes as JSON)")
+
+    _status = field_validator("status")(bounded_dict)
 
 
 class TaskSpec(Body):
@@ -38,7 +93,7 @@ class AssignmentSpec(Body):
     policy_version: int
     seed: int
     env: str
-    env_params: dict[str, Any]
+    env_params: FreeForm
     group_size: int
     target_length: int | None
     tasks: list[TaskSpec]
@@ -48,13 +103,18 @@ class AssignmentSpec(Body):
     # reward = task_reward - budget_penalty * |target_length - completion tokens before EOS|
     budget_prompt_format: str = Field("", max_length=1000)
     budget_penalty: float = Field(0.0, ge=0, le=1e6)
+    chat_template: bool = False  # prompts go through the tokenizer's chat template (node and validator alike)
 
     @field_validator("budget_prompt_format")
     @classmethod
     def _fmt(cls, v: str) -> str:  # a node formats prompts with it: only {prompt} and {target}, no attribute access
-        from swarmrl.rl.budget import check_prompt_format
-
         return check_prompt_format(v) if v else v
+
+    def budget(self) -> Budget | None:
+        """The thinking budget as node and validator both apply it (``swarmrl.contract.scoring``)."""
+        if self.target_length is None:
+            return None
+        return Budget(self.target_length, self.budget_penalty, self.budget_prompt_format or DEFAULT_BUDGET_FORMAT)
 
 
 class HeartbeatReply(Body):
@@ -148,11 +208,17 @@ class WeightsRequest(Body):
     @field_validator("servers")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
-        import re
-
         for u in v:
             if len(u) > 300 or not re.match(_URL, u):
                 raise ValueError(f"not an http(s) server URL: {u[:80]!r}")
+        return v
+
+    @field_validator("public_key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        why = public_key_problem(bytes.fromhex(v))
+        if why is not None:
+            raise ValueError(why)
         return v
 
 
@@ -190,6 +256,29 @@ class Balance(Body):
     credits_locked: float
     credits_unlocked: float
     entries: list[LedgerRow]
+    deposited: float = 0.0  # deposited by a stake authority and not locked as stake (yet)
+
+
+class DepositRequest(Body):
+    """A stake authority deposits stake for a node (by node id or public key; it need not be registered yet)."""
+
+    node_id: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
+    public_key: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    amount: float = Field(..., gt=0, le=1e12)
+    note: str = Field("", max_length=500)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> DepositRequest:
+        if (self.node_id is None) == (self.public_key is None):
+            raise ValueError("give exactly one of node_id and public_key")
+        return self
+
+
+class DepositReply(Body):
+    node_id: str
+    amount: float
+    deposited: float  # the node's deposit not locked as stake, this one included
+    entry_id: int
 
 
 class NodeInfo(Body):

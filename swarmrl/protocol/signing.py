@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key  # noqa: F401  (re-exported)
+from swarmrl.utils.keys import (  # noqa: F401  (re-exported)
+    generate_key,
+    load_private_key,
+    parse_public_key_bytes,
+    public_key_hex,
+    save_private_key,
+)
 
 SCHEME = "swarmrl-req-v1"
 H_KEY = "X-Swarm-Key"
@@ -49,9 +55,13 @@ def node_id_for(public_key: str) -> str:
 
 
 def parse_public_key(hex_key: str) -> Ed25519PublicKey:
+    """An untrusted public key (64 lowercase hex); small-order and non-canonical keys are refused."""
     if not isinstance(hex_key, str) or not _HEX64.match(hex_key):
         raise SignatureError("public key must be 64 lowercase hex characters")
-    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(hex_key))
+    try:
+        return parse_public_key_bytes(bytes.fromhex(hex_key))
+    except ValueError as e:
+        raise SignatureError(str(e)) from None
 
 
 def body_sha256(body: bytes) -> str:
@@ -59,7 +69,7 @@ def body_sha256(body: bytes) -> str:
 
 
 def canonical_message(method: str, path: str, content_sha256: str, timestamp: int, nonce: str) -> bytes:
-    return f"{SCHEME}\n{method.upper()}\n{path}\n{content_sha256}\n{timestamp}\n{nonce}".encode("utf-8")
+    return f"{SCHEME}\n{method.upper()}\n{path}\n{content_sha256}\n{timestamp}\n{nonce}".encode()
 
 
 def sign_request(key: Ed25519PrivateKey, method: str, path: str, body: bytes = b"", *,

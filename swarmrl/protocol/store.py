@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 
 class UploadTooLarge(ValueError):

@@ -59,6 +59,8 @@ class ShardcastSection(StrictModel):
     shard_size: int = Field(1_000_000, ge=1024)
     keep: int = Field(5, ge=1)
     fetch_wait_s: float = Field(30.0, ge=0)  # how long a worker waits for a version to reach its servers
+    origin_port: int = Field(0, ge=0, le=65535)  # the trainer's origin port (0: any free one); fixed by
+    # `swarmrl run` so a restarted trainer serves where its relays look
 
 
 class RLConfig(StrictModel):
@@ -84,7 +86,7 @@ class RLConfig(StrictModel):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "RLConfig":
+    def _check(self) -> RLConfig:
         if self.keep_versions < self.async_level + 1:
             raise ValueError(f"keep_versions ({self.keep_versions}) must be >= async_level + 1 "
                              f"({self.async_level + 1}) so workers can still load the policies they may use")

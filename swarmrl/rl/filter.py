@@ -7,16 +7,16 @@ correct) and unsolvable ones give tied groups (all wrong); both waste generation
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from pydantic import Field, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
-from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.inference.sampler import generate
 from swarmrl.models.io import load_model, load_tokenizer
 
@@ -35,7 +35,7 @@ class FilterConfig(StrictModel):
     threads: int | None = None
 
     @model_validator(mode="after")
-    def _band(self) -> "FilterConfig":
+    def _band(self) -> FilterConfig:
         lo, hi = self.band
         if not 0.0 <= lo <= hi <= 1.0:
             raise ValueError("band must satisfy 0 <= low <= high <= 1")

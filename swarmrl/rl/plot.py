@@ -8,10 +8,10 @@ from swarmrl.utils.metrics import read_metrics
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  # lazy: matplotlib
 
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics" / "trainer.jsonl")
@@ -102,7 +102,7 @@ def _swarm_panels(ax, verdicts: list[dict], validated: list[dict]) -> None:  # n
         a.legend()
     a.grid(alpha=0.3, axis="y")
     a = ax[2]
-    rows = [v for v in validated if "seconds" in v]
+    rows = [v for v in validated if "seconds" in v and v.get("event", "verdict") == "verdict"]  # not internal errors
     a.plot([(v["time"] - t0) / 60 for v in rows], [v["seconds"] for v in rows], ".", alpha=0.5)
     a.set(title="validator seconds per submission", xlabel="minutes", ylabel="s")
     a.grid(alpha=0.3)

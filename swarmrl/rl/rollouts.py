@@ -1,18 +1,32 @@
-"""Rollout files: one parquet file per (worker, step) batch, one row per sampled completion.
+"""Rollout files: one parquet file per (worker, step) batch, one row per sampled completion
+(``swarmrl.contract.Rollout``).
 
 The schema is the contract between inference workers, the validator and the trainer. Files from
 workers are untrusted: ``read_rollouts`` checks size, schema, row count and per-row consistency
 before anything is used and raises ``RolloutError`` with a reason otherwise.
+
+A few kilobytes of zstd parquet can decode to gigabytes (long runs of one value compress to nothing), so
+every limit is on the DECODED file (``RolloutLimits``) and is checked before the data it bounds is
+materialised: the footer's size first, then the metadata (row count, schema, and the decoded size the
+column chunks imply: values x width for numbers, dictionary/plain bytes for strings), then the rows in
+batches of ``BATCH_ROWS``, each batch's list lengths, string sizes and values checked in Arrow (strings and
+proofs read as dictionaries, so repeated values are not expanded) before it becomes Python objects. A limit
+that is hit raises ``RolloutTooLarge`` (its ``limit`` names the ``RolloutLimits`` field; the orchestrator
+answers 413), anything else malformed ``RolloutError`` (422). Non-finite floats are refused in every float
+column (logprobs, rewards, advantage, temperature).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from swarmrl.contract import Rollout
 
 SCHEMA = pa.schema([
     pa.field("worker_id", pa.string(), nullable=False),
@@ -40,26 +54,12 @@ class RolloutError(ValueError):
     """A rollout file is malformed or violates limits."""
 
 
-@dataclass
-class Rollout:
-    worker_id: str
-    step: int
-    policy_version: int
-    task_id: str
-    env: str
-    group_id: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    reward: float
-    task_reward: float
-    length_penalty: float
-    advantage: float
-    target_length: int | None
-    temperature: float
-    finished: bool
-    seed: int
-    proofs: list[bytes] = field(default_factory=list)
+class RolloutTooLarge(RolloutError):
+    """A rollout file is over one of the ``RolloutLimits``; ``limit`` is the field's name."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 _NAMES = [f.name for f in fields(Rollout)]
@@ -85,66 +85,233 @@ def write_rollouts(rows: list[Rollout], path: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class RolloutLimits:
-    max_bytes: int = 64 * 1024 * 1024
+    """What one rollout file may hold, decoded. The orchestrator takes its limits from ``OrchestratorConfig``
+    (fields of the same names; ``max_bytes`` is its ``max_upload_bytes``); the validator, the adapter and the
+    trainer use these defaults, which are the orchestrator's defaults too. A file at ``max_decoded_bytes``
+    becomes about ten times that in Python objects once read."""
+
+    max_bytes: int = 64 * 1024 * 1024  # the file as stored (compressed)
     max_rows: int = 65_536
     max_prompt_tokens: int = 32_768
     max_completion_tokens: int = 32_768
     max_proofs_per_row: int = 4_096
     max_proof_bytes: int = 4_096
+    max_decoded_bytes: int = 64 * 1024 * 1024  # every column's values decoded (plain Arrow buffers)
+    max_string_bytes: int = 1_024  # worker_id, task_id, env, group_id
+    max_footer_bytes: int = 1024 * 1024  # the parquet footer (metadata), read before anything else
+
+
+BATCH_ROWS = 256  # rows decoded at a time
+_STRINGS = ("worker_id", "task_id", "env", "group_id")
+_DICT_COLUMNS = [*_STRINGS, "proofs.list.element"]  # read as dictionaries: a repeated value is stored once
+_TOKENS = (("prompt_ids", "prompt", "max_prompt_tokens"), ("completion_ids", "completion", "max_completion_tokens"))
+_FLOATS = ("reward", "task_reward", "length_penalty", "advantage", "temperature")
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}  # decoded bytes per value
 
 
 def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> list[Rollout]:
-    """Read and validate an (untrusted) rollout file."""
+    """Read and validate an (untrusted) rollout file, never holding more than the limits allow."""
     path = Path(path)
     try:
         size = path.stat().st_size
     except OSError as e:
         raise RolloutError(f"cannot read {path}: {e}") from None
     if size > limits.max_bytes:
-        raise RolloutError(f"file is {size} bytes, over the {limits.max_bytes}-byte limit")
+        raise RolloutTooLarge("max_bytes", f"file is {size} bytes, over the {limits.max_bytes}-byte limit (max_bytes)")
     try:
+        _check_footer(path, size, limits)
         pf = pq.ParquetFile(path)
-        if pf.metadata.num_rows > limits.max_rows:
-            raise RolloutError(f"{pf.metadata.num_rows} rows, over the {limits.max_rows}-row limit")
-        table = pf.read()
+        _check_metadata(pf, limits)
+        pf = pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=_DICT_COLUMNS)  # the columns exist now
+        rows: list[Rollout] = []
+        decoded = 0
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
+            decoded += _check_batch(batch, limits, len(rows), decoded)
+            rows.extend(Rollout(**d) for d in batch.to_pylist())
+            if len(rows) > limits.max_rows:  # the metadata said fewer
+                raise RolloutTooLarge("max_rows", f"more rows than its metadata says, over the {limits.max_rows}-row "
+                                                  "limit (max_rows)")
     except RolloutError:
         raise
     except Exception as e:  # pyarrow raises many types on corrupt input
         raise RolloutError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
-    return rows_from_table(table, limits)
+    return rows
 
 
 def rows_from_table(table: pa.Table, limits: RolloutLimits = RolloutLimits()) -> list[Rollout]:
-    if table.schema.names != SCHEMA.names:
-        missing = sorted(set(SCHEMA.names) - set(table.schema.names))
-        extra = sorted(set(table.schema.names) - set(SCHEMA.names))
+    """The rows of an in-memory table, checked as ``read_rollouts`` checks a file's batches."""
+    _check_schema(table.schema)
+    rows: list[Rollout] = []
+    decoded = 0
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        decoded += _check_batch(batch, limits, len(rows), decoded)
+        rows.extend(Rollout(**d) for d in batch.to_pylist())
+    return rows
+
+
+def _check_footer(path: Path, size: int, limits: RolloutLimits) -> None:
+    """The footer is parsed whole: bound it from the file's last 8 bytes (length + magic) before parsing."""
+    if size < 12:
+        raise RolloutError(f"not a readable parquet file: {size} bytes")
+    with open(path, "rb") as f:
+        head = f.read(4)
+        f.seek(size - 8)
+        tail = f.read(8)
+    if head != b"PAR1" or tail[4:] != b"PAR1":
+        raise RolloutError("not a readable parquet file: no PAR1 magic at both ends (encrypted or not parquet)")
+    n = int.from_bytes(tail[:4], "little")
+    if n > size - 12:
+        raise RolloutError(f"not a readable parquet file: a {n}-byte footer in a {size}-byte file")
+    if n > limits.max_footer_bytes:
+        raise RolloutTooLarge("max_footer_bytes", f"parquet footer is {n} bytes, over the "
+                                                  f"{limits.max_footer_bytes}-byte limit (max_footer_bytes)")
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """The type a column has in SCHEMA terms (the reader hands strings and proofs back as dictionaries)."""
+    if pa.types.is_dictionary(t):
+        return t.value_type
+    if pa.types.is_list(t) and pa.types.is_dictionary(t.value_type):
+        return pa.list_(t.value_type.value_type)
+    return t
+
+
+def _check_schema(schema: pa.Schema) -> None:
+    if schema.names != SCHEMA.names:
+        missing = sorted(set(SCHEMA.names) - set(schema.names))
+        extra = sorted(set(schema.names) - set(SCHEMA.names))
         raise RolloutError(f"schema mismatch: missing columns {missing}, unexpected columns {extra}"
                            if missing or extra else "schema mismatch: columns out of order")
     for want in SCHEMA:
-        got = table.schema.field(want.name)
-        if not got.type.equals(want.type):
-            raise RolloutError(f"column {want.name!r} has type {got.type}, expected {want.type}")
-        if not want.nullable and table.column(want.name).null_count:
+        got = _plain(schema.field(want.name).type)
+        if not got.equals(want.type):
+            raise RolloutError(f"column {want.name!r} has type {got}, expected {want.type}")
+
+
+def _check_metadata(pf: pq.ParquetFile, limits: RolloutLimits) -> None:
+    """Rows, schema and the decoded size the metadata implies, before any data is read."""
+    md = pf.metadata
+    n_rows = max(md.num_rows, sum(md.row_group(i).num_rows for i in range(md.num_row_groups)))
+    if n_rows > limits.max_rows:
+        raise RolloutTooLarge("max_rows", f"{n_rows} rows, over the {limits.max_rows}-row limit (max_rows)")
+    _check_schema(pf.schema_arrow)
+    decoded = metadata_decoded_bytes(md)
+    if decoded > limits.max_decoded_bytes:
+        raise RolloutTooLarge("max_decoded_bytes", f"decodes to at least {decoded} bytes (from its metadata), "
+                                                   f"over the {limits.max_decoded_bytes}-byte limit "
+                                                   "(max_decoded_bytes)")
+
+
+def metadata_decoded_bytes(md: pq.FileMetaData) -> int:
+    """About the least a parquet file decodes to, from its metadata alone: exact for numbers (values x width),
+    the stored bytes for strings and binaries (repeated ones may expand further; checked batch by batch)."""
+    decoded = 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            c = rg.column(j)
+            n = max(0, c.num_values)
+            width = _WIDTH.get(c.physical_type)
+            decoded += n * width if width else max(0, c.total_uncompressed_size) + 4 * n
+            if "." in c.path_in_schema:  # a list: one offset per row
+                decoded += 4 * max(0, rg.num_rows)
+    return decoded
+
+
+def _first(mask: pa.Array) -> int:
+    """Index of the first true value, -1 when none."""
+    return pc.index(mask, True).as_py() if len(mask) else -1
+
+
+def _byte_lengths(arr: pa.Array) -> pa.Array:
+    """Length of every value of a string/binary array, without expanding a dictionary's repeated values."""
+    if pa.types.is_dictionary(arr.type):
+        return pc.take(pc.binary_length(arr.dictionary), arr.indices)
+    return pc.binary_length(arr)
+
+
+def _check_batch(b: pa.RecordBatch, limits: RolloutLimits, first_row: int, decoded_before: int) -> int:
+    """Validate one batch in Arrow; returns its decoded size. Raises before anything is expanded or converted."""
+    _check_schema(b.schema)  # what was decoded, not only what the metadata announced
+    for want in SCHEMA:
+        col = b.column(want.name)
+        if not want.nullable and col.null_count:
             raise RolloutError(f"column {want.name!r} has nulls")
-    rows = [Rollout(**d) for d in table.to_pylist()]
-    for i, r in enumerate(rows):
-        where = f"row {i}"
-        if not r.prompt_ids or len(r.prompt_ids) > limits.max_prompt_tokens:
-            raise RolloutError(f"{where}: prompt length {len(r.prompt_ids)} out of range")
-        if not r.completion_ids or len(r.completion_ids) > limits.max_completion_tokens:
-            raise RolloutError(f"{where}: completion length {len(r.completion_ids)} out of range")
-        if len(r.logprobs) != len(r.completion_ids):
-            raise RolloutError(f"{where}: {len(r.logprobs)} logprobs for {len(r.completion_ids)} completion tokens")
-        if any(t < 0 for t in r.prompt_ids) or any(t < 0 for t in r.completion_ids):
-            raise RolloutError(f"{where}: negative token id")
-        if any(not (lp <= 0.0) for lp in r.logprobs):  # also rejects NaN
-            raise RolloutError(f"{where}: logprobs must be <= 0 and finite")
-        for name in ("reward", "task_reward", "length_penalty", "advantage", "temperature"):
-            v = getattr(r, name)
-            if v != v or v in (float("inf"), float("-inf")):
-                raise RolloutError(f"{where}: {name} is not finite")
-        if r.step < 0 or r.policy_version < 0:
-            raise RolloutError(f"{where}: negative step or policy version")
-        if len(r.proofs) > limits.max_proofs_per_row or any(len(p) > limits.max_proof_bytes for p in r.proofs):
-            raise RolloutError(f"{where}: proofs over the size limits")
-    return rows
+        if pa.types.is_list(col.type) and pc.list_flatten(col).null_count:
+            raise RolloutError(f"column {want.name!r} has null elements")
+
+    def row(i: int) -> str:
+        return f"row {first_row + i}"
+
+    # decoded size: numbers as stored, strings and proofs as they would be once expanded
+    str_lengths = {name: _byte_lengths(b.column(name)) for name in _STRINGS}
+    proofs = b.column("proofs")
+    proof_lengths = _byte_lengths(pc.list_flatten(proofs))
+    size = 0
+    for want in SCHEMA:
+        col = b.column(want.name)
+        if want.name in str_lengths:
+            size += pc.sum(str_lengths[want.name]).as_py() or 0
+            size += 4 * len(col)
+        elif want.name == "proofs":
+            size += (pc.sum(proof_lengths).as_py() or 0) + 4 * len(proof_lengths) + 4 * len(col)
+        elif pa.types.is_list(want.type):
+            size += pc.list_flatten(col).nbytes + 4 * len(col)
+        else:
+            size += col.nbytes
+    if decoded_before + size > limits.max_decoded_bytes:
+        raise RolloutTooLarge("max_decoded_bytes", f"its first {first_row + len(b)} rows decode to "
+                              f"{decoded_before + size} bytes, over the {limits.max_decoded_bytes}-byte limit "
+                              "(max_decoded_bytes)")
+    for name, lengths in str_lengths.items():
+        i = _first(pc.greater(lengths, limits.max_string_bytes))
+        if i >= 0:
+            raise RolloutTooLarge("max_string_bytes", f"{row(i)}: {name} is {lengths[i].as_py()} bytes, over the "
+                                                      f"{limits.max_string_bytes}-byte limit (max_string_bytes)")
+    # token lists
+    for name, what, limit in _TOKENS:
+        n = pc.list_value_length(b.column(name))
+        i = _first(pc.less(n, 1))
+        if i >= 0:
+            raise RolloutError(f"{row(i)}: {what} length 0 out of range")
+        i = _first(pc.greater(n, getattr(limits, limit)))
+        if i >= 0:
+            raise RolloutTooLarge(limit, f"{row(i)}: {what} length {n[i].as_py()} out of range: over the "
+                                         f"{getattr(limits, limit)}-token limit ({limit})")
+    n_lp = pc.list_value_length(b.column("logprobs"))
+    n_comp = pc.list_value_length(b.column("completion_ids"))
+    i = _first(pc.not_equal(n_lp, n_comp))
+    if i >= 0:
+        raise RolloutError(f"{row(i)}: {n_lp[i].as_py()} logprobs for {n_comp[i].as_py()} completion tokens")
+    for name, _, _ in _TOKENS:
+        col = b.column(name)
+        j = _first(pc.less(pc.list_flatten(col), 0))
+        if j >= 0:
+            raise RolloutError(f"{row(pc.list_parent_indices(col)[j].as_py())}: negative token id in {name}")
+    # numbers from outside: every float finite, logprobs <= 0
+    lp = b.column("logprobs")
+    flat = pc.list_flatten(lp)
+    j = _first(pc.invert(pc.and_(pc.is_finite(flat), pc.less_equal(flat, 0.0))))
+    if j >= 0:
+        raise RolloutError(f"{row(pc.list_parent_indices(lp)[j].as_py())}: logprobs must be <= 0 and finite "
+                           f"(column 'logprobs' holds {flat[j].as_py()})")
+    for name in _FLOATS:
+        col = b.column(name)
+        i = _first(pc.invert(pc.is_finite(col)))
+        if i >= 0:
+            raise RolloutError(f"{row(i)}: {name} is not finite (column {name!r} holds {col[i].as_py()})")
+    i = _first(pc.or_(pc.less(b.column("step"), 0), pc.less(b.column("policy_version"), 0)))
+    if i >= 0:
+        raise RolloutError(f"{row(i)}: negative step or policy version")
+    # proofs
+    n_proofs = pc.list_value_length(proofs)
+    i = _first(pc.greater(n_proofs, limits.max_proofs_per_row))
+    if i >= 0:
+        raise RolloutTooLarge("max_proofs_per_row", f"{row(i)}: proofs over the size limits: {n_proofs[i].as_py()} "
+                              f"proofs, over the {limits.max_proofs_per_row}-proof limit (max_proofs_per_row)")
+    j = _first(pc.greater(proof_lengths, limits.max_proof_bytes))
+    if j >= 0:
+        raise RolloutTooLarge("max_proof_bytes", f"{row(pc.list_parent_indices(proofs)[j].as_py())}: proofs over "
+                              f"the size limits: a proof of {proof_lengths[j].as_py()} bytes, over the "
+                              f"{limits.max_proof_bytes}-byte limit (max_proof_bytes)")
+    return size

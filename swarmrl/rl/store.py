@@ -1,7 +1,7 @@
 """The run directory: the file interface between the trainer and the inference workers.
 
-    run_dir/policy/v000007/         HF model dir of policy version 7 (+ trainer_state.pt)
-    run_dir/policy/LATEST           "7": newest complete version (written after the dir rename)
+    run_dir/policy/                 committed policy versions (``swarmrl.policy.PolicyDir``):
+        v000007/ (HF model dir of policy version 7, + trainer_state.pt), LATEST ("7")
     run_dir/rollouts/step_000009/   rollout files generated for trainer step 9:
         <worker>-<time_ns>-g<informative groups>.parquet
     run_dir/metrics/*.jsonl         trainer and worker metrics
@@ -13,10 +13,13 @@ Trainer step n starts from policy version n and produces version n + 1. Every wr
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import shutil
+import time
 from pathlib import Path
+
+from swarmrl.policy.store import PolicyDir, atomic_write_text
 
 _ROLLOUT = re.compile(r"^(?P<worker>[A-Za-z0-9_.-]+)-(?P<t>\d+)-g(?P<g>\d+)\.parquet$")
 
@@ -29,59 +32,31 @@ def announced_groups(path: Path) -> int:
     return int(m.group("g"))
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 class RunDir:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.policy = self.root / "policy"
+        self.policies = PolicyDir(self.policy)
         self.rollouts = self.root / "rollouts"
         self.metrics = self.root / "metrics"
         for d in (self.policy, self.rollouts, self.metrics):
             d.mkdir(parents=True, exist_ok=True)
 
-    # policies
+    # policies (the layout is ``swarmrl.policy.PolicyDir``'s)
     def version_dir(self, v: int) -> Path:
-        return self.policy / f"v{v:06d}"
+        return self.policies.version_dir(v)
 
     def latest_version(self) -> int | None:
-        p = self.policy / "LATEST"
-        try:
-            return int(p.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
+        return self.policies.latest_version()
 
     def commit_version(self, v: int, staged: Path) -> Path:
-        """Move a fully written staging dir into place as version ``v`` and point LATEST at it."""
-        final = self.version_dir(v)
-        if final.exists():  # left by a crash after rename but before LATEST moved
-            shutil.rmtree(final)
-        os.replace(staged, final)
-        atomic_write_text(self.policy / "LATEST", str(v))
-        return final
+        return self.policies.commit_version(v, staged)
 
     def staging_dir(self, v: int) -> Path:
-        d = self.policy / f".staging-v{v:06d}"
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-        return d
+        return self.policies.staging_dir(v)
 
     def prune_versions(self, keep: int) -> None:
-        latest = self.latest_version()
-        if latest is None:
-            return
-        for d in self.policy.glob("v*"):
-            try:
-                v = int(d.name[1:])
-            except ValueError:
-                continue
-            if v <= latest - keep:
-                shutil.rmtree(d, ignore_errors=True)
+        self.policies.prune_versions(keep)
 
     # rollouts
     def step_dir(self, step: int) -> Path:
@@ -110,8 +85,6 @@ class RunDir:
         atomic_write_text(self.step_dir(step) / "DEFICIT", str(n))
 
     def new_rollout_path(self, step: int, worker_id: str, informative: int) -> Path:
-        import time
-
         return self.step_dir(step) / f"{worker_id}-{time.time_ns()}-g{informative:04d}.parquet"
 
     def prune_rollouts(self, before_step: int) -> None:
@@ -131,17 +104,24 @@ class RunDir:
         return d
 
     def write_json(self, name: str, obj: object) -> None:
-        import json
-
         atomic_write_text(self.shardcast / name, json.dumps(obj))
 
     def read_json(self, name: str) -> object | None:
-        import json
-
         try:
             return json.loads((self.shardcast / name).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+
+    def weight_servers(self, explicit: list[str] | None = None) -> tuple[list[str], str] | None:
+        """Where policies are downloaded from and the manifest key: ``explicit`` servers, else the relays the
+        launcher announced (``relays.json``), else the trainer's origin (``origin.json``); None before the
+        origin is up."""
+        origin = self.read_json("origin.json")
+        if not isinstance(origin, dict):
+            return None
+        relays = self.read_json("relays.json")
+        servers = list(explicit or []) or (list(relays) if isinstance(relays, list) and relays else [origin["url"]])
+        return servers, origin["public_key"]
 
     # lifecycle
     @property

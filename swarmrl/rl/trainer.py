@@ -1,8 +1,10 @@
 """The GRPO trainer process: gathers rollouts for each step, updates the policy, writes checkpoints.
 
-Trainer step n starts from policy version n, uses only rollouts generated for step n with a
-policy no older than n - async_level, and commits version n + 1 (model + optimizer state in one
-directory, renamed into place). Killed at any point, it restarts from the newest committed
+Trainer step n starts from policy version n, uses only the usable groups (``contract.GroupRule``) generated
+for step n with a policy inside the staleness window (``contract.AsyncWindow``), and commits version n + 1 (model + optimizer state in one
+directory, renamed into place). A step whose loss or gradient norm is not finite changes no weight (the
+optimizer step is skipped, counted in the metrics row as ``nonfinite_skipped`` and ``nonfinite_total``) and
+still commits version n + 1, so the run goes on. Killed at any point, it restarts from the newest committed
 version; the step that was in flight is redone from scratch, so no rollout is trained on twice.
 
 Data parallel: launched under torchrun (WORLD_SIZE > 1), rank 0 gathers and broadcasts the
@@ -15,19 +17,21 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
+from swarmrl.contract import AsyncWindow, GroupRule, group_advantages
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_model, load_tokenizer
-from swarmrl.rl.advantages import group_advantages, is_informative
+from swarmrl.policy.holder import PolicyHolder
+from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir, announced_groups
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
-from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.shardcast import Origin
+from swarmrl.utils.metrics import MetricsWriter, read_metrics
 
 
 @dataclass
@@ -36,28 +40,6 @@ class Batch:
     files: list[str]
     wait_s: float
     stats: dict = field(default_factory=dict)
-
-
-def select_groups(rows_by_file: list[tuple[str, list[Rollout]]], step: int, cfg: RLConfig) -> tuple[list[list[Rollout]], dict]:
-    """Apply the staleness gate, completeness and tie filters; keep files' order. Pure function."""
-    k = cfg.async_level
-    groups: "OrderedDict[str, list[Rollout]]" = OrderedDict()
-    stale = wrong_step = 0
-    for _name, rows in rows_by_file:
-        for r in rows:
-            if r.step != step:
-                wrong_step += 1
-                continue
-            if r.policy_version < step - k or r.policy_version > step:
-                stale += 1
-                continue
-            groups.setdefault(f"{r.worker_id}/{r.group_id}", []).append(r)
-    complete = [g for g in groups.values() if len(g) == cfg.group_size]
-    tied = [g for g in complete if not is_informative([r.reward for r in g])]
-    usable = [g for g in complete if is_informative([r.reward for r in g])] if cfg.filter_ties else complete
-    stats = {"stale_rows": stale, "wrong_step_rows": wrong_step, "incomplete_groups": len(groups) - len(complete),
-             "tied_groups": len(tied), "usable_groups": len(usable)}
-    return usable, stats
 
 
 class Trainer:
@@ -69,6 +51,8 @@ class Trainer:
             torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
         torch.set_num_threads(cfg.trainer.threads)
         self.run = RunDir(cfg.run_dir)
+        self.window = AsyncWindow(cfg.async_level, last_step=cfg.steps - 1)
+        self.rule = GroupRule(cfg.group_size, cfg.filter_ties)
         self.tokenizer = load_tokenizer(cfg.model)
         self.env = cfg.task.build()
         self.metrics = MetricsWriter(self.run.metrics / "trainer.jsonl") if self.rank == 0 else None
@@ -82,8 +66,8 @@ class Trainer:
     def _setup(self) -> None:
         cfg = self.cfg
         latest = self.run.latest_version()
-        src = self.run.version_dir(latest) if latest is not None else cfg.model
-        self.model = load_model(src)
+        holder = PolicyHolder(RunDirPolicySource(self.run.root), cfg.model)
+        self.model = holder.load(latest, timeout_s=0.0) if latest is not None else holder.model
         self.model.train()
         self.ref_model = None
         if cfg.loss.kl_coef:
@@ -93,6 +77,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
         self.step = 0
+        self.nonfinite_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm, over the run
         if latest is not None:
             state_path = self.run.version_dir(latest) / "trainer_state.pt"
             if state_path.exists():
@@ -100,6 +85,9 @@ class Trainer:
                 self.opt.load_state_dict(state["optimizer"])
                 self.sched.load_state_dict(state["scheduler"])
                 torch.set_rng_state(state["rng"])
+                self.nonfinite_total = int(state.get("nonfinite_total", 0))
+                if self.rank == 0:
+                    self._recover_metrics_row(state.get("metrics_row"))
             self.step = latest
             self.resumed = True
             if self.rank == 0:
@@ -112,17 +100,17 @@ class Trainer:
 
     def _start_origin(self) -> None:
         """SHARDCAST origin inside the trainer: every committed policy is published in the background."""
-        from swarmrl.shardcast import Origin
 
         sc = self.cfg.shardcast
         self.origin = Origin(self.run.shardcast / "origin", key=self.run.shardcast / "origin.key", keep=sc.keep,
                              shard_size=sc.shard_size, fsync=False)
-        url = self.origin.serve(0)
+        url = self.origin.serve(sc.origin_port)
         self.run.write_json("origin.json", {"url": url, "public_key": self.origin.public_key})
 
     def _publish(self, version: int) -> None:
-        """Policy version N is SHARDCAST version N (version 0 is the base model every worker has)."""
-        if self.origin is None or version < 1 or version <= self.origin.last_version:
+        """Policy version N is SHARDCAST version N (version 0 is the base model every worker has). At resume the
+        newest version is published again if a crash interrupted its publication (or came before it)."""
+        if self.origin is None or version < 1 or version < self.origin.last_version or self.origin.is_published(version):
             return
         self._publishing = [f for f in self._publishing if not f.done()]
         fut = self.origin.publish(self.run.version_dir(version) / "model.safetensors", version)
@@ -138,7 +126,15 @@ class Trainer:
         if self.world > 1:
             torch.distributed.barrier()
 
-    def _commit(self, version: int, consumed: list[str]) -> None:
+    def _recover_metrics_row(self, row: dict | None) -> None:
+        """A crash between a version's commit and its metrics row lost the row: write it from the checkpoint."""
+        if not row:
+            return
+        done = {r["step"] for r in read_metrics(self.run.metrics / "trainer.jsonl") if "reward" in r}
+        if row["step"] not in done:
+            self.metrics.write(**row)
+
+    def _commit(self, version: int, consumed: list[str], metrics_row: dict | None = None) -> None:
         staged = self.run.staging_dir(version)
         was = self.model.training
         self.model.eval()
@@ -146,7 +142,8 @@ class Trainer:
         self.tokenizer.save_pretrained(staged)
         self.model.train(was)
         torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                    "rng": torch.get_rng_state(), "step": version, "consumed": consumed},
+                    "rng": torch.get_rng_state(), "step": version, "consumed": consumed,
+                    "nonfinite_total": self.nonfinite_total, "metrics_row": metrics_row},
                    staged / "trainer_state.pt")
         self.run.commit_version(version, staged)
         self._publish(version)
@@ -168,7 +165,7 @@ class Trainer:
                     except RolloutError as e:
                         rejected_files.append(f.name)
                         self._log_event("rejected_file", file=f.name, reason=str(e))
-            usable, stats = select_groups(list(cache.items()), step, cfg)
+            usable, stats = self.rule.select(list(cache.items()), step, self.window)
             if len(usable) >= cfg.prompts_per_step:
                 break
             announced = sum(announced_groups(f) for f in files)
@@ -210,12 +207,28 @@ class Trainer:
         if self.world > 1:
             allreduce_grads(self.model)
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
-        self.opt.step()
-        self.sched.step()
+        if self._finite(st.loss, gnorm):
+            self.opt.step()
+            self.sched.step()
+            skipped = 0
+        else:  # a non-finite loss or gradient: keep the weights and the optimizer's state (the schedule too),
+            self.opt.zero_grad(set_to_none=True)  # drop the step; the version is still committed
+            skipped = 1
+            self.nonfinite_total += 1
         return {"loss": st.loss, "clip_frac": st.clip_frac, "clip_low_frac": st.clip_low_frac,
                 "clip_high_frac": st.clip_high_frac, "delta_frac": st.delta_frac, "ratio_mean": st.ratio_mean,
                 "ratio_max": st.ratio_max, "entropy": st.entropy, "kl": st.kl, "grad_norm": gnorm,
-                "train_tokens": total_tokens, "lr": self.sched.get_last_lr()[0]}
+                "train_tokens": total_tokens, "lr": self.sched.get_last_lr()[0], "nonfinite_skipped": skipped,
+                "nonfinite_total": self.nonfinite_total}
+
+    def _finite(self, loss: float, gnorm: float) -> bool:
+        """Whether to step: every rank's loss and the (all-reduced) gradient norm are finite; ranks agree."""
+        ok = math.isfinite(loss) and math.isfinite(gnorm)
+        if self.world > 1:
+            flag = torch.tensor([0.0 if ok else 1.0], device=next(self.model.parameters()).device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            ok = flag.item() == 0.0
+        return ok
 
     def evaluate(self) -> float:
         res = evaluate(self.model, self.tokenizer, self.env, n=self.cfg.eval.n,
@@ -258,10 +271,8 @@ class Trainer:
                     te = time.perf_counter()
                     row["heldout_acc"] = self.evaluate()
                     row["eval_s"] = round(time.perf_counter() - te, 3)
-                self._commit(n + 1, consumed=batch.files)
+                self._commit(n + 1, consumed=batch.files, metrics_row=row)
                 self.metrics.write(**row)
-                if not math.isfinite(info["loss"]):
-                    raise FloatingPointError(f"loss is {info['loss']} at step {n}")
             self._barrier()
             self.step = n + 1
         if self.rank == 0:
@@ -293,4 +304,4 @@ def run_trainer(cfg: RLConfig) -> int:
     return Trainer(cfg).run_loop()
 
 
-__all__ = ["Trainer", "run_trainer", "select_groups", "allreduce_grads"]
+__all__ = ["Trainer", "run_trainer", "allreduce_grads"]

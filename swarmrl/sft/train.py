@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
+
 from swarmrl.envs.base import Task
-from swarmrl.sft.config import SFTConfig
 from swarmrl.eval.heldout import evaluate
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.models.io import load_model, load_tokenizer, save_model
 from swarmrl.models.tiny import init_model
+from swarmrl.sft.config import SFTConfig
 from swarmrl.utils.metrics import MetricsWriter
 
 
@@ -30,9 +31,9 @@ def _batch(tokenizer, tasks: list[Task], chat_template: bool) -> tuple[torch.Ten
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
     lab = torch.full((len(seqs), width), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, l) in enumerate(zip(seqs, labels)):  # right padding for training
+    for i, (s, target) in enumerate(zip(seqs, labels)):  # right padding for training
         ids[i, : len(s)] = torch.tensor(s)
-        lab[i, : len(l)] = torch.tensor(l)
+        lab[i, : len(target)] = torch.tensor(target)
         mask[i, : len(s)] = 1
     return ids, mask, lab
 

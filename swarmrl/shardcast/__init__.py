@@ -20,13 +20,25 @@ Integration API::
 The checkpoint is one file (e.g. ``model.safetensors``); the tokenizer/config travel separately.
 """
 
-from swarmrl.shardcast.client import FetchError, FetchResult, fetch, fetch_async
-from swarmrl.shardcast.layout import DEFAULT_SHARD_SIZE, LayoutError, Manifest
-from swarmrl.shardcast.origin import Origin, PublishResult
-from swarmrl.shardcast.relay import Relay
-from swarmrl.shardcast.server import BackgroundLoop, ShardServer
-from swarmrl.shardcast.signing import SignatureError, keygen, load_public_key
+from __future__ import annotations
 
+from swarmrl.utils.lazy import lazy_exports
+
+# Attributes load on first use: importing the package (e.g. for ``swarmrl.shardcast.config``) must not
+# pull in aiohttp.
+_EXPORTS = {
+    "Origin": "swarmrl.shardcast.origin", "PublishResult": "swarmrl.shardcast.origin",
+    "Relay": "swarmrl.shardcast.relay",
+    "fetch": "swarmrl.shardcast.client", "fetch_async": "swarmrl.shardcast.client",
+    "FetchResult": "swarmrl.shardcast.client", "FetchError": "swarmrl.shardcast.client",
+    "ShardServer": "swarmrl.shardcast.server", "BackgroundLoop": "swarmrl.shardcast.server",
+    "Manifest": "swarmrl.shardcast.layout", "LayoutError": "swarmrl.shardcast.layout",
+    "DEFAULT_SHARD_SIZE": "swarmrl.shardcast.layout",
+    "SignatureError": "swarmrl.shardcast.signing", "keygen": "swarmrl.shardcast.signing",
+    "load_public_key": "swarmrl.shardcast.signing",
+}
 __all__ = ["Origin", "PublishResult", "Relay", "fetch", "fetch_async", "FetchResult", "FetchError",
            "ShardServer", "BackgroundLoop", "Manifest", "LayoutError", "SignatureError", "keygen",
            "load_public_key", "DEFAULT_SHARD_SIZE"]
+
+__getattr__ = lazy_exports(_EXPORTS)

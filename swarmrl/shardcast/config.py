@@ -8,11 +8,34 @@ from pydantic import Field, field_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.shardcast.layout import DEFAULT_SHARD_SIZE
+from swarmrl.utils.serving import ConnLimits
 
-__all__ = ["OriginConfig", "PublishConfig", "RelayConfig", "FetchConfig"]
+__all__ = ["OriginConfig", "PublishConfig", "RelayConfig", "FetchConfig", "SHARDCAST_LIMITS", "ServerLimits"]
+
+# Connection limits of SHARDCAST servers (swarmrl.utils.serving, swarmrl.shardcast.guard). Downstream relays fetch
+# with up to 64 parallel connections and aiohttp clients keep idle connections 15 s, so a SHARDCAST server allows
+# more per address than the orchestrator and closes idle ones only after a client would have.
+SHARDCAST_LIMITS = ConnLimits(max_connections_per_ip=128, idle_timeout_s=30.0)
+_L = SHARDCAST_LIMITS
 
 
-class OriginConfig(StrictModel):
+class ServerLimits(StrictModel):
+    """Connection limits of a SHARDCAST server (origin or relay)."""
+
+    # per source address (IPv6: per /64) and per process, the latter clipped to the
+    # open-files limit; reserved_connections of them only for addresses that got a successful answer within
+    # trusted_ttl_s. The first request head must arrive within header_timeout_s; a kept-alive connection with no
+    # complete request head for idle_timeout_s is closed (ConnLimits.from_config turns these into limits).
+    max_connections: int = Field(_L.max_connections, ge=1)
+    max_connections_per_ip: int = Field(_L.max_connections_per_ip, ge=1)
+    reserved_connections: int = Field(_L.reserved_connections, ge=0)
+    trusted_ttl_s: float = Field(_L.trusted_ttl_s, gt=0)
+    header_timeout_s: float = Field(_L.header_timeout_s, gt=0)
+    idle_timeout_s: float = Field(_L.idle_timeout_s, gt=0)
+    backlog: int = Field(_L.backlog, ge=1)
+
+
+class OriginConfig(ServerLimits):
     dir: str = Field(description="origin directory (served as-is)")
     host: str = "127.0.0.1"
     port: int = Field(8600, ge=0, le=65535)
@@ -28,7 +51,7 @@ class PublishConfig(StrictModel):
     move: bool = False
 
 
-class RelayConfig(StrictModel):
+class RelayConfig(ServerLimits):
     upstream: list[str] = Field(min_length=1)
     dir: str
     origin_pubkey: str = Field(description="origin public key: 64 hex chars or a file holding them")
@@ -54,6 +77,10 @@ class FetchConfig(StrictModel):
     verify_whole: bool = True
     fsync: bool = False
     metrics: Optional[str] = Field(None, description="JSONL file: one row per fetch")
+    # progress deadline per shard request: no byte for stall_s, or under min_bps over window_s, drops the server
+    stall_s: float = Field(10.0, gt=0)
+    min_bps: float = Field(32 * 1024, ge=0)
+    window_s: float = Field(10.0, gt=0)
 
     @field_validator("version", mode="before")
     @classmethod

@@ -153,7 +153,7 @@ class Manifest:
         return DistEntry(self.version, self.blake3, self.num_shards)
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Manifest":
+    def from_dict(cls, d: Any) -> Manifest:
         """Strictly validate an untrusted manifest body."""
         if not isinstance(d, dict):
             raise LayoutError("manifest is not an object")

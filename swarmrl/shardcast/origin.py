@@ -32,12 +32,29 @@ from pathlib import Path
 
 import blake3
 
-from swarmrl.shardcast.layout import (DEFAULT_SHARD_SIZE, DISTRIBUTION_NAME, MANIFEST_NAME, DistEntry,
-                                      Manifest, ShardInfo, atomic_write, format_distribution,
-                                      parse_distribution, shard_name)
+from swarmrl.shardcast.layout import (
+    DEFAULT_SHARD_SIZE,
+    DISTRIBUTION_NAME,
+    MANIFEST_NAME,
+    DistEntry,
+    LayoutError,
+    Manifest,
+    ShardInfo,
+    atomic_write,
+    format_distribution,
+    parse_distribution,
+    shard_name,
+)
 from swarmrl.shardcast.server import BackgroundLoop, ShardServer, ensure_probe_file
-from swarmrl.shardcast.signing import (generate_key, load_private_key, public_key_hex, save_private_key,
-                                       sign_manifest)
+from swarmrl.shardcast.signing import (
+    generate_key,
+    load_private_key,
+    public_key_hex,
+    save_private_key,
+    sign_manifest,
+    verify_manifest,
+)
+from swarmrl.utils.serving import ConnLimits
 
 __all__ = ["Origin", "PublishResult", "shard_file"]
 
@@ -125,8 +142,11 @@ class Origin:
         self._bg: BackgroundLoop | None = None
         ensure_probe_file(self.root)
         self._cleanup_tmp()
+        self._repair_distribution()
         self._last = self._recover_last_version()
         self._reserved = self._last
+        self._completed = self._recover_completed()
+        self._inflight: set[int] = set()
 
     # ---- state ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -143,6 +163,35 @@ class Origin:
     def _cleanup_tmp(self) -> None:
         for p in self.root.glob("v*.tmp"):
             shutil.rmtree(p, ignore_errors=True)
+
+    def _repair_distribution(self) -> None:
+        """A crash between a version's rename into place and the ``distribution.txt`` update left a complete,
+        signed version unlisted: list it (the newest ``keep``)."""
+        listed = {e.version for e in self._entries()}
+        found = []
+        for p in self.root.glob("v*"):
+            if p.is_dir() and p.name[1:].isdigit() and int(p.name[1:]) not in listed and (p / MANIFEST_NAME).is_file():
+                try:
+                    found.append(verify_manifest((p / MANIFEST_NAME).read_bytes(), self.key.public_key(),
+                                                 expect_version=int(p.name[1:])).dist_entry())
+                except (LayoutError, ValueError):  # SignatureError is a LayoutError
+                    continue  # not ours or damaged: never listed
+        if found:
+            entries = sorted(self._entries() + found, key=lambda e: e.version)[-self.keep:]
+            atomic_write(self.root / DISTRIBUTION_NAME, format_distribution(entries).encode())
+
+    def _recover_completed(self) -> int:
+        """The newest version whose publication finished (state files without the field: the reserved one, so
+        nothing of theirs is ever published twice)."""
+        try:
+            st = json.loads((self.root / STATE_NAME).read_text())
+            return int(st.get("completed", st["last_version"]))
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError):
+            return self._reserved
+
+    def _write_state(self) -> None:
+        atomic_write(self.root / STATE_NAME,
+                     json.dumps({"last_version": self._reserved, "completed": self._completed}).encode())
 
     def _recover_last_version(self) -> int:
         last = 0
@@ -171,12 +220,18 @@ class Origin:
     def versions(self) -> list[int]:
         return [e.version for e in self._entries()]
 
+    def is_published(self, version: int) -> bool:
+        """Is ``version``'s signed manifest in place (the version dir appears whole, by rename)?"""
+        return (self.root / f"v{int(version)}" / MANIFEST_NAME).is_file()
+
     # ---- publishing -------------------------------------------------------------------------
     def publish(self, path: str | Path, version: int | None = None, *, move: bool = False,
-                filename: str | None = None) -> "Future[PublishResult]":
+                filename: str | None = None) -> Future[PublishResult]:
         """Queue ``path`` as version ``version`` (default: last + 1); returns a Future at once.
 
-        Raises ValueError at once if the version is not above every version ever published here.
+        Raises ValueError at once if the version is not above every version ever published here, except the
+        newest reserved one when its publication never finished (a crash mid-publish: nothing of it was ever
+        served, so it is published now instead of being skipped for good).
         """
         src = Path(path)
         if not src.is_file():
@@ -184,12 +239,15 @@ class Origin:
         with self._locked():
             self._reserved = max(self._reserved, self._recover_last_version())
             v = self._reserved + 1 if version is None else int(version)
-            if v <= self._reserved:
+            unfinished = (v == self._reserved > self._completed and v not in self._inflight
+                          and not self.is_published(v))
+            if v <= self._reserved and not unfinished:
                 raise ValueError(f"version {v} is not above the last published version {self._reserved} "
                                  "(versions are never reused)")
             self._reserved = v
+            self._inflight.add(v)
             # persist the reservation first: a crash mid-publish must not let v be reused
-            atomic_write(self.root / STATE_NAME, json.dumps({"last_version": v}).encode())
+            self._write_state()
             if move:
                 staged = self.root / f".incoming_v{v}"
                 os.replace(src, staged)
@@ -213,16 +271,20 @@ class Origin:
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            self._inflight.discard(version)
             raise
         finally:
             if staged:
                 src.unlink(missing_ok=True)
         with self._locked():
+            self._inflight.discard(version)
             entries = [e for e in self._entries() if e.version != version] + [m.dist_entry()]
             entries.sort(key=lambda e: e.version)
             keep, drop = entries[-self.keep:], entries[:-self.keep]
             atomic_write(self.root / DISTRIBUTION_NAME, format_distribution(keep).encode())
             self._last = max(self._last, version)
+            self._completed = max(self._completed, version)
+            self._write_state()
         for e in drop:
             shutil.rmtree(self.root / f"v{e.version}", ignore_errors=True)
         if self._server is not None:
@@ -230,12 +292,12 @@ class Origin:
         return PublishResult(version, m, time.perf_counter() - t0)
 
     # ---- serving ----------------------------------------------------------------------------
-    def serve(self, port: int = 0, host: str = "127.0.0.1") -> str:
+    def serve(self, port: int = 0, host: str = "127.0.0.1", limits: ConnLimits | None = None) -> str:
         """Start an aiohttp server for this directory on a background thread; returns its URL."""
         if self._server is not None:
             return self._server.url
         self._bg = BackgroundLoop("shardcast-origin")
-        self._server = ShardServer(self.root)
+        self._server = ShardServer(self.root, limits=limits)
         self._bg.run(self._server.start(host, port))
         return self._server.url
 
@@ -251,7 +313,7 @@ class Origin:
         self._server = None
         self._bg = None
 
-    def __enter__(self) -> "Origin":
+    def __enter__(self) -> Origin:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,18 +18,35 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import aiohttp
 import blake3
 
-from swarmrl.shardcast.client import (FetchError, ServerPool, download_shards, get_manifest_raw, new_session,
-                                      server_versions)
-from swarmrl.shardcast.layout import (DISTRIBUTION_NAME, MANIFEST_NAME, LayoutError, Manifest, atomic_write,
-                                      format_distribution, parse_distribution, shard_name)
+from swarmrl.shardcast.client import (
+    FetchError,
+    ServerPool,
+    download_shards,
+    get_manifest_raw,
+    new_session,
+    server_versions,
+)
+from swarmrl.shardcast.layout import (
+    DISTRIBUTION_NAME,
+    MANIFEST_NAME,
+    LayoutError,
+    Manifest,
+    atomic_write,
+    format_distribution,
+    parse_distribution,
+    shard_name,
+)
 from swarmrl.shardcast.server import ShardServer
 from swarmrl.shardcast.signing import load_public_key, verify_manifest
+from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.utils.serving import ConnLimits
 
 __all__ = ["Relay"]
 
@@ -93,7 +110,7 @@ class Relay:
     def __init__(self, root: str | Path, upstreams: Iterable[str], origin_pubkey: Any, *, keep: int = 5,
                  parallel: int = 4, poll_s: float = 1.0, longpoll_s: float = 20.0, hold_s: float = 20.0,
                  exclude_s: float = 10.0, rate_limit_bps: float | None = None,
-                 metrics: str | Path | None = None) -> None:
+                 metrics: str | Path | None = None, limits: ConnLimits | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.upstreams = [u.rstrip("/") for u in upstreams]
@@ -104,7 +121,7 @@ class Relay:
         self.parallel = parallel
         self.poll_s = poll_s
         self.longpoll_s = longpoll_s
-        self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps)
+        self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps, limits=limits)
         self.pool = ServerPool(self.upstreams, max_failures=3, exclude_s=exclude_s)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._syncing: dict[int, asyncio.Task[None]] = {}
@@ -116,8 +133,6 @@ class Relay:
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         if self._metrics_path is not None and self._metrics is None:
-            from swarmrl.utils.metrics import MetricsWriter
-
             self._metrics = MetricsWriter(self._metrics_path)
         self._session = new_session()
         for v, n, have in await asyncio.to_thread(self._recover):
@@ -213,7 +228,7 @@ class Relay:
                     since = seq
             except asyncio.CancelledError:
                 raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, LayoutError, ValueError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError, LayoutError, ValueError) as e:
                 state.last_error = f"watch: {type(e).__name__}: {e}"
                 since = None
                 await asyncio.sleep(backoff)

@@ -16,20 +16,30 @@ manifest; a request for a shard of a partial version that has not landed yet is 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import re
 import threading
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
-from swarmrl.shardcast.layout import (DISTRIBUTION_NAME, MANIFEST_NAME, PROBE_NAME, LayoutError,
-                                      parse_distribution, shard_name)
+from swarmrl.shardcast import guard
+from swarmrl.shardcast.config import SHARDCAST_LIMITS
+from swarmrl.shardcast.layout import (
+    DISTRIBUTION_NAME,
+    MANIFEST_NAME,
+    PROBE_NAME,
+    LayoutError,
+    atomic_write,
+    parse_distribution,
+    shard_name,
+)
+from swarmrl.utils.serving import ConnectionGuard, ConnLimits, raise_nofile_limit
 
 __all__ = ["ShardServer", "BackgroundLoop", "ensure_probe_file"]
 
@@ -45,8 +55,6 @@ MAX_HEADERS = 64
 def ensure_probe_file(root: Path, size: int = 64 * 1024) -> None:
     p = root / PROBE_NAME
     if not p.exists():
-        from swarmrl.shardcast.layout import atomic_write
-
         atomic_write(p, os.urandom(size), fsync=False)
 
 
@@ -61,10 +69,14 @@ class ShardServer:
 
     A watcher also re-reads distribution.txt when its stat changes, so a directory written by
     another process (``swarmrl shardcast publish``) is picked up within ``watch_s``.
+
+    Connections are capped per address and in all, with read deadlines (``limits``, default
+    ``config.SHARDCAST_LIMITS``; see ``swarmrl.shardcast.guard``).
     """
 
     def __init__(self, root: str | Path, *, hold_s: float = 20.0, watch_s: float = 0.2,
-                 rate_limit_bps: float | None = None, max_holds: int = 4096) -> None:
+                 rate_limit_bps: float | None = None, max_holds: int = 4096,
+                 limits: ConnLimits | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.hold_s = min(hold_s, MAX_HOLD_S)
@@ -83,6 +95,9 @@ class ShardServer:
         self.max_holds = max_holds
         self._holds = 0
         self.bytes_requested = 0
+        self.limits = limits or SHARDCAST_LIMITS
+        self.guard: ConnectionGuard | None = None
+        self._listener: asyncio.AbstractServer | None = None
         ensure_probe_file(self.root)
         self._reload_distribution()
 
@@ -141,7 +156,7 @@ class ShardServer:
             self._changed = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(asyncio.shield(self._changed), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     def snapshot(self) -> dict[str, Any]:
@@ -162,6 +177,7 @@ class ShardServer:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                      ) -> web.StreamResponse:
+        guard.request_started(request)
         raw = request.raw_path.split("?", 1)[0]
         if ".." in raw or "%" in raw or "\\" in raw or "//" in raw or "\x00" in raw:
             return web.Response(status=400, text="bad path\n")
@@ -170,7 +186,10 @@ class ShardServer:
         if request.content_length:
             return web.Response(status=413, text="request bodies are not accepted\n")
         self.requests += 1
-        return await handler(request)
+        resp = await handler(request)
+        if resp.status < 400:
+            guard.trust(request)
+        return resp
 
     def _inside(self, path: Path) -> bool:
         try:
@@ -296,14 +315,15 @@ class ShardServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self._loop = asyncio.get_running_loop()
+        raise_nofile_limit()
+        self.guard = ConnectionGuard(self.limits, name=f"shardcast {self.root.name}")
         self._runner = web.AppRunner(self.make_app(), access_log=None, handler_cancellation=True,
                                      max_line_size=MAX_LINE, max_field_size=MAX_FIELD,
-                                     max_headers=MAX_HEADERS, shutdown_timeout=0.5)
+                                     max_headers=MAX_HEADERS, shutdown_timeout=0.5,
+                                     keepalive_timeout=self.limits.idle_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, backlog=1024, reuse_address=True)
-        await site.start()
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        self.port = sock.getsockname()[1]
+        self._listener = await guard.listen(self._runner, self.guard, host, port)
+        self.port = self._listener.sockets[0].getsockname()[1]
         self._watch_task = asyncio.create_task(self._watch())
         return self.port
 
@@ -311,6 +331,9 @@ class ShardServer:
         if self._watch_task:
             self._watch_task.cancel()
         self.notify()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._runner:
             await self._runner.cleanup()
         self._runner = None

@@ -18,9 +18,15 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key  # noqa: F401  (re-exported)
-
 from swarmrl.shardcast.layout import MAX_MANIFEST_BYTES, LayoutError, Manifest, canonical_json
+from swarmrl.utils.keys import (  # noqa: F401  (re-exported)
+    generate_key,
+    load_private_key,
+    parse_public_key_bytes,
+    public_key_hex,
+    public_key_problem,
+    save_private_key,
+)
 
 __all__ = ["SignatureError", "generate_key", "save_private_key", "load_private_key", "public_key_hex",
            "load_public_key", "sign_manifest", "verify_manifest", "keygen"]
@@ -33,8 +39,12 @@ class SignatureError(LayoutError):
 
 
 def load_public_key(spec: str | Path | Ed25519PublicKey) -> Ed25519PublicKey:
-    """A public key from a hex string, or from a file holding the hex string."""
+    """A public key from a hex string, or from a file holding the hex string. Small-order and non-canonical
+    keys are refused (ValueError): a manifest "signed" under one proves nothing."""
     if isinstance(spec, Ed25519PublicKey):
+        why = public_key_problem(spec.public_bytes_raw())
+        if why is not None:
+            raise ValueError(f"origin public key {spec.public_bytes_raw().hex()}: {why}")
         return spec
     s = str(spec).strip()
     if not (len(s) == 64 and _HEX.fullmatch(s)):
@@ -44,7 +54,10 @@ def load_public_key(spec: str | Path | Ed25519PublicKey) -> Ed25519PublicKey:
         s = p.read_text().strip()
         if not (len(s) == 64 and _HEX.fullmatch(s)):
             raise ValueError(f"{p}: expected a 64-hex-char Ed25519 public key")
-    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(s))
+    try:
+        return parse_public_key_bytes(bytes.fromhex(s))
+    except ValueError as e:
+        raise ValueError(f"origin public key {s}: {e}") from None
 
 
 def keygen(private_path: str | Path, public_path: str | Path | None = None) -> str:
@@ -66,7 +79,10 @@ def sign_manifest(manifest: Manifest, key: Ed25519PrivateKey) -> bytes:
 
 def verify_manifest(data: bytes, pub: Ed25519PublicKey | str | Path, expect_version: int | None = None) -> Manifest:
     """Parse + verify an untrusted envelope; raises LayoutError/SignatureError with a clear reason."""
-    pub = load_public_key(pub)
+    try:
+        pub = load_public_key(pub)
+    except ValueError as e:  # a small-order origin key "verifies" forged manifests: nothing signed under it counts
+        raise SignatureError(f"origin public key refused: {e}") from None
     if len(data) > MAX_MANIFEST_BYTES:
         raise LayoutError(f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
     try:

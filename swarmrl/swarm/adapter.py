@@ -18,13 +18,16 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
 from pydantic import Field
 
 from swarmrl.config import StrictModel
+from swarmrl.contract import AsyncWindow, GroupRule
+from swarmrl.protocol.client import ApiError, TrainerClient
 from swarmrl.rl.config import RLConfig
+from swarmrl.rl.rollouts import RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir
+from swarmrl.utils.metrics import MetricsWriter
 
 log = logging.getLogger("swarmrl.swarm.adapter")
 
@@ -39,23 +42,13 @@ class AdapterConfig(StrictModel):
     max_file_bytes: int = Field(64 << 20, gt=0)
 
 
-def usable_groups(rows, cfg: RLConfig) -> int:  # noqa: ANN001
-    """Groups of this file the trainer's ``select_groups`` would keep (complete, informative if filtering)."""
-    from swarmrl.rl.trainer import select_groups
-
-    if not rows:
-        return 0
-    usable, _ = select_groups([("f", rows)], rows[0].step, cfg)
-    return len(usable)
-
-
 class TrainerAdapter:
     def __init__(self, rl: RLConfig, cfg: AdapterConfig, client=None) -> None:  # noqa: ANN001
-        from swarmrl.protocol.client import TrainerClient
-        from swarmrl.utils.metrics import MetricsWriter
 
         self.rl, self.cfg = rl, cfg
         self.run = RunDir(rl.run_dir)
+        self.window = AsyncWindow(rl.async_level, last_step=rl.steps - 1)
+        self.rule = GroupRule(rl.group_size, rl.filter_ties)
         self.client = client or TrainerClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.announced = -1
         self.fetched: set[int] = set()
@@ -72,21 +65,18 @@ class TrainerAdapter:
         (``relays.json``), else the trainer's origin, and the origin's manifest-signing key."""
         if not self.rl.shardcast.enabled:
             return
-        origin = self.run.read_json("origin.json")
-        if not isinstance(origin, dict):
+        found = self.run.weight_servers(self.rl.shardcast.servers)
+        if found is None:
             return
-        relays = self.run.read_json("relays.json")
-        servers = list(self.rl.shardcast.servers) or (list(relays) if isinstance(relays, list) and relays
-                                                      else [origin["url"]])
-        want = {"servers": servers, "public_key": origin["public_key"]}
+        servers, public_key = found
+        want = {"servers": servers, "public_key": public_key}
         if want != self.weights_announced:
-            self.client.set_weights(servers, origin["public_key"])
+            self.client.set_weights(servers, public_key)
             self.weights_announced = want
             self.metrics.write(event="weights", **want)
 
     def poll_once(self) -> int:
         """One round: announce the step, fetch newly accepted files; returns the number fetched."""
-        from swarmrl.protocol.client import ApiError
 
         latest = self.run.latest_version()
         if latest is None:
@@ -102,8 +92,7 @@ class TrainerAdapter:
             self.announced = latest
             self.metrics.write(event="step", step=latest)
         n = 0
-        hi = min(latest + self.rl.async_level, self.rl.steps - 1)
-        for m in range(latest, hi + 1):
+        for m in self.window.open_steps(latest):
             for it in self.client.accepted(m).items:
                 if it.submission_id in self.fetched:
                     continue
@@ -112,8 +101,6 @@ class TrainerAdapter:
         return n
 
     def _fetch(self, step: int, it) -> None:  # noqa: ANN001
-        from swarmrl.protocol.client import ApiError
-        from swarmrl.rl.rollouts import RolloutError, read_rollouts
 
         d = self.run.step_dir(step)
         tmp = d / f".s{it.submission_id}.tmp{os.getpid()}"
@@ -121,7 +108,7 @@ class TrainerAdapter:
             sha = self.client.download(it.submission_id, tmp, max_bytes=self.cfg.max_file_bytes)
             if sha != it.sha256:
                 raise RolloutError("downloaded bytes do not match the submission's hash")
-            g = usable_groups(read_rollouts(tmp), self.rl)
+            g = len(self.rule.select([("f", read_rollouts(tmp))], step, self.window)[0])
         except (ApiError, RolloutError, OSError) as e:
             tmp.unlink(missing_ok=True)
             log.warning("submission %d not used: %s", it.submission_id, e)

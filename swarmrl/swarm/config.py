@@ -1,41 +1,47 @@
-"""Settings of swarm mode in ``swarmrl run`` (``RunConfig.swarm``)."""
+"""Settings of a swarm node process (``swarmrl node run``) and the names of the cheating node kinds
+(``swarmrl.swarm.adversaries``); light enough for ``--print-config`` and config validation."""
 
 from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from swarmrl.config import StrictModel
+from swarmrl.protocol.config import NodeConfig
+
+ADVERSARY_KINDS: tuple[str, ...] = ("random_model", "edit_tokens", "forge_rewards", "replay", "stale_policy",
+                                    "own_tasks", "malformed", "oversized", "wrong_key", "bomb", "flood",
+                                    "idle_connections")
 
 
-class SwarmSection(StrictModel):
-    nodes: int = Field(2, ge=0)  # honest nodes
-    adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.swarm.node)
-    tasks_per_node: int = Field(0, ge=0)  # tasks per assignment (0: rl.workers.prompts_per_batch)
-    overassign: float = Field(1.0, ge=1.0)  # hand out this many times the groups a step needs
-    optimistic: bool = False  # trainer may use submissions before their verdict
-    heartbeat_interval_s: float = Field(0.5, gt=0)
-    dead_after_missed: int = Field(20, ge=1)
-    validator_poll_s: float = Field(0.2, gt=0)
-    logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
-    proofs: bool = True  # nodes attach TOPLOC proofs (swarmrl.toploc) and the validator verifies them
-    require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
-    # TOPLOC sampling check: flag a token only below this logprob. Honest T=1 sampling picks some token of
-    # probability < e^L with chance < V * e^L per token (V = vocab): -30 keeps that ~1e-11 for a byte vocab,
-    # where toploc's default -12 (~1.6e-3 per token) slashed honest nodes within 5 steps in a measured run
-    min_token_logprob: float = Field(-30.0, le=0)
-    max_upload_bytes: int = Field(8 << 20, gt=0)
-    assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)
-    stake: float = Field(100.0, ge=0)
-    node_threads: int = Field(1, ge=1)
-    validator_threads: int = Field(1, ge=1)
-    max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / honest node restarts
+class SwarmNodeConfig(NodeConfig):
+    rl_config: str = ""  # RL config TOML (model, task, sampling, chat template); "" = membership only
+    # where policy versions come from (see policy.make_policy_source): "" = the SHARDCAST servers and key the
+    # orchestrator's heartbeats announce (the RL config's run_dir until it announces any); "shardcast:PUBKEY" =
+    # announced servers, pinned manifest key; "shardcast:PUBKEY@URL,..." = fixed servers; a path = a run dir
+    policy_source: str = ""
+    work_dir: str = ""  # rollout files before upload ("" = <run_dir>/nodes/<node_id>)
+    stop_file: str = ""  # exit once this file exists ("" = <run_dir>/DONE)
+    threads: int = Field(1, ge=1)
+    policy_timeout_s: float = Field(120.0, gt=0)
 
-    @field_validator("adversaries")
+
+class AdversaryConfig(SwarmNodeConfig):
+    """A cheating node (demos and tests): an honest node's settings plus what its cheat needs."""
+
+    adversary: str
+    replay_from: str = ""  # replay: dir whose */*.parquet it steals ("" = <run_dir>/nodes)
+    oversize_bytes: int = Field(5 << 20, gt=0)  # oversized: size of the file it uploads
+    bomb_bytes: int = Field(512 << 20, gt=0)  # bomb: what its (few-kilobyte) file decodes to (8x max_decoded_bytes)
+    flood_batch: int = Field(50, ge=1)  # flood: fresh keys it tries to register per burst
+    flood_interval_s: float = Field(5.0, gt=0)  # flood: pause between bursts (and after a 429, its Retry-After)
+    # idle_connections: half-sent connections held to the orchestrator and to each weight relay heartbeats name
+    # (bounded: this many per server, in rounds of idle_round_s, replacing closed ones at most idle_reconnect_per_s)
+    idle_conns: int = Field(256, ge=1, le=4096)
+    idle_round_s: float = Field(30.0, gt=0, le=600)
+    idle_reconnect_per_s: float = Field(20.0, ge=0, le=1000)
+
+    @field_validator("adversary")
     @classmethod
-    def _kinds(cls, v: list[str]) -> list[str]:
-        from swarmrl.swarm.node import ADVERSARIES
-
-        bad = [k for k in v if k not in ADVERSARIES]
-        if bad:
-            raise ValueError(f"unknown adversary {bad}; choose from {', '.join(ADVERSARIES)}")
+    def _kind(cls, v: str) -> str:
+        if v not in ADVERSARY_KINDS:
+            raise ValueError(f"unknown adversary {v!r}; choose from {', '.join(ADVERSARY_KINDS)}")
         return v

@@ -20,22 +20,20 @@ from swarmrl.toploc.proof import (
     proofs_from_b64,
     proofs_to_b64,
 )
+from swarmrl.toploc.rollout import (
+    RolloutCheck,
+    claim_from_rollout,
+    recompute,
+    verify_rollout,
+    verify_rollouts,
+    verify_rows,
+)
+from swarmrl.toploc.sampling_check import SamplingCheck, SamplingClaim, SamplingThresholds, check_sampling
 from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs
 
 __all__ = [
     "P", "ProofError", "build_proofs", "decode_proof", "encode_proof", "proof_from_b64", "proof_len", "proof_to_b64",
     "proofs_for_sample", "proofs_from_b64", "proofs_to_b64", "ChunkCheck", "Thresholds", "verify_proofs", "RolloutCheck", "verify_rollout",
-    "verify_rollouts", "verify_rows", "claim_from_rollout", "SamplingClaim", "SamplingThresholds", "SamplingCheck", "check_sampling",
+    "verify_rollouts", "verify_rows", "recompute", "claim_from_rollout", "SamplingClaim", "SamplingThresholds", "SamplingCheck", "check_sampling",
 ]
 
-
-def __getattr__(name: str):  # lazy: the rollout/sampling parts pull in model code
-    if name in ("RolloutCheck", "verify_rollout", "verify_rollouts", "verify_rows", "recompute", "claim_from_rollout"):
-        from swarmrl.toploc import rollout
-
-        return getattr(rollout, name)
-    if name in ("SamplingClaim", "SamplingThresholds", "SamplingCheck", "check_sampling"):
-        from swarmrl.toploc import sampling_check
-
-        return getattr(sampling_check, name)
-    raise AttributeError(name)

@@ -14,21 +14,24 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
 from pydantic import Field
+from transformers import AutoModelForCausalLM
 
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.inference.sampler import SamplingParams, generate
+from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.toploc.proof import build_proofs
 from swarmrl.toploc.rollout import verify_rollouts
 from swarmrl.toploc.sampling_check import SamplingClaim, SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
+from swarmrl.utils.metrics import MetricsWriter
 
 __all__ = ["CalibrateConfig", "ScenarioResult", "CalibrationReport", "run_calibration", "perturb_weights",
            "quantize_int8", "reinit_model", "change_token"]
@@ -84,7 +87,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 def reinit_model(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Another model of the same architecture (fresh init with another seed)."""
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     m = AutoModelForCausalLM.from_config(model.config, dtype=next(model.parameters()).dtype)
@@ -183,8 +185,6 @@ def _sample(model, prompts, cfg: CalibrateConfig, tok, seed: int, batch: int | N
 
 
 def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None = None) -> CalibrationReport:
-    from swarmrl.models.io import load_model, load_tokenizer
-
     say = progress or (lambda _m: None)
     if not cfg.model:
         raise ValueError("model is required (a HF model directory)")
@@ -296,8 +296,6 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
         any_det[s.name] = sum(a or b for a, b in zip(tl_fail, lp_fail)) / len(tl_fail) if tl_fail else float("nan")
     report = CalibrationReport(results, rec, lp_rec, overlaps, detection, lp_det, any_det)
     if cfg.metrics:
-        from swarmrl.utils.metrics import MetricsWriter
-
         with MetricsWriter(cfg.metrics) as w:
             for row in report.rows():
                 w.write(kind="toploc_calibration", **row)

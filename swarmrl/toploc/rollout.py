@@ -9,8 +9,8 @@ row's states do not depend on what else is in the batch (up to kernel noise, whi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import torch
 

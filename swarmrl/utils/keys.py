@@ -17,6 +17,51 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 MAX_KEY_FILE_BYTES = 4096
 
+# Ed25519 public keys that anyone can sign for. The 8 points of small order (the torsion subgroup, canonical
+# encodings): with such a key, R = identity and S = 0 verify for EVERY message, so a node or validator
+# registered under one could be impersonated by anybody. Their encodings with the sign bit set on x = 0
+# (y = 1, y = p - 1) and every encoding with y >= p are not canonical and refused as such.
+_P = 2**255 - 19
+SMALL_ORDER_KEYS = frozenset(bytes.fromhex(h) for h in (
+    "0100000000000000000000000000000000000000000000000000000000000000",  # identity (order 1)
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",  # (0, -1), order 2
+    "0000000000000000000000000000000000000000000000000000000000000000",  # order 4
+    "0000000000000000000000000000000000000000000000000000000000000080",  # order 4
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",  # order 8
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",  # order 8
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",  # order 8
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",  # order 8
+))
+_NEG_ZERO_X = frozenset(bytes.fromhex(h) for h in (  # x = 0 with the sign bit set (y = 1, y = p - 1)
+    "0100000000000000000000000000000000000000000000000000000000000080",
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+))
+
+
+def public_key_problem(raw: bytes) -> str | None:
+    """Why ``raw`` (an untrusted 32-byte Ed25519 public key) must be refused, or None when it is acceptable.
+
+    Refused: a wrong length, a non-canonical encoding (y >= p, or the sign bit set on x = 0) and the 8
+    small-order points. Cheap (no curve arithmetic), so it runs on every key parsed from the outside."""
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) != 32:
+        return "an Ed25519 public key is 32 bytes"
+    raw = bytes(raw)
+    if int.from_bytes(raw, "little") & ((1 << 255) - 1) >= _P:
+        return "non-canonical Ed25519 public key encoding (y >= p)"
+    if raw in _NEG_ZERO_X:
+        return "non-canonical Ed25519 public key encoding (sign bit set on x = 0)"
+    if raw in SMALL_ORDER_KEYS:
+        return "Ed25519 public key of small order (anyone can forge signatures for it)"
+    return None
+
+
+def parse_public_key_bytes(raw: bytes) -> Ed25519PublicKey:
+    """An untrusted raw public key, refused (ValueError with the reason) when ``public_key_problem`` says so."""
+    why = public_key_problem(raw)
+    if why is not None:
+        raise ValueError(why)
+    return Ed25519PublicKey.from_public_bytes(bytes(raw))
+
 
 def generate_key() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.generate()

@@ -1,23 +1,28 @@
-"""Where a node gets the weights of a policy version.
+"""Where a role gets the weights of policy version N.
 
-``PolicySource`` is the small interface nodes (and the validator) use: ``latest()`` names the newest
-published version, ``fetch(version)`` returns a local HF model directory holding it (waiting up to
-``timeout_s`` for it to appear). ``RunDirPolicySource`` reads the trainer's run directory (one
-machine, shared disk); ``ShardcastPolicySource`` downloads through SHARDCAST relays into a local cache
-dir (signed manifest, verified shards); ``AnnouncedPolicySource`` (a node's default) switches to
-SHARDCAST as soon as the orchestrator's heartbeat names weight servers.
+``PolicySource`` is the small interface: ``latest()`` names the newest version it knows, ``fetch(version)``
+returns a local HF model directory holding it (waiting up to ``timeout_s`` for it to appear) or raises
+``PolicyUnavailable``.
+
+- ``RunDirPolicySource``: the trainer's policy dir (one machine, shared disk);
+- ``TemplatePolicySource``: a path template such as ``runs/x/policy/v{policy_version:06d}`` (the validator);
+- ``ShardcastPolicySource``: downloads through SHARDCAST servers into a cache dir (signed manifest, BLAKE3
+  per shard); its servers are fixed, or ``discover``-ed before each fetch (a local worker reads the run
+  dir's ``origin.json`` / ``relays.json``);
+- ``AnnouncedPolicySource`` (a node's default): switches to SHARDCAST as soon as the orchestrator's
+  heartbeat names weight servers.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-import torch
-from safetensors.torch import load_file
-
-from swarmrl.models.io import load_model
+from swarmrl.policy.store import PolicyDir
+from swarmrl.shardcast import FetchError, fetch
 
 
 class PolicyUnavailable(RuntimeError):
@@ -33,20 +38,18 @@ class PolicySource(Protocol):
 class RunDirPolicySource:
     """Policy versions straight from ``run_dir/policy/v{n:06d}`` (written atomically by the trainer)."""
 
-    def __init__(self, run_dir: str | Path, poll_s: float = 0.1) -> None:
-        from swarmrl.rl.store import RunDir
-
-        self.run = RunDir(run_dir)
+    def __init__(self, run_dir: str | Path, poll_s: float = 0.05) -> None:
+        self.policies = PolicyDir(Path(run_dir) / "policy")
         self.poll_s = poll_s
 
     def latest(self) -> int | None:
-        return self.run.latest_version()
+        return self.policies.latest_version()
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
-        d = self.run.version_dir(version)
+        d = self.policies.version_dir(version)
         deadline = time.monotonic() + timeout_s
         while not (d / "model.safetensors").is_file():
-            latest = self.run.latest_version()
+            latest = self.latest()
             if latest is not None and latest > version and not d.exists():
                 raise PolicyUnavailable(f"policy v{version} is gone (newest is v{latest})")
             if time.monotonic() > deadline:
@@ -55,22 +58,43 @@ class RunDirPolicySource:
         return d
 
 
+class TemplatePolicySource:
+    """Version N at ``template.format(policy_version=N)``; a template without the field names one model for
+    every version. Nothing is waited for: a missing directory is unavailable at once."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    def latest(self) -> int | None:
+        return None
+
+    def fetch(self, version: int, timeout_s: float = 0.0) -> Path:
+        d = Path(self.template.format(policy_version=version))
+        if not (d / "config.json").is_file():
+            raise PolicyUnavailable(f"no model for policy version {version} at {d}")
+        return d
+
+
+Discover = Callable[[], "tuple[list[str], str] | None"]
+
+
 class ShardcastPolicySource:
-    """Policy versions fetched through SHARDCAST servers (``swarmrl.shardcast.fetch``: signed manifest, BLAKE3
-    per shard) into ``cache_dir/v{n:06d}/model.safetensors``, as the trainer's origin publishes them: policy
-    version N is SHARDCAST version N, and version 0 is the initial model every node starts from
-    (``base_model_dir``, whose config and tokenizer files are copied next to each fetched version).
-    ``servers`` and the manifest key may change during a run (``set_servers``).
-    Keeps the newest ``keep`` versions on disk."""
+    """Policy versions fetched through SHARDCAST servers into ``cache_dir/v{n:06d}/model.safetensors``, as the
+    trainer's origin publishes them: policy version N is SHARDCAST version N, and version 0 is the initial
+    model every holder starts from (``base_model_dir``, whose config and tokenizer files are copied next to
+    each fetched version). Servers and the manifest key may change during a run (``set_servers``, or a
+    ``discover`` callable asked before each fetch). Keeps the newest ``keep`` versions on disk."""
 
     def __init__(self, servers: list[str], origin_pubkey: str, cache_dir: str | Path, base_model_dir: str | Path,
-                 keep: int = 4) -> None:
+                 keep: int = 4, discover: Discover | None = None) -> None:
         self.servers, self.origin_pubkey = list(servers), origin_pubkey
         self.cache = Path(cache_dir)
         self.cache.mkdir(parents=True, exist_ok=True)
         self.base = Path(base_model_dir)
         self.keep = keep
+        self.discover = discover
         self._latest: int | None = None
+        self.last_fetch: dict | None = None  # the newest download's figures (for metrics)
 
     def set_servers(self, servers: list[str], origin_pubkey: str) -> None:
         self.servers, self.origin_pubkey = list(servers), origin_pubkey
@@ -79,15 +103,15 @@ class ShardcastPolicySource:
         return self._latest
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
-        import shutil
-
-        from swarmrl.shardcast import FetchError, fetch
-
         if version == 0:
             return self.base
         d = self.cache / f"v{version:06d}"
         if (d / "model.safetensors").is_file():
             return d
+        if self.discover is not None:
+            found = self.discover()
+            if found is not None:
+                self.set_servers(*found)
         if not self.servers or not self.origin_pubkey:
             raise PolicyUnavailable(f"policy v{version}: no SHARDCAST servers known yet")
         d.mkdir(parents=True, exist_ok=True)
@@ -95,9 +119,11 @@ class ShardcastPolicySource:
             if f.is_file() and not f.name.endswith((".safetensors", ".pt", ".bin")):
                 shutil.copy2(f, d / f.name)
         try:
-            fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version, wait_s=timeout_s)
+            res = fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version, wait_s=timeout_s)
         except (FetchError, OSError) as e:
             raise PolicyUnavailable(f"policy v{version} via SHARDCAST: {e}") from None
+        self.last_fetch = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
+                           "bytes_by_server": res.bytes_by_server, "excluded": res.excluded}
         self._latest = max(version, self._latest or 0)
         for old in sorted(self.cache.glob("v*"))[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -128,6 +154,14 @@ class AnnouncedPolicySource:
         return (self.shardcast if self.using_shardcast else self.fallback).fetch(version, timeout_s)
 
 
+class _Unannounced:
+    def latest(self) -> int | None:
+        return None
+
+    def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
+        raise PolicyUnavailable(f"policy v{version}: the orchestrator has not announced weight servers yet")
+
+
 def make_policy_source(spec: str, cache_dir: str | Path = "", base_model_dir: str | Path = "",
                        fallback_run_dir: str | Path = "") -> PolicySource:
     """``spec``: a run directory (``rundir:PATH`` or a bare path); ``shardcast:PUBKEY@URL[,URL...]`` (the origin's
@@ -146,39 +180,3 @@ def make_policy_source(spec: str, cache_dir: str | Path = "", base_model_dir: st
     if sep and kind == "rundir":
         return RunDirPolicySource(rest)
     return RunDirPolicySource(spec)
-
-
-class _Unannounced:
-    def latest(self) -> int | None:
-        return None
-
-    def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
-        raise PolicyUnavailable(f"policy v{version}: the orchestrator has not announced weight servers yet")
-
-
-class PolicyModel:
-    """One model in memory whose weights are swapped to the version an assignment names."""
-
-    def __init__(self, source: PolicySource, init_model_path: str | Path) -> None:
-        self.source = source
-        self.model = load_model(init_model_path)
-        self.model.eval()
-        self.version = -1
-
-    def load(self, version: int, timeout_s: float = 60.0) -> torch.nn.Module:
-        if version == self.version:
-            return self.model
-        path = self.source.fetch(version, timeout_s) / "model.safetensors"
-        try:
-            state = load_file(str(path))
-        except (OSError, ValueError) as e:
-            raise PolicyUnavailable(f"policy v{version}: {e}") from None
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise PolicyUnavailable(f"policy v{version} does not match the model: missing {missing}, "
-                                    f"unexpected {unexpected}")
-        if getattr(self.model.config, "tie_word_embeddings", False):
-            self.model.tie_weights()
-        self.model.eval()
-        self.version = version
-        return self.model

@@ -1,0 +1,41 @@
+"""The RL contract: the rules every role (worker, node, trainer, adapter, orchestrator, validator) shares.
+
+Pure and torch-free. Each rule has one home here, and the roles call it instead of re-deriving it:
+
+- ``window``: the staleness window (``async_level``): which policy versions may serve which steps.
+- ``groups``: which groups of completions the trainer can use (complete, not all-tied) and their
+  group-relative advantages.
+- ``scoring``: how a completion is scored (task reward minus the thinking-budget length penalty),
+  how a budget is stated in the prompt, and the validator's re-check of a claimed score.
+- ``assignment``: seeded task assignment (protocol and local workers) and throughput-matched budgets.
+- ``rows``: the rollout row and how sampler output is packed into scored rows (logprobs, proofs).
+"""
+
+from swarmrl.contract.assignment import (
+    allowed_targets,
+    assigned_tasks,
+    draw_targets,
+    task_seed,
+    thinking_budget,
+    worker_task_seed,
+)
+from swarmrl.contract.groups import GroupRule, group_advantages, is_informative
+from swarmrl.contract.rows import Rollout, ScoredBatch, score_groups
+from swarmrl.contract.scoring import (
+    Budget,
+    Score,
+    check_prompt_format,
+    check_score,
+    completion_length,
+    format_prompt,
+    length_penalty,
+    score_completion,
+)
+from swarmrl.contract.window import AsyncWindow
+
+__all__ = [
+    "AsyncWindow", "Budget", "GroupRule", "Rollout", "Score", "ScoredBatch", "allowed_targets", "assigned_tasks",
+    "check_prompt_format", "check_score", "completion_length", "draw_targets", "format_prompt", "group_advantages",
+    "is_informative", "length_penalty", "score_completion", "score_groups", "task_seed", "thinking_budget",
+    "worker_task_seed",
+]

@@ -1,0 +1,65 @@
+"""``RunConfig``: the single source of a run (``swarmrl run``, ``configs/run.toml``). Every role's config is
+derived from it by ``swarmrl.job.derive``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from swarmrl.config import StrictModel
+from swarmrl.rl.config import RLConfig
+from swarmrl.sft.config import SFTConfig
+from swarmrl.swarm.config import ADVERSARY_KINDS
+
+
+class WarmstartSection(StrictModel):
+    enabled: bool = True
+    reuse: bool = True  # skip if the warm-start model already exists
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(out="runs/warmstart", minutes=2.0, eval_at_minutes=[]))
+
+
+class SwarmSection(StrictModel):
+    """Swarm mode: untrusted nodes behind an orchestrator and a validator."""
+
+    nodes: int = Field(2, ge=0)  # honest nodes
+    adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.swarm.adversaries)
+    tasks_per_node: int = Field(0, ge=0)  # tasks per assignment (0: rl.workers.prompts_per_batch)
+    overassign: float = Field(1.0, ge=1.0)  # hand out this many times the groups a step needs
+    optimistic: bool = False  # trainer may use submissions before their verdict
+    heartbeat_interval_s: float = Field(0.5, gt=0)
+    dead_after_missed: int = Field(20, ge=1)
+    validator_poll_s: float = Field(0.2, gt=0)
+    logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
+    proofs: bool = True  # nodes attach TOPLOC proofs (swarmrl.toploc) and the validator verifies them
+    require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
+    # TOPLOC sampling check: flag a token only below this logprob. Honest T=1 sampling picks some token of
+    # probability < e^L with chance < V * e^L per token (V = vocab): -30 keeps that ~1e-11 for a byte vocab,
+    # where toploc's default -12 (~1.6e-3 per token) slashed honest nodes within 5 steps in a measured run
+    min_token_logprob: float = Field(-30.0, le=0)
+    max_upload_bytes: int = Field(8 << 20, gt=0)
+    assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)
+    stake: float = Field(100.0, ge=0)
+    node_threads: int = Field(1, ge=1)
+    validator_threads: int = Field(1, ge=1)
+    validator_lag: int = Field(3, ge=0)  # policy versions kept beyond the async window for a lagging validator
+    max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / relay / honest node restarts
+
+    @field_validator("adversaries")
+    @classmethod
+    def _kinds(cls, v: list[str]) -> list[str]:
+        bad = [k for k in v if k not in ADVERSARY_KINDS]
+        if bad:
+            raise ValueError(f"unknown adversary {bad}; choose from {', '.join(ADVERSARY_KINDS)}")
+        return v
+
+
+class RunConfig(StrictModel):
+    mode: Literal["local", "swarm"] = "local"  # swarm: untrusted nodes behind an orchestrator and validator
+    rl: RLConfig = Field(default_factory=RLConfig)
+    swarm: SwarmSection = Field(default_factory=SwarmSection)
+    warmstart: WarmstartSection = Field(default_factory=WarmstartSection)
+    fresh: bool = True  # delete an existing run_dir first (False: resume it)
+    max_worker_restarts: int = Field(5, ge=0)  # local mode: restarts of all workers together
+    max_trainer_restarts: int = Field(3, ge=0)  # a crashed trainer resumes from its newest checkpoint
+    final_eval_n: int = Field(512, ge=1)

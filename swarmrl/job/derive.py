@@ -1,0 +1,183 @@
+"""``derive``: one ``RunConfig`` turned into every role's config and command line. Pure: ports, keys and the
+run secret come in as arguments, nothing is started or written, so a plan is tested without processes.
+
+Rules that tie the roles together live here once, each from the contract's point of view:
+
+- the RL config all local workers, nodes, the trainer and the adapter read (``rl.toml``), with what swarm
+  mode needs on top (TOPLOC proofs on honest nodes; enough policy versions kept for the validator's lag,
+  ``AsyncWindow.versions_to_keep``);
+- the orchestrator's assignment settings (task, group size, staleness window, demand, budgets, the usable
+  group rule) and the validator's checks, from the same RL settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from swarmrl.config import dump_config
+from swarmrl.contract import AsyncWindow
+from swarmrl.job.config import RunConfig
+from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
+from swarmrl.rl.config import RLConfig
+
+Restart = Literal["never", "always", "unless_refused"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An Ed25519 key file and what it names."""
+
+    key: str
+    public_key: str
+    node_id: str
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role process: ``python -m swarmrl <argv>``, and what the supervisor does when it exits.
+
+    ``restart``: ``always`` (while the run is not done), ``never``, or ``unless_refused`` (a node: not after
+    exit code 3, ejected or refused, nor after a signal from outside). Restarts count against
+    ``max_restarts`` per ``budget`` (roles sharing a budget share the count). A ``finishes`` role (the
+    trainer) that exits with 0 has finished its work and is not restarted."""
+
+    name: str
+    argv: list[str]
+    restart: Restart = "always"
+    max_restarts: int = 5
+    budget: str = ""  # "" = the role's own name
+    wait_up: bool = False  # after (re)start, wait until the orchestrator answers
+    stop_wait_s: float = 0.0  # at the end: time to exit on its own before SIGTERM
+    stop_term_s: float = 1.0  # then SIGKILL after this long
+    stop_last: bool = False  # stopped after every other role (the orchestrator)
+    finishes: bool = False  # exit code 0 means done (the trainer), not a crash
+
+
+@dataclass
+class Plan:
+    mode: Literal["local", "swarm"]
+    root: Path
+    rl: RLConfig
+    roles: list[RoleSpec]  # in start order; relays come later (they need the trainer's origin)
+    files: dict[str, str] = field(default_factory=dict)  # name under root -> text
+    url: str = ""  # the orchestrator (swarm mode)
+    members: dict[str, dict] = field(default_factory=dict)  # swarm nodes: identity and adversary kind
+    orchestrator: OrchestratorConfig | None = None
+    validator: ValidatorConfig | None = None
+    authority: Identity | None = None  # the stake authority key (swarm mode)
+    deposits: dict[str, float] = field(default_factory=dict)  # node id -> stake the authority deposits
+
+    def role(self, name: str) -> RoleSpec:
+        return next(r for r in self.roles if r.name == name)
+
+
+def derive_rl(cfg: RunConfig, origin_port: int = 0) -> RLConfig:
+    """The RL config every RL role reads. With SHARDCAST the trainer's origin gets a fixed port
+    (``origin_port``) so a restarted trainer serves where its relays look. Swarm mode keeps the versions a
+    lagging validator still checks and has honest nodes attach TOPLOC proofs when the validator verifies them."""
+    rl = cfg.rl
+    if rl.shardcast.enabled and origin_port and not rl.shardcast.origin_port:
+        rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(update={"origin_port": origin_port})})
+    if cfg.mode != "swarm":
+        return rl
+    keep = AsyncWindow(rl.async_level).versions_to_keep(lag=cfg.swarm.validator_lag)
+    if rl.keep_versions < keep:
+        rl = rl.model_copy(update={"keep_versions": keep})
+    if cfg.swarm.proofs and not rl.workers.proofs:
+        rl = rl.model_copy(update={"workers": rl.workers.model_copy(update={"proofs": True})})
+    return rl
+
+
+def member_names(cfg: RunConfig) -> dict[str, str]:
+    """Swarm nodes by name -> adversary kind ("" for honest nodes)."""
+    return {**{f"n{i}": "" for i in range(cfg.swarm.nodes)},
+            **{f"x{i}-{kind}": kind for i, kind in enumerate(cfg.swarm.adversaries)}}
+
+
+def _trainer(cfg: RunConfig, rl_path: str, term_s: float) -> RoleSpec:
+    """The trainer: restarted after a crash (it resumes from its newest committed version), done on exit 0."""
+    return RoleSpec("trainer", ["rl", "trainer", "--config", rl_path], restart="always", finishes=True,
+                    max_restarts=cfg.max_trainer_restarts, stop_term_s=term_s)
+
+
+def derive_local(cfg: RunConfig, root: Path, origin_port: int = 0) -> Plan:
+    rl = derive_rl(cfg, origin_port)
+    rl_path = str(root / "rl.toml")
+    roles = [_trainer(cfg, rl_path, 5.0)]
+    roles += [RoleSpec(f"w{i}", ["rl", "worker", "--config", rl_path, "--id", f"w{i}"], budget="workers",
+                       max_restarts=cfg.max_worker_restarts, stop_wait_s=10.0, stop_term_s=5.0)
+              for i in range(rl.workers.num)]
+    return Plan("local", root, rl, roles, files={"rl.toml": dump_config(rl)})
+
+
+def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: Identity, trainer: Identity,
+                 members: dict[str, Identity], authority: Identity, origin_port: int = 0) -> Plan:
+    """The orchestrator, validator, trainer, adapter and node roles of a swarm run on 127.0.0.1:``port``. The
+    ``authority`` key deposits every member's stake (``Plan.deposits``) once the orchestrator is up, before any
+    node starts: only deposited stake can be locked at registration."""
+    sw, rl = cfg.swarm, derive_rl(cfg, origin_port)
+    url = f"http://127.0.0.1:{port}"
+    kinds = member_names(cfg)
+    ocfg = OrchestratorConfig(
+        port=port, data_dir=str(root / "orchestrator"), run_secret=secret,
+        validator_keys=[validator.public_key], trainer_keys=[trainer.public_key],
+        stake_authority_keys=[authority.public_key], register_burst=max(20, 2 * len(members)),
+        idle_after_missed=max(2, sw.dead_after_missed // 2),
+        heartbeat_interval_s=sw.heartbeat_interval_s, dead_after_missed=sw.dead_after_missed, sweep_interval_s=0.5,
+        rate_limit_per_s=200.0, rate_limit_burst=400, min_stake=min(100.0, sw.stake),
+        task=rl.task, tasks_per_node=sw.tasks_per_node or rl.workers.prompts_per_batch, group_size=rl.group_size,
+        async_window=rl.async_level, lookahead=rl.async_level, last_step=rl.steps - 1,
+        budget_tiers=sorted(rl.budget.targets) if rl.budget.enabled else [],
+        target_step_time_s=rl.budget.max_batch_seconds, budget_prompt_format=rl.budget.prompt_format,
+        budget_penalty=rl.budget.penalty, chat_template=rl.chat_template, groups_per_step=rl.prompts_per_step,
+        overassign=sw.overassign, count_tied_groups=not rl.filter_ties, max_upload_bytes=sw.max_upload_bytes,
+        optimistic=sw.optimistic, assignment_timeout_s=sw.assignment_timeout_s, metrics_interval_s=1.0)
+    vcfg = ValidatorConfig(orchestrator=url, key=validator.key, model_dir=rl.model,
+                           model_dir_template=str(root / "policy" / "v{policy_version:06d}"), run_secret=secret,
+                           poll_interval_s=sw.validator_poll_s, work_dir=str(root / "validator"),
+                           logprob_rows=sw.logprob_rows, require_proofs=sw.require_proofs,
+                           sampling_thresholds={"min_token_logprob": sw.min_token_logprob},
+                           reject_late_steps=False, threads=sw.validator_threads)
+    rl_path, opath, vpath = (str(root / n) for n in ("rl.toml", "orchestrator.toml", "validator.toml"))
+
+    def node(name: str) -> RoleSpec:
+        m, kind = members[name], kinds[name]
+        argv = ["node", "run", "--orchestrator", url, "--key", m.key, "--rl-config", rl_path,
+                "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}"]
+        if kind:
+            argv += ["--adversary", kind, "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
+        return RoleSpec(name, argv, restart="never" if kind else "unless_refused", max_restarts=sw.max_restarts,
+                        stop_term_s=3.0)
+
+    always = {"restart": "always", "max_restarts": sw.max_restarts}
+    roles = [
+        RoleSpec("orchestrator", ["orchestrator", "serve", "--config", opath], wait_up=True, stop_last=True,
+                 stop_term_s=5.0, **always),
+        _trainer(cfg, rl_path, 1.0),
+        RoleSpec("adapter", ["rl", "adapter", "--config", rl_path, "--orchestrator", url, "--key", trainer.key],
+                 **always),
+        RoleSpec("validator", ["validator", "run", "--config", vpath], **always),
+        *(node(name) for name in kinds),
+    ]
+    info = {name: {"key": m.key, "public_key": m.public_key, "node_id": m.node_id, "adversary": kinds[name]}
+            for name, m in members.items()}
+    deposits = {m.node_id: sw.stake for m in members.values()} if sw.stake > 0 else {}
+    return Plan("swarm", root, rl, roles, url=url, members=info, orchestrator=ocfg, validator=vcfg,
+                authority=authority, deposits=deposits,
+                files={"rl.toml": dump_config(rl), "orchestrator.toml": dump_config(ocfg),
+                       "validator.toml": dump_config(vcfg)})
+
+
+def relay_roles(n: int, root: Path, origin_url: str, origin_pubkey: str, ports: list[int],
+                restart: Restart = "always", max_restarts: int = 5) -> tuple[list[RoleSpec], list[str]]:
+    """``n`` SHARDCAST relays under the trainer's origin (each on its port), and their URLs."""
+    roles, urls = [], []
+    for i in range(n):
+        roles.append(RoleSpec(f"relay{i}", ["shardcast", "relay", "--upstream", origin_url,
+                                            "--dir", str(root / "shardcast" / f"relay{i}"), "--port", str(ports[i]),
+                                            "--origin-pubkey", origin_pubkey], restart=restart,
+                              max_restarts=max_restarts))
+        urls.append(f"http://127.0.0.1:{ports[i]}")
+    return roles, urls

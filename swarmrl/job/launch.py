@@ -1,0 +1,161 @@
+"""``swarmrl run``: warm start if needed, derive every role's config from the ``RunConfig``, then supervise
+the role processes until the trainer finishes, and report.
+
+- local mode: the trainer (SHARDCAST origin when enabled, with relays under it) and N trusted workers;
+- swarm mode (the main job): the orchestrator (SQLite under the run dir; a stake authority key of the run
+  deposits each member's stake before the nodes start), the trainer and its adapter,
+  relays, the validator, honest nodes and one node per ``--adversary``, each with its own key; the
+  orchestrator and relays come back on the same port (and database) if they die, so nothing is lost;
+  ejected adversaries stay out.
+
+Roles talk only through the run directory and the orchestrator's API; the launcher only starts, watches
+and restarts processes and reads their metrics files.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from swarmrl.job.config import RunConfig
+from swarmrl.job.derive import Identity, Plan, derive_local, derive_swarm, member_names, relay_roles
+from swarmrl.job.report import finish, snapshot, swarm_report
+from swarmrl.job.supervisor import RoleFailed, Supervisor
+from swarmrl.job.warmstart import prepare_warmstart
+from swarmrl.protocol.client import AuthorityClient
+from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex, save_private_key
+from swarmrl.rl.store import RunDir
+from swarmrl.utils.procs import free_port
+
+
+def keygen(path: Path) -> Identity:
+    """The identity in ``path``: made now, or the one a resumed run already has."""
+    if path.exists():
+        key = load_private_key(path)
+    else:
+        key = generate_key()
+        save_private_key(key, path)
+    pub = public_key_hex(key)
+    return Identity(str(path), pub, node_id_for(pub))
+
+
+def run_secret(root: Path) -> str:
+    """The run's secret (task seeds): made once and kept in the run dir (owner-only), so a resumed run's
+    validator re-derives the seeds of work assigned before the restart."""
+    path = root / "run_secret"
+    if path.exists():
+        return path.read_text().strip()
+    secret = secrets.token_hex(16)
+    path.touch(mode=0o600)
+    path.write_text(secret)
+    return secret
+
+
+def forget_origin(run: RunDir) -> None:
+    """Before (re)starting a trainer: a resumed run's ``origin.json`` names the previous trainer's port."""
+    (run.shardcast / "origin.json").unlink(missing_ok=True)
+
+
+def wait_for_origin(run: RunDir, trainer: subprocess.Popen, logs: Path, timeout_s: float = 180.0) -> dict:
+    """The trainer's SHARDCAST origin (``origin.json``: url, public_key), once it is up."""
+    t0 = time.monotonic()
+    while True:
+        origin = run.read_json("origin.json")
+        if isinstance(origin, dict):
+            return origin
+        if trainer.poll() is not None:
+            raise RuntimeError(f"trainer exited with {trainer.returncode} before its SHARDCAST origin came up; "
+                               f"see {logs / 'trainer.log'}")
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError("the trainer's SHARDCAST origin did not come up")
+        time.sleep(0.2)
+
+
+def _plan(cfg: RunConfig, root: Path) -> Plan:
+    origin_port = free_port() if cfg.rl.shardcast.enabled else 0
+    if cfg.mode == "local":
+        return derive_local(cfg, root, origin_port)
+    keys = root / "keys"
+    keys.mkdir(exist_ok=True)
+    members = {name: keygen(keys / f"{name.split('-')[0]}.pem") for name in member_names(cfg)}
+    return derive_swarm(cfg, root, free_port(), run_secret(root), keygen(keys / "validator.pem"),
+                        keygen(keys / "trainer.pem"), members, keygen(keys / "authority.pem"), origin_port)
+
+
+def deposit_stakes(plan: Plan) -> None:
+    """Swarm mode, once the orchestrator is up and before any node starts: the run's stake authority deposits each
+    member's stake once (a restarted orchestrator keeps them: they are ledger rows; a resumed run does not deposit
+    again: ``deposits.json`` in the run dir lists what was deposited)."""
+    record = plan.root / "deposits.json"
+    done = set(json.loads(record.read_text())) if record.is_file() else set()
+    todo = {n: a for n, a in plan.deposits.items() if n not in done}
+    if not todo:
+        return
+    with AuthorityClient(plan.url, plan.authority.key) as c:
+        for node_id, amount in todo.items():
+            c.deposit(amount, node_id=node_id, note="swarmrl run: member stake")
+            done.add(node_id)
+            record.write_text(json.dumps(sorted(done)))
+
+
+def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callable[[dict], None] | None = None) -> dict:
+    """Run the whole job; returns a summary dict."""
+    prepare_warmstart(cfg, progress)
+    root = Path(cfg.rl.run_dir)
+    if cfg.fresh and root.exists():
+        shutil.rmtree(root)
+    run = RunDir(root)
+    run.done_flag.unlink(missing_ok=True)  # resuming (fresh = false): the trainer says when it is done
+    plan = _plan(cfg, root)
+    for name, text in plan.files.items():
+        (root / name).write_text(text)
+    swarm = plan.mode == "swarm"
+    if swarm:
+        (root / "swarm.json").write_text(json.dumps({"orchestrator": plan.url, "members": plan.members}, indent=2))
+    sup = Supervisor(root / "logs", progress, url=plan.url, pids_file=root / "pids.json" if swarm else None)
+    if swarm and threading.current_thread() is threading.main_thread():  # SIGTERM: still stop every child
+        def _term(_sig, _frame):  # noqa: ANN001, ANN202
+            raise SystemExit(143)
+        signal.signal(signal.SIGTERM, _term)
+    t0 = time.monotonic()
+    report: dict = {}
+    try:
+        if swarm:
+            sup.start(plan.role("orchestrator"))
+            deposit_stakes(plan)
+            progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
+                     f"{', '.join(cfg.swarm.adversaries) or 'none'}")
+        forget_origin(run)
+        trainer = sup.start(plan.role("trainer"))
+        if plan.rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the rest
+            origin = wait_for_origin(run, trainer, sup.logs)
+            n = plan.rl.shardcast.relays
+            relays, urls = relay_roles(n, root, origin["url"], origin["public_key"], [free_port() for _ in range(n)],
+                                       restart="always" if swarm else "never", max_restarts=cfg.swarm.max_restarts)
+            for r in relays:
+                sup.start(r)
+            run.write_json("relays.json", urls)
+            if swarm:
+                progress(f"SHARDCAST: origin {origin['url']}, relays {', '.join(urls) or 'none'} "
+                         "(announced to nodes in heartbeats)")
+        for spec in plan.roles:
+            if spec.name not in sup.procs:
+                sup.start(spec)
+        code = sup.watch("trainer", run.is_done, (lambda: live(snapshot(root, t0, swarm))) if live else None)
+        if code != 0:
+            raise RoleFailed(f"trainer failed with exit code {code}; see {sup.log('trainer')}")
+        if swarm:
+            report = {"mode": "swarm", "swarm": swarm_report(root, plan.url, plan.members)}
+    finally:
+        run.done_flag.touch()
+        sup.stop_all()
+    if live is not None:
+        live(snapshot(root, t0, swarm))
+    return finish(cfg, root, time.monotonic() - t0, report)

@@ -1,0 +1,131 @@
+"""What a run shows while it runs (``snapshot``) and leaves behind (``finish``: final model, curves, held-out
+evaluation, ``summary.json``; in swarm mode the per-node report from the orchestrator's ledger)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+
+from swarmrl.job.config import RunConfig
+from swarmrl.rl.store import RunDir
+from swarmrl.utils.metrics import read_metrics
+
+
+def _recent_tps(files: list[Path]) -> float | None:
+    tps = []
+    for f in files:
+        w = [r for r in read_metrics(f) if "tokens_per_s" in r]
+        if w:
+            tps.append(sum(r["tokens_per_s"] for r in w[-5:]) / len(w[-5:]))
+    return sum(tps) if tps else None
+
+
+def snapshot(root: Path, t0: float, swarm: bool = False) -> dict:
+    rows = read_metrics(root / "metrics" / "trainer.jsonl")
+    steps = [r for r in rows if "reward" in r]
+    evals = [r for r in rows if "heldout_acc" in r]
+    last = steps[-1] if steps else {}
+    pattern = "node-*.jsonl" if swarm else "worker-*.jsonl"
+    s = {"elapsed_s": time.monotonic() - t0, "step": last.get("step", -1) + 1 if last else 0,
+         "reward": last.get("task_reward"), "lag": last.get("lag_mean"),
+         "heldout_acc": evals[-1]["heldout_acc"] if evals else None,
+         "first_acc": evals[0]["heldout_acc"] if evals else None,
+         "tokens_per_s": _recent_tps(sorted((root / "metrics").glob(pattern))),
+         "wait_frac": (sum(r["wait_s"] for r in steps) / max(1e-9, steps[-1]["wall_s"])) if steps else None}
+    if swarm:
+        s.update(orchestrator_counts(root))
+    return s
+
+
+def orchestrator_counts(root: Path) -> dict:
+    rows = [r for r in read_metrics(root / "orchestrator" / "metrics.jsonl") if r.get("event") == "snapshot"]
+    last = rows[-1] if rows else {}
+    return {"accepted": last.get("submissions_accepted", 0), "rejected": last.get("submissions_rejected", 0),
+            "pending": last.get("submissions_pending", 0), "slashed_nodes": last.get("nodes_ejected", 0),
+            "active_nodes": last.get("nodes_active", 0), "refused_requests": last.get("refused", 0)}
+
+
+def _caught(info: dict, root: Path, nid: str) -> bool:
+    """Was this adversary stopped: rejected (slashed, ejected) or refused at upload; a flood node: none of its
+    sybils got in; an idle-connections node: the servers shed the connections it held."""
+    if info["rejected"] or info.get("status") == "ejected" or (info["refused_uploads"] and not info["accepted"]):
+        return True
+    if info["adversary"] == "flood":
+        bursts = [r for r in read_metrics(root / "metrics" / f"flood-{nid}.jsonl") if r.get("event") == "flood"]
+        info["sybils_attempted"] = sum(r.get("attempted", 0) for r in bursts)
+        info["sybils_registered"] = sum(r.get("registered", 0) for r in bursts)
+        return info["sybils_attempted"] > 0 and info["sybils_registered"] == 0
+    if info["adversary"] == "idle_connections":
+        rounds = [r for r in read_metrics(root / "metrics" / f"idle-{nid}.jsonl") if r.get("event") == "idle_round"]
+        info["idle_closed_by_server"] = sum(r.get("closed_by_server", 0) for r in rounds)
+        return info["idle_closed_by_server"] > 0
+    return False
+
+
+def swarm_report(root: Path, url: str, members: dict[str, dict]) -> dict:
+    """Per node: adversary kind, status and stake from the ledger, submissions by verdict, reasons, refusals,
+    and for an adversary whether it was caught."""
+    verdicts = [r for r in read_metrics(root / "orchestrator" / "metrics.jsonl") if r.get("event") == "verdict"]
+    out: dict[str, dict] = {}
+    for name, m in members.items():
+        nid = m["node_id"]
+        mine = [v for v in verdicts if v.get("node_id") == nid]
+        node_rows = read_metrics(root / "metrics" / f"node-{nid}.jsonl")
+        refused = [r for r in node_rows if r.get("submitted") is False]
+        info = {"node_id": nid, "adversary": m["adversary"] or None,
+                "accepted": sum(v["status"] == "accepted" for v in mine),
+                "rejected": sum(v["status"] == "rejected" for v in mine),
+                "reject_reasons": sorted({v["reason"][:200] for v in mine if v["status"] == "rejected"}),
+                "refused_uploads": len(refused),
+                "refusals": sorted({f"{r.get('refused_status')}: {r.get('refused', '')[:120]}" for r in refused})[:3],
+                "slashed": sum(v.get("slashed", 0.0) for v in mine)}
+        try:
+            b = httpx.get(f"{url}/v1/nodes/{nid}/ledger", timeout=5.0)
+            if b.status_code == 200:
+                j = b.json()
+                info.update(status=j["status"], stake=j["stake"], credits_locked=j["credits_locked"])
+            else:
+                info.update(status="unregistered")
+        except httpx.HTTPError:
+            info.update(status="unknown")
+        if m["adversary"]:
+            info["caught"] = _caught(info, root, nid)
+        out[name] = info
+    return {"orchestrator": url, "totals": orchestrator_counts(root), "nodes": out}
+
+
+def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None) -> dict:
+    """Copy the final model out, draw the curves, evaluate initial and final model held-out, write the summary."""
+    from swarmrl.eval.heldout import EvalConfig, evaluate_path  # noqa: PLC0415  # lazy: torch
+    from swarmrl.rl.plot import plot_run  # noqa: PLC0415  # lazy: matplotlib
+
+    run = RunDir(root)
+    final_dir = root / "final_model"
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    shutil.copytree(run.version_dir(run.latest_version()), final_dir,
+                    ignore=shutil.ignore_patterns("trainer_state.pt"))
+    png = plot_run(root)
+    rows = read_metrics(root / "metrics" / "trainer.jsonl")
+    evals = [r for r in rows if "heldout_acc" in r]
+    steps = {r["step"]: r for r in rows if "reward" in r}
+    ev = EvalConfig(model=str(final_dir), task=cfg.rl.task, n=cfg.final_eval_n,
+                    max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.chat_template)
+    final = evaluate_path(ev)
+    init = evaluate_path(ev.model_copy(update={"model": cfg.rl.model}))
+    last_wall = max((r["wall_s"] for r in steps.values()), default=1e-9)
+    summary = {
+        "run_dir": str(root), "final_model": str(final_dir), "curves": str(png), "steps": len(steps),
+        "wall_s": round(wall_s, 1), "heldout_acc_initial": init["accuracy"], "heldout_acc_final": final["accuracy"],
+        "heldout_n": final["n"], "async_level": cfg.rl.async_level, "workers": cfg.rl.workers.num,
+        "trainer_wait_frac": round(sum(r["wait_s"] for r in steps.values()) / max(1e-9, last_wall), 3),
+        "mean_lag": round(sum(r["lag_mean"] for r in steps.values()) / max(1, len(steps)), 3),
+        "curve": [{"version": r["version"], "wall_s": r.get("wall_s"), "heldout_acc": r["heldout_acc"]} for r in evals],
+        **(extra or {}),
+    }
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

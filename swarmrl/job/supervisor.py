@@ -1,0 +1,104 @@
+"""The supervisor: starts role processes (``python -m swarmrl ...``), watches them, restarts the ones that may
+be restarted, and stops them all at the end. Used by ``swarmrl run`` in both modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from swarmrl.job.derive import RoleSpec
+from swarmrl.protocol.client import wait_until_up
+from swarmrl.utils.procs import stop_process
+
+
+class RoleFailed(RuntimeError):
+    """A role exited more often than its restart budget allows, or the main role failed."""
+
+
+def spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    """``python -m swarmrl <argv>`` in its own session, output appended to ``log``, one OpenMP thread unless
+    the caller's environment says otherwise (roles set their torch threads from their configs)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "swarmrl", *argv], stdout=f, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+
+
+class Supervisor:
+    def __init__(self, logs: Path, progress: Callable[[str], None] = print, url: str = "",
+                 pids_file: Path | None = None) -> None:
+        self.logs = logs
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        self.url = url  # the orchestrator a ``wait_up`` role must answer on
+        self.pids_file = pids_file
+        self.specs: dict[str, RoleSpec] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, int] = {}
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def start(self, spec: RoleSpec) -> subprocess.Popen:
+        self.specs[spec.name] = spec
+        p = spawn(spec.argv, self.log(spec.name))
+        self.procs[spec.name] = p
+        if spec.wait_up:
+            wait_until_up(self.url, p)
+        self._write_pids()
+        return p
+
+    def _write_pids(self) -> None:
+        if self.pids_file is None:
+            return
+        tmp = self.pids_file.with_name(f".{self.pids_file.name}.tmp")
+        tmp.write_text(json.dumps({k: p.pid for k, p in self.procs.items()}))
+        os.replace(tmp, self.pids_file)
+
+    def _may_restart(self, spec: RoleSpec, code: int) -> bool:
+        if spec.restart == "never":
+            return False
+        if spec.restart == "unless_refused":
+            return code != 3 and code >= 0  # ejected / refused, or killed from outside: its work is reassigned
+        return True
+
+    def check(self) -> None:
+        """Restart every role that exited and may be restarted; ``RoleFailed`` once a budget is spent."""
+        for name, p in list(self.procs.items()):
+            code = p.poll()
+            spec = self.specs[name]
+            if code is None or (spec.finishes and code == 0) or not self._may_restart(spec, code):
+                continue
+            budget = spec.budget or name
+            self.restarts[budget] = self.restarts.get(budget, 0) + 1
+            if self.restarts[budget] > spec.max_restarts:
+                raise RoleFailed(f"{name} keeps failing; see {self.log(name)}")
+            self.progress(f"{name} exited with {code}; restarting it")
+            self.start(spec)
+
+    def watch(self, main: str, is_done: Callable[[], bool], live: Callable[[], None] | None = None,
+              interval_s: float = 1.0) -> int:
+        """Until the ``main`` role has finished (exit 0) or failed for good: restart the roles that exited as
+        their specs allow, ``main`` included (none once ``is_done``), call ``live`` every ``interval_s``;
+        returns ``main``'s last exit code."""
+        while True:
+            code = self.procs[main].poll()
+            if code is not None and (code == 0 or is_done() or not self._may_restart(self.specs[main], code)):
+                return code
+            if not is_done():
+                self.check()
+            if live is not None:
+                live()
+            time.sleep(interval_s)
+
+    def stop_all(self) -> None:
+        """Stop every role (those marked ``stop_last`` after the others)."""
+        order = sorted(self.procs, key=lambda n: self.specs[n].stop_last)
+        for name in order:
+            spec = self.specs[name]
+            stop_process(self.procs[name], wait_s=spec.stop_wait_s, term_s=spec.stop_term_s)

@@ -1,0 +1,446 @@
+"""The validator's checks: plain callables ``check(ctx) -> (ok, reason)``, run cheapest first.
+
+A check has three outcomes, and they must not be confused:
+
+- a FINDING: the submission is wrong. The check returns ``(False, reason)``; the node is slashed. Every
+  property of the untrusted file a check relies on (shapes, ranges, token ids inside the vocabulary,
+  sequence lengths, proof counts and sizes) is validated explicitly and reported as a finding, so hostile
+  input never makes a check raise;
+- a SKIP: the check cannot run here by the operator's choice (no model configured, check disabled):
+  ``raise SkipCheck(reason)``, recorded as skipped;
+- an INTERNAL ERROR: anything else a check raises (a bug, a misconfigured check, a missing model, OOM, a
+  sandbox that did not start). Never the node's fault: the validator leaves the submission pending and
+  retries it later (``swarmrl.protocol.validator``).
+
+Order (``default_checks``), cheapest first, so a submission failing a cheap check never reaches an expensive
+one: schema and sizes, seed, tasks (the seeded assignment), policy window, TOPLOC proof shape; then the checks
+that run the model (logprobs, toploc, sampling); then rewards (env verifiers, the code sandbox) last.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from swarmrl.contract import AsyncWindow, assigned_tasks, check_score, format_prompt, task_seed
+from swarmrl.envs import Task, make_env
+from swarmrl.inference.prompts import decode_completion, encode_prompt
+from swarmrl.protocol.config import ValidatorConfig
+from swarmrl.protocol.schemas import PendingSubmission
+from swarmrl.rl.rollouts import Rollout
+from swarmrl.rl.train_step import Sequence, _pack, sequence_logprobs
+from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
+from swarmrl.toploc.sampling_check import SamplingThresholds
+
+# the proof parameters of the wire spec (shared/specs/toploc-proof-format.md) that nodes build
+# (proofs_for_sample) and verify_rollouts checks: one proof per chunk of 32 decode positions, k = 128
+PROOF_CHUNK = 32
+PROOF_K = 128
+
+
+class SkipCheck(Exception):
+    """A check cannot run here by configuration (no model, check disabled); recorded as skipped."""
+
+
+@dataclass
+class CheckContext:
+    rows: list[Rollout]
+    item: PendingSubmission
+    cfg: ValidatorConfig
+    tokenizer: Any = None
+    model_loader: Callable[[int], Any] | None = None  # policy version -> model
+    cache: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int | None = None  # token ids must be below this (None: unknown, not checked here)
+
+    @property
+    def expected_tasks(self) -> list[Task]:
+        if "tasks" not in self.cache:
+            a = self.item.assignment
+            self.cache["tasks"] = assigned_tasks(a.env, a.env_params, a.seed, len(a.tasks))
+        return self.cache["tasks"]
+
+    def model(self, policy_version: int) -> Any:
+        if self.model_loader is None:
+            raise SkipCheck("no model_dir configured")
+        return self.model_loader(policy_version)
+
+
+Check = Callable[[CheckContext], tuple[bool, str]]
+
+
+def check_schema(ctx: CheckContext) -> tuple[bool, str]:
+    """Every row names this node, step and seed; token ids inside the vocabulary; a usable temperature.
+    (Sizes, types, lengths and finite numbers were checked by ``read_rollouts`` before any check.)"""
+    a, sub = ctx.item.assignment, ctx.item.submission
+    for i, r in enumerate(ctx.rows):
+        if r.worker_id != sub.node_id:
+            return False, f"row {i}: worker_id {r.worker_id!r} is not the submitting node {sub.node_id}"
+        if r.step != a.step:
+            return False, f"row {i}: step {r.step} is not the assignment's step {a.step}"
+        if r.seed != a.seed:
+            return False, f"row {i}: seed {r.seed} is not the assignment's seed {a.seed}"
+        if not r.temperature >= 0.0:
+            return False, f"row {i}: temperature {r.temperature} is negative"
+        if ctx.vocab_size is not None:
+            top = max(max(r.prompt_ids), max(r.completion_ids))
+            if top >= ctx.vocab_size:
+                return False, f"row {i}: token id {top} outside the policy's vocabulary [0, {ctx.vocab_size})"
+    return True, f"{len(ctx.rows)} rows"
+
+
+class SecretMismatch(RuntimeError):
+    """The orchestrator's seed for an assignment is not the one this validator derives: the two disagree on the
+    run secret (or the orchestrator is not the one we think). Never the node's doing: an internal error."""
+
+
+def check_seed(ctx: CheckContext) -> tuple[bool, str]:
+    """The assignment's seed (made by the orchestrator, which a node cannot touch; the rows' seeds are held to it
+    by the schema check) re-derived from the run secret. A mismatch is the orchestrator and this validator
+    disagreeing, so it raises (an internal error) instead of slashing the node."""
+    a = ctx.item.assignment
+    want = task_seed(ctx.item.origin_node_id, a.step, ctx.cfg.run_secret, a.round)
+    if a.seed != want:
+        raise SecretMismatch(f"the orchestrator's seed {a.seed} for node {ctx.item.origin_node_id}, step {a.step}, "
+                             f"round {a.round} is not the one derived here: is run_secret the orchestrator's?")
+    return True, "seed re-derived"
+
+
+def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
+    a = ctx.item.assignment
+    expected = ctx.expected_tasks
+    by_id = {t.task_id: t for t in expected}
+    groups: dict[str, list[Rollout]] = defaultdict(list)
+    for r in ctx.rows:
+        groups[r.group_id].append(r)
+    got: Counter[str] = Counter()
+    for gid, rows in groups.items():
+        ids = {r.task_id for r in rows}
+        if len(ids) != 1:
+            return False, f"group {gid[:64]!r} mixes tasks {sorted(ids)[:3]}"
+        if len(rows) != a.group_size:
+            return False, f"group {gid[:64]!r} has {len(rows)} completions, expected group size {a.group_size}"
+        got[rows[0].task_id] += 1
+    want = Counter(t.task_id for t in expected)
+    if got != want:
+        extra = sorted((got - want).elements())[:3]
+        missing = sorted((want - got).elements())[:3]
+        return False, f"tasks differ from the seeded assignment: unassigned {extra}, missing {missing}"
+    for i, r in enumerate(ctx.rows):
+        t = by_id[r.task_id]
+        if r.env != t.env:
+            return False, f"row {i}: env {r.env!r} is not {t.env!r}"
+        if r.target_length != a.target_length:
+            return False, f"row {i}: thinking budget {r.target_length} is not the assigned {a.target_length}"
+    if ctx.tokenizer is not None:
+        text_of = {t.task_id: format_prompt(t.prompt, a.budget()) for t in expected}
+        enc: dict[str, list[int]] = {}
+        for i, r in enumerate(ctx.rows):
+            if r.task_id not in enc:
+                enc[r.task_id] = encode_prompt(ctx.tokenizer, text_of[r.task_id], a.chat_template)
+            if list(r.prompt_ids) != enc[r.task_id]:
+                return False, f"row {i}: prompt tokens are not the assigned task's prompt"
+    return True, f"{len(groups)} groups match the seeded tasks"
+
+
+def check_policy(ctx: CheckContext) -> tuple[bool, str]:
+    a, it = ctx.item.assignment, ctx.item
+    window = AsyncWindow(it.async_window)
+    # judged against the step current at VERDICT time: a validator lagging behind the trainer would slash honest
+    # nodes for its own delay, so swarm mode turns this off (late work is harmless: the trainer never uses it)
+    if ctx.cfg.reject_late_steps and window.is_late(a.step, it.current_step):
+        return False, f"step {a.step} is older than the async window ({it.async_window}) behind step {it.current_step}"
+    versions = window.versions_for_step(a.step)
+    for i, r in enumerate(ctx.rows):
+        if not window.serves(r.policy_version, a.step):
+            return False, (f"row {i}: policy version {r.policy_version} outside the async window "
+                           f"[{a.step - it.async_window}, {a.step}]")
+        if r.policy_version > it.current_policy_version:
+            return False, f"row {i}: policy version {r.policy_version} was never published (latest {it.current_policy_version})"
+    return True, f"policy versions within [{versions.start}, {a.step}]"
+
+
+def check_proofs(ctx: CheckContext) -> tuple[bool, str]:
+    """TOPLOC proof SHAPE, before any model runs: a row with proofs has one per chunk of its completion, each
+    exactly 2 + 2k bytes with a valid header (index modulus in [k, 65497], coefficients < p, not all zero).
+    A row without proofs is refused only under ``require_proofs`` (otherwise the TOPLOC check decides)."""
+    if not ctx.cfg.toploc_check:
+        raise SkipCheck("toploc check disabled")
+    size = proof_len(PROOF_K)
+    n_with = 0
+    blobs: list[bytes] = []
+    owner: list[int] = []
+    for i, r in enumerate(ctx.rows):
+        if not r.proofs:
+            if ctx.cfg.require_proofs:
+                return False, f"row {i}: no TOPLOC proofs (require_proofs)"
+            continue
+        n_with += 1
+        want = chunk_count(len(r.completion_ids), PROOF_CHUNK)
+        if len(r.proofs) != want:
+            return False, (f"row {i}: {len(r.proofs)} TOPLOC proofs for {len(r.completion_ids)} completion tokens "
+                           f"(expected {want}: one per {PROOF_CHUNK} positions)")
+        for j, p in enumerate(r.proofs):
+            if len(p) != size:
+                return False, f"row {i}: proof {j} is {len(p)} bytes, expected {size} (k={PROOF_K})"
+        blobs.extend(r.proofs)
+        owner.extend([i] * len(r.proofs))
+    if blobs:
+        arr = np.frombuffer(b"".join(blobs), dtype=">u2").reshape(len(blobs), 1 + PROOF_K).astype(np.int64)
+        bad = (arr[:, 0] < PROOF_K) | (arr[:, 0] > M_MAX) | (arr[:, 1:] >= P).any(axis=1) | ~arr.any(axis=1)
+        if bad.any():
+            j = int(np.argmax(bad))
+            return False, (f"row {owner[j]}: malformed TOPLOC proof (index modulus {int(arr[j, 0])}, "
+                           f"coefficients < {P} required, not all zero)")
+    return True, f"{n_with} rows with well-formed proofs ({len(ctx.rows) - n_with} without)"
+
+
+def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
+    if ctx.tokenizer is None:
+        raise SkipCheck("no tokenizer (model_dir) configured")
+    a = ctx.item.assignment
+    env = make_env(a.env, **(a.env_params or {}))
+    env.strict = True  # a verifier that cannot judge (a sandbox that did not start) raises: an internal error
+    by_id = {t.task_id: t for t in ctx.expected_tasks}
+    budget = a.budget()
+    eos = getattr(ctx.tokenizer, "eos_token_id", None)
+    for i, r in enumerate(ctx.rows):
+        task = by_id.get(r.task_id)
+        if task is None:
+            return False, f"row {i}: unknown task {r.task_id!r}"
+        text = decode_completion(ctx.tokenizer, list(r.completion_ids))
+        wrong = check_score(r, env, task, text, eos, budget, ctx.cfg.reward_tolerance)
+        if wrong is not None:
+            return False, f"row {i}: {wrong}"
+    return True, f"{len(ctx.rows)} rewards recomputed"
+
+
+def _model_input_problem(model: torch.nn.Module, r: Rollout) -> str | None:
+    """What makes a row unfit for a forward pass of ``model`` (the node's fault, found before running it)."""
+    vocab = model.get_input_embeddings().num_embeddings
+    top = max(max(r.prompt_ids), max(r.completion_ids))
+    if top >= vocab:
+        return f"token id {top} outside the model's vocabulary [0, {vocab})"
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    n = len(r.prompt_ids) + len(r.completion_ids)
+    if isinstance(max_pos, int) and n - 1 > max_pos:
+        return f"prompt + completion is {n} tokens, over the model's {max_pos} positions"
+    return None
+
+
+def logprob_check(cfg: ValidatorConfig) -> Check:
+    """Recompute the claimed sampling logprobs of up to ``cfg.logprob_rows`` rows (a sample fixed by the file
+    hash) with the model of each row's policy version: tokens the policy did not sample, or a different
+    model, show up as logprobs off by more than ``cfg.logprob_tolerance``. A cheap stand-in for the
+    TOPLOC proof check (which also covers nodes that recompute their logprobs after editing)."""
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if cfg.logprob_rows == 0:
+            raise SkipCheck("logprob check disabled")
+        if ctx.model_loader is None:
+            raise SkipCheck("no model_dir configured")
+
+        pad = getattr(ctx.tokenizer, "pad_token_id", None) or 0
+        idx = list(range(len(ctx.rows)))
+        random.Random(ctx.item.submission.sha256).shuffle(idx)
+        picked = [i for i in sorted(idx[: cfg.logprob_rows]) if ctx.rows[i].completion_ids]
+        worst = 0.0
+        for version, rows_idx in _by_version(ctx.rows, picked).items():
+            model = ctx.model(version)
+            if not isinstance(model, torch.nn.Module):
+                raise SkipCheck(f"policy v{version} is not a torch model here")
+            for i in rows_idx:
+                why = _model_input_problem(model, ctx.rows[i])
+                if why is not None:
+                    return False, f"row {i}: {why}"
+            by_temp: dict[float, list[int]] = defaultdict(list)  # one packed forward per sampling temperature
+            for i in rows_idx:
+                t = ctx.rows[i].temperature
+                by_temp[t if t > 0 else 1.0].append(i)
+            for temp, chunk in by_temp.items():
+                seqs = [Sequence(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids),
+                                 list(ctx.rows[i].logprobs), 0.0, temp) for i in chunk]
+                packed = _pack(seqs, pad)
+                with torch.no_grad():
+                    logp, _ = sequence_logprobs(model, packed, temp)
+                for j, i in enumerate(chunk):
+                    mask = packed["cmask"][j] > 0
+                    diff = float((logp[j][mask] - packed["old"][j][mask]).abs().max())
+                    if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
+                        return False, (f"row {i}: claimed logprobs differ from policy v{version}'s by {diff:.4g} "
+                                       f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
+                    worst = max(worst, diff)
+        return True, f"{len(picked)} rows' logprobs recomputed (max diff {worst:.2e})"
+
+    check.__name__ = "check_logprobs"
+    return check
+
+
+def import_dotted(spec: str) -> Callable[..., Any]:
+    """``module:function`` -> the function (ImportError naming what is missing)."""
+    mod_name, _, fn_name = spec.partition(":")
+    if not mod_name or not fn_name:
+        raise ImportError(f"{spec!r} is not module:function")
+    mod = importlib.import_module(mod_name)
+    try:
+        return getattr(mod, fn_name)
+    except AttributeError:
+        raise ImportError(f"{mod_name} has no {fn_name}") from None
+
+
+_CALLS = {  # how each configured function is called: a misconfigured one is refused at startup
+    "toploc_check": ("toploc_check(model, items, batch_size=...)", (None, []), {"batch_size": 1}),
+    "sampling_claim": ("sampling_claim(row, eos_id)", (None, 0), {}),
+    "sampling_check": ("sampling_check(model, row)", (None, None), {}),
+}
+
+
+def configured_functions_problems(cfg: ValidatorConfig) -> list[str]:
+    """What is wrong with the configuration of the checks, for the validator to refuse at startup: a configured
+    ``module:function`` that does not import or cannot take the arguments it is called with (e.g.
+    ``swarmrl.toploc:verify_rollout``, the one-row function, named as the batched ``toploc_check``), bad
+    sampling thresholds, or ``require_proofs`` without the means to check proofs."""
+    problems = []
+    for name, (shown, args, kw) in _CALLS.items():
+        spec = getattr(cfg, name)
+        if not spec:
+            continue
+        try:
+            fn = import_dotted(spec)
+        except ImportError as e:
+            problems.append(f"{name} = {spec!r}: cannot import it ({e})")
+            continue
+        if name == "toploc_check" and cfg.sampling_claim and cfg.sampling_thresholds:
+            kw = {**kw, "sampling_thresholds": None}
+        try:
+            inspect.signature(fn).bind(*args, **kw)
+        except TypeError as e:
+            problems.append(f"{name} = {spec!r}: it is called as {shown}, which it does not take ({e})")
+        except ValueError:  # no signature to read (a builtin): judged when it runs
+            pass
+    if cfg.sampling_thresholds:
+        try:
+            SamplingThresholds(**cfg.sampling_thresholds)
+        except ValueError as e:
+            problems.append(f"sampling_thresholds: {e}")
+    if cfg.require_proofs and not cfg.toploc_check:
+        problems.append("require_proofs = true needs a toploc_check")
+    if cfg.require_proofs and not (cfg.model_dir or cfg.model_dir_template):
+        problems.append("require_proofs = true needs model_dir or model_dir_template (the model that checks proofs)")
+    return problems
+
+
+def _result(res: Any) -> tuple[bool, str]:
+    if isinstance(res, tuple):
+        return bool(res[0]), str(res[1] or "")
+    return bool(res.passed), str(getattr(res, "reason", "") or "")
+
+
+def lazy_check(name: str, spec: str, per_row: Callable[[Callable[..., Any], Any, Rollout], Any]) -> Check:
+    """A check whose implementation is imported from ``module:function`` on first use. A name that does not
+    import is a misconfiguration: the ImportError propagates (an internal error, never a rejection).
+    ``per_row(fn, model, row)`` calls it for one row with the model of that row's policy version."""
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if not spec:
+            raise SkipCheck(f"{name} check disabled")
+        fn = import_dotted(spec)
+        for i, r in enumerate(ctx.rows):
+            ok, reason = _result(per_row(fn, ctx.model(r.policy_version), r))
+            if not ok:
+                return False, f"row {i}: {reason}"
+        return True, f"{len(ctx.rows)} rows pass"
+
+    check.__name__ = f"check_{name}"
+    return check
+
+
+def _by_version(rows: list[Rollout], indices: list[int] | None = None) -> dict[int, list[int]]:
+    """Row indices (all, or ``indices``) grouped by policy version, versions ascending."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(rows)) if indices is None else indices:
+        groups[rows[i].policy_version].append(i)
+    return dict(sorted(groups.items()))
+
+
+def toploc_check(cfg: ValidatorConfig) -> Check:
+    """TOPLOC proofs of every row, batched: for each policy version in the file, ONE call
+    ``toploc_check(model, items, batch_size=..., [sampling_thresholds=...])`` with items
+    ``(prompt_ids, completion_ids, proofs, claim-or-None)`` returning one result per item (default
+    ``swarmrl.toploc.rollout:verify_rollouts``: a left-padded prefill per ``toploc_batch_size`` rows).
+    When ``cfg.sampling_claim`` is set, each row's sampling claim (temperature, logprobs, finished) is
+    checked in the same prefill."""
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if not cfg.toploc_check:
+            raise SkipCheck("toploc check disabled")
+        if ctx.model_loader is None:
+            raise SkipCheck("no model_dir configured")
+        fn = import_dotted(cfg.toploc_check)
+        claim_fn = import_dotted(cfg.sampling_claim) if cfg.sampling_claim else None
+        eos = getattr(ctx.tokenizer, "eos_token_id", None)
+        kw: dict[str, Any] = {"batch_size": cfg.toploc_batch_size}
+        if claim_fn is not None and eos is not None and cfg.sampling_thresholds:
+            kw["sampling_thresholds"] = SamplingThresholds(**cfg.sampling_thresholds)
+        results: list[Any] = [None] * len(ctx.rows)
+        for version, idx in _by_version(ctx.rows).items():
+            model = ctx.model(version)
+            items = [(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids), list(ctx.rows[i].proofs),
+                      claim_fn(ctx.rows[i], eos) if claim_fn is not None and eos is not None else None) for i in idx]
+            out = list(fn(model, items, **kw))
+            if len(out) != len(items):
+                raise RuntimeError(f"{cfg.toploc_check} returned {len(out)} results for {len(items)} rows")
+            for i, res in zip(idx, out):
+                results[i] = res
+        ctx.cache["toploc_results"] = results
+        for i, res in enumerate(results):
+            ok, reason = _result(res)
+            if not ok:
+                return False, f"row {i}: {reason}"
+        return True, f"{len(ctx.rows)} rows pass"
+
+    check.__name__ = "check_toploc"
+    return check
+
+
+def sampling_check(cfg: ValidatorConfig) -> Check:
+    """A separate per-row sampling check ``fn(model, row)`` when ``cfg.sampling_check`` names one; otherwise
+    the sampling results the TOPLOC check produced in its prefill (skipped when there are none)."""
+    separate = lazy_check("sampling", cfg.sampling_check, lambda fn, m, r: fn(m, r))
+
+    def check(ctx: CheckContext) -> tuple[bool, str]:
+        if cfg.sampling_check:
+            return separate(ctx)
+        results = ctx.cache.get("toploc_results") or []
+        samp = [getattr(x, "sampling", None) for x in results]
+        if not samp or all(x is None for x in samp):
+            raise SkipCheck("no sampling results (TOPLOC check skipped or made no sampling claim)")
+        for i, x in enumerate(samp):
+            if x is not None and not x.passed:
+                return False, f"row {i}: " + "; ".join(getattr(x, "reasons", []) or ["implausible sampling"])
+        return True, f"{sum(x is not None for x in samp)} rows plausibly sampled"
+
+    check.__name__ = "check_sampling"
+    return check
+
+
+def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
+    """Cheapest first: a submission that fails a cheap check never costs a forward pass or a sandbox run."""
+    return [
+        ("schema", check_schema),  # row identities, token ids, temperature (sizes: read_rollouts)
+        ("seed", check_seed),
+        ("tasks", check_tasks),  # the seeded assignment
+        ("policy", check_policy),  # the async window
+        ("proofs", check_proofs),  # TOPLOC proof shape: counts, sizes, headers
+        ("logprobs", logprob_check(cfg)),  # one forward over a few rows
+        ("toploc", toploc_check(cfg)),  # a prefill over every row
+        ("sampling", sampling_check(cfg)),  # from that prefill
+        ("rewards", check_rewards),  # env verifiers, the code sandbox: last
+    ]

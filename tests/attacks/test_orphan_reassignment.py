@@ -1,0 +1,154 @@
+"""Orphaned work handed to another node completes exactly once, whoever submits first: the original holder
+coming back, the new holder, or a holder taking back work of its own origin; the other copy gets one clear 409
+and nothing is left open, orphaned or counted twice. Driven through the service with injected clocks."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from protocol_support import make_cfg, rollouts_for, write
+from sqlalchemy import select
+
+from swarmrl.protocol.models import Assignment, Submission
+from swarmrl.protocol.orchestrator import Orchestrator, Principal, ProtocolError
+from swarmrl.protocol.schemas import HeartbeatRequest, RegisterRequest
+from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex
+
+T0 = 1_000_000.0
+HB = HeartbeatRequest()
+
+
+@pytest.fixture()
+def service(tmp_path):
+    made = []
+
+    def make(**kw) -> tuple[Orchestrator, object]:
+        cfg, _ = make_cfg(tmp_path / f"o{len(made)}", database_url="", **kw)
+        made.append(Orchestrator(cfg))
+        return made[-1], cfg
+
+    yield make
+    for o in made:
+        o.db.dispose()
+
+
+def _join(orch: Orchestrator, now: float) -> Principal:
+    pub = public_key_hex(generate_key())
+    p = Principal(node_id_for(pub), pub, "worker", "0" * 64)
+    orch.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
+    return p
+
+
+def _submit(orch: Orchestrator, p: Principal, a, tmp_path):  # noqa: ANN001
+    path = write(rollouts_for(p.node_id, a), tmp_path / f"{p.node_id[:8]}-{a.assignment_id}.parquet")
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    orch.precheck_upload(p, a.assignment_id)
+    return orch.accept_upload(p, a.assignment_id, path, sha, len(data))
+
+
+def _refused(orch: Orchestrator, p: Principal, a, tmp_path) -> ProtocolError:  # noqa: ANN001
+    with pytest.raises(ProtocolError) as e:
+        _submit(orch, p, a, tmp_path)
+    return e.value
+
+
+def _family(orch: Orchestrator, seed: int) -> tuple[list[str], list[str]]:
+    """Statuses of every assignment row with this seed, and of the submissions made for them."""
+    with orch.db.tx() as s:
+        rows = s.execute(select(Assignment).where(Assignment.seed == seed)).scalars().all()
+        subs = s.execute(select(Submission).where(Submission.assignment_id.in_([r.id for r in rows]))).scalars().all()
+        return sorted(r.status for r in rows), sorted(x.status for x in subs)
+
+
+def _listed(orch: Orchestrator, p: Principal, seed: int, now: float) -> list:
+    return [x for x in orch.heartbeat(p, HB, now=now).assignments if x.seed == seed]
+
+
+@pytest.mark.parametrize("first", ["origin", "taker"])
+def test_origin_takes_back_its_work_from_a_dead_taker(service, tmp_path, first):
+    """A dies holding its work, B takes it over and dies too, A is back: A's heartbeats must keep working (the
+    old code tried to insert a second (A, origin A, step, round) row and answered 409 on every heartbeat), A gets
+    its work back, and when B also returns with its copy, the first upload wins and the other is closed."""
+    orch, cfg = service()  # one assignment per node per step (no demand mode)
+    dead = cfg.heartbeat_interval_s * cfg.dead_after_missed
+    a, b = _join(orch, T0), _join(orch, T0)
+    [x] = orch.heartbeat(a, HB, now=T0).assignments
+    orch.heartbeat(b, HB, now=T0)
+    orch.heartbeat(b, HB, now=T0 + dead / 2)
+    t = T0 + dead + 1
+    assert orch.sweep(now=t) == [a.node_id]
+    [y] = _listed(orch, b, x.seed, t + 1)  # B takes A's work over (same seed)
+    assert y.reassigned_from == a.node_id and y.assignment_id != x.assignment_id
+    assert _listed(orch, a, x.seed, t + 2) == []  # A is back: its work now belongs to B
+    orch.heartbeat(a, HB, now=t + 1 + dead / 2)
+    t2 = t + 1 + dead + 1
+    assert orch.sweep(now=t2) == [b.node_id]  # B dies holding A's work (and its own)
+    for i in range(4):  # A takes B's own work and its own back, one per heartbeat, and is never locked out
+        hb = orch.heartbeat(a, HB, now=t2 + 1 + i)
+    back = [s for s in hb.assignments if s.seed == x.seed]
+    assert len(back) == 1 and back[0].step == x.step, hb.assignments
+    assert _family(orch, x.seed)[0].count("open") == 1
+    # B comes back with its copy, still working on it: whoever uploads first completes the work
+    orch.heartbeat(b, HB, now=t2 + 10)
+    win, lose = ((a, back[0]), (b, y)) if first == "origin" else ((b, y), (a, back[0]))
+    assert _submit(orch, *win, tmp_path).status == "pending"
+    e = _refused(orch, *lose, tmp_path)
+    assert e.status == 409 and "completed" in e.detail, e.detail
+    assert _listed(orch, lose[0], x.seed, t2 + 11) == [] and _listed(orch, win[0], x.seed, t2 + 11) == []
+    statuses, subs = _family(orch, x.seed)
+    assert subs == ["pending"]  # done once
+    assert "open" not in statuses and "orphaned" not in statuses, statuses  # nothing stuck
+    assert [i.assignment.seed for i in orch.pending(16).items].count(x.seed) == 1
+
+
+@pytest.mark.parametrize("first", ["original", "taker"])
+@pytest.mark.parametrize("cause", ["timeout", "death"])
+def test_first_upload_wins_between_original_holder_and_taker(service, tmp_path, first, cause):
+    """Demand mode: the original holder's work goes to a taker (it timed out, or the holder was declared dead
+    and came back); both work on it. The first upload completes it and counts once toward the step; the other
+    holder gets one 409 saying so, the assignment leaves its heartbeats and the step is not handed out again."""
+    orch, cfg = service(groups_per_step=2, tasks_per_node=2, group_size=2, async_window=0, budget_tiers=[],
+                        assignment_timeout_s=5.0, count_tied_groups=True)
+    slow, taker = _join(orch, T0), _join(orch, T0)
+    [xs] = orch.heartbeat(slow, HB, now=T0).assignments
+    assert orch.heartbeat(taker, HB, now=T0).assignments == []  # the step is fully held
+    if cause == "timeout":
+        orch.heartbeat(slow, HB, now=T0 + 5.5)
+        orch.heartbeat(taker, HB, now=T0 + 5.5)
+        assert orch.sweep(now=T0 + 6.0) == []
+        t = T0 + 6.5
+    else:
+        t = T0 + cfg.heartbeat_interval_s * cfg.dead_after_missed + 1
+        orch.heartbeat(taker, HB, now=t - 2)
+        assert orch.sweep(now=t) == [slow.node_id]
+    [xt] = _listed(orch, taker, xs.seed, t)
+    assert xt.reassigned_from == slow.node_id
+    orch.heartbeat(slow, HB, now=t + 0.5)  # the original holder is still (or again) there, working on its copy
+    win, lose = ((slow, xs), (taker, xt)) if first == "original" else ((taker, xt), (slow, xs))
+    assert _submit(orch, *win, tmp_path).status == "pending"
+    e = _refused(orch, *lose, tmp_path)
+    assert e.status == 409 and "completed" in e.detail, e.detail
+    # the step has what it needs: nobody is handed more of it, the loser's copy is gone from its heartbeats
+    assert orch.heartbeat(lose[0], HB, now=t + 1).assignments == []
+    assert orch.heartbeat(win[0], HB, now=t + 1).assignments == []
+    statuses, subs = _family(orch, xs.seed)
+    assert subs == ["pending"] and "open" not in statuses and "orphaned" not in statuses, statuses
+
+
+def test_released_work_is_not_hidden_by_the_node_that_released_it(service, tmp_path):
+    """A refused upload puts the work back up; the releasing node's own heartbeat (it may not take its own work)
+    must not hide it from everyone else (the old code cleared the orphan hint there, and with the step counted
+    as held the honest node got nothing until the next sweep)."""
+    orch, _ = service(groups_per_step=2, tasks_per_node=2, group_size=2, async_window=0, budget_tiers=[],
+                      count_tied_groups=True)
+    bad, honest = _join(orch, T0), _join(orch, T0)
+    [xb] = orch.heartbeat(bad, HB, now=T0).assignments
+    assert orch.heartbeat(honest, HB, now=T0).assignments == []
+    orch.release_assignment(bad, xb.assignment_id, "invalid rollout file")
+    assert orch.heartbeat(bad, HB, now=T0 + 1).assignments == []
+    [xh] = orch.heartbeat(honest, HB, now=T0 + 2).assignments
+    assert xh.seed == xb.seed and xh.reassigned_from == bad.node_id
+    assert _submit(orch, honest, xh, tmp_path).status == "pending"
+    assert _family(orch, xb.seed)[1] == ["pending"]

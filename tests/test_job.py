@@ -1,0 +1,122 @@
+"""The job: ``derive`` (pure: one RunConfig -> every role's config and command line) and the supervisor."""
+
+import hashlib
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from swarmrl.config import load_config
+from swarmrl.contract import AsyncWindow
+from swarmrl.job import RunConfig
+from swarmrl.job.derive import Identity, RoleSpec, derive_local, derive_rl, derive_swarm, member_names, relay_roles
+from swarmrl.job.supervisor import RoleFailed, Supervisor
+from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
+from swarmrl.rl.config import RLConfig
+
+ROOT = Path("/run/x")
+
+
+_HEX = {"validator": "a", "trainer": "b", "authority": "d"}
+
+
+def _id(name: str) -> Identity:
+    h = _HEX[name] * 64 if name in _HEX else hashlib.sha256(name.encode()).hexdigest()  # members: one key each
+    return Identity(f"/keys/{name}.pem", h, h[:32])
+
+
+def _swarm(cfg: RunConfig):
+    members = {n: _id(n) for n in member_names(cfg)}
+    return derive_swarm(cfg, ROOT, 8765, "s3cret", _id("validator"), _id("trainer"), members, _id("authority"))
+
+
+def test_swarm_plan_ties_every_role_to_the_run_config():
+    cfg = load_config(RunConfig, "configs/run.toml", ["swarm.adversaries=[\"forge_rewards\"]", "rl.async_level=3",
+                                                      "rl.filter_ties=false", "rl.budget.enabled=true"])
+    plan = _swarm(cfg)
+    rl, o, v = plan.rl, plan.orchestrator, plan.validator
+    # the files the roles read are the configs of the plan, and they load back
+    assert RLConfig.model_validate(tomllib.loads(plan.files["rl.toml"])) == rl
+    assert OrchestratorConfig.model_validate(tomllib.loads(plan.files["orchestrator.toml"])) == o
+    assert ValidatorConfig.model_validate(tomllib.loads(plan.files["validator.toml"])) == v
+    # one staleness window, one usable-group rule, one task, one budget, one secret
+    assert o.async_window == o.lookahead == rl.async_level == 3
+    assert o.last_step == rl.steps - 1 and o.groups_per_step == rl.prompts_per_step
+    assert o.count_tied_groups is True and o.group_size == rl.group_size and o.task == rl.task
+    assert o.budget_tiers == sorted(rl.budget.targets) and o.budget_prompt_format == rl.budget.prompt_format
+    assert o.budget_penalty == rl.budget.penalty and o.chat_template == rl.chat_template
+    assert o.run_secret == v.run_secret == "s3cret" and v.orchestrator == plan.url == "http://127.0.0.1:8765"
+    assert o.validator_keys == ["a" * 64] and o.trainer_keys == ["b" * 64] and v.key == "/keys/validator.pem"
+    # stake is deposited by the run's authority key, one deposit per member, before the nodes register with it
+    assert o.stake_authority_keys == ["d" * 64] and not o.self_declared_stake and plan.authority == _id("authority")
+    assert plan.deposits == {_id(n).node_id: cfg.swarm.stake for n in member_names(cfg)} and len(plan.deposits) == 3
+    assert o.min_stake <= cfg.swarm.stake and f"stake={cfg.swarm.stake}" in plan.role("n0").argv
+    # every member may register from the one loopback address; idle work goes back before a node is dead
+    assert o.register_burst >= len(plan.members) and 0 < o.idle_after_missed < o.dead_after_missed
+    # the validator can still load every version it may have to check
+    assert rl.keep_versions >= AsyncWindow(3).versions_to_keep(lag=cfg.swarm.validator_lag)
+    assert rl.workers.proofs and v.model_dir_template.startswith(str(ROOT / "policy"))
+    # roles: who may be restarted, and the command lines
+    names = [r.name for r in plan.roles]
+    assert names[:4] == ["orchestrator", "trainer", "adapter", "validator"]
+    assert set(names[4:]) == {"n0", "n1", "x0-forge_rewards"}
+    trainer = plan.role("trainer")  # restarted after a crash (it resumes), finished when it exits 0
+    assert trainer.restart == "always" and trainer.finishes and trainer.max_restarts == cfg.max_trainer_restarts
+    assert plan.role("orchestrator").wait_up
+    assert plan.rl.shardcast.origin_port == 0  # no port given: the plan does not invent one
+    assert plan.role("n0").restart == "unless_refused" and plan.role("x0-forge_rewards").restart == "never"
+    assert plan.role("x0-forge_rewards").argv[-4:] == ["--adversary", "forge_rewards", "--set",
+                                                       f"oversize_bytes={cfg.swarm.max_upload_bytes + 1}"]
+    assert "--adversary" not in plan.role("n0").argv and plan.members["n0"]["adversary"] == ""
+
+
+def test_local_plan_and_modes_do_not_leak():
+    cfg = load_config(RunConfig, "configs/run.toml", ["mode=\"local\"", "rl.workers.num=3", "max_worker_restarts=7"])
+    plan = derive_local(cfg, ROOT)
+    assert derive_rl(cfg) == cfg.rl  # local mode takes the RL config as it is, but for the origin's fixed port
+    assert plan.rl == cfg.rl
+    fixed = derive_local(cfg, ROOT, origin_port=4567)
+    assert fixed.rl.shardcast.origin_port == 4567 and fixed.rl.model_copy(update={"shardcast": cfg.rl.shardcast}) == cfg.rl
+    assert [r.name for r in plan.roles] == ["trainer", "w0", "w1", "w2"]
+    assert {r.budget for r in plan.roles[1:]} == {"workers"} and plan.roles[1].max_restarts == 7
+    assert plan.orchestrator is None and list(plan.files) == ["rl.toml"]
+    relays, urls = relay_roles(2, ROOT, "http://127.0.0.1:1", "ab" * 32, [11, 12], restart="never")
+    assert urls == ["http://127.0.0.1:11", "http://127.0.0.1:12"] and all(r.restart == "never" for r in relays)
+    assert relays[1].argv[relays[1].argv.index("--upstream") + 1] == "http://127.0.0.1:1"
+
+
+def test_supervisor_restarts_within_budget_then_fails(tmp_path):
+    """Real processes (``swarmrl tasks`` exits at once): an ``always`` role is restarted until its budget is
+    spent, a ``never`` role is left alone; a node (``unless_refused``) is not restarted after exit code 3
+    (ejected or refused) or a signal from outside, but is after any other exit."""
+    sup = Supervisor(tmp_path / "logs", progress=lambda m: None)
+    sup.start(RoleSpec("flappy", ["tasks"], restart="always", max_restarts=2))
+    sup.start(RoleSpec("once", ["tasks"], restart="never"))
+
+    def settle():
+        for p in sup.procs.values():
+            p.wait(timeout=60)
+
+    settle()
+    sup.check()
+    settle()
+    sup.check()
+    assert sup.restarts == {"flappy": 2}
+    settle()
+    with pytest.raises(RoleFailed, match="flappy keeps failing"):
+        sup.check()
+    assert (tmp_path / "logs" / "flappy.log").stat().st_size > 0
+    sup.stop_all()
+    node = RoleSpec("n0", [], restart="unless_refused")
+    assert [sup._may_restart(node, c) for c in (0, 1, 2, 3, -9, -15)] == [True, True, True, False, False, False]
+
+
+def test_supervisor_restarts_a_crashed_main_role_until_it_finishes(tmp_path):
+    """The trainer (``finishes``): restarted after a crash, done once it exits 0."""
+    # the first run crashes (a bad flag exits 2), the restart runs `swarmrl tasks`, which exits 0
+    sup = Supervisor(tmp_path / "logs", progress=lambda m: None)
+    spec = RoleSpec("trainer", ["tasks", "--no-such-flag"], restart="always", finishes=True, max_restarts=1)
+    sup.start(spec)
+    sup.specs["trainer"] = RoleSpec("trainer", ["tasks"], restart="always", finishes=True, max_restarts=1)
+    assert sup.watch("trainer", is_done=lambda: False, interval_s=0.05) == 0
+    assert sup.restarts == {"trainer": 1}

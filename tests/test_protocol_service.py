@@ -1,0 +1,188 @@
+"""The orchestrator service driven directly, with no HTTP: registration, seeded assignments, sweeping and
+reassignment, nonce replay, rejection with slashing and ejection; and the service importing no HTTP stack."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from protocol_support import make_cfg, rollouts_for, write
+
+from swarmrl.contract import assigned_tasks, task_seed
+from swarmrl.protocol import ledger
+from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.service import Orchestrator
+from swarmrl.protocol.schemas import CheckResult, HeartbeatRequest, RegisterRequest, VerdictRequest
+from swarmrl.protocol.signing import body_sha256, generate_key, node_id_for, public_key_hex, sign_request
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def service(tmp_path):
+    cfg, keys = make_cfg(tmp_path, database_url="")  # SQLite file under tmp_path
+    orch = Orchestrator(cfg)
+    try:
+        yield orch, cfg, keys
+    finally:
+        orch.db.dispose()
+
+
+def worker(key) -> Principal:  # noqa: ANN001
+    pub = public_key_hex(key)
+    return Principal(node_id_for(pub), pub, "worker", "0" * 64)
+
+
+def join(orch: Orchestrator, stake: float = 100.0, throughput: float = 10.0, now: float | None = None) -> Principal:
+    p = worker(generate_key())
+    orch.register(p, RegisterRequest(throughput=throughput, stake=stake), now=now)
+    return p
+
+
+def test_register_then_heartbeat_gets_seeded_assignment(service):
+    orch, cfg, _ = service
+    key = generate_key()
+    body = RegisterRequest(throughput=10.0, stake=150.0).model_dump_json().encode()
+    path = "/v1/nodes/register"
+    p = orch.authenticate("POST", path, sign_request(key, "POST", path, body), body_sha256(body), ("worker",),
+                          allow_unregistered=True)
+    assert p.node_id == node_id_for(public_key_hex(key)) and p.role == "worker"
+    assert p.content_sha256 == body_sha256(body)
+    with pytest.raises(ProtocolError) as e:
+        orch.register(p, RegisterRequest(throughput=10.0, stake=cfg.min_stake - 1))
+    assert e.value.status == 422
+    reg = orch.register(p, RegisterRequest(throughput=10.0, stake=150.0))
+    assert reg.node_id == p.node_id and reg.stake_locked == 150.0
+    assert orch.balance(p.node_id).stake == 150.0
+    with pytest.raises(ProtocolError) as e:
+        orch.register(p, RegisterRequest(throughput=10.0, stake=150.0))
+    assert e.value.status == 409
+
+    hb = orch.heartbeat(p, HeartbeatRequest())
+    assert hb.node_id == p.node_id and hb.step == 0 and len(hb.assignments) == 1
+    a = hb.assignments[0]
+    assert a.seed == task_seed(p.node_id, 0, cfg.run_secret) and a.reassigned_from is None
+    want = assigned_tasks(a.env, a.env_params, a.seed, cfg.tasks_per_node)
+    assert len(want) == cfg.tasks_per_node
+    assert [(t.task_id, t.prompt) for t in a.tasks] == [(t.task_id, t.prompt) for t in want]
+    assert a.group_size == cfg.group_size
+    # the next heartbeat (here signed, through the hot path) hands back the same assignment, not a new one
+    hb_body = HeartbeatRequest().model_dump_json().encode()
+    hb_path = "/v1/nodes/heartbeat"
+    again = orch.signed_heartbeat("POST", hb_path, sign_request(key, "POST", hb_path, hb_body),
+                                  body_sha256(hb_body), HeartbeatRequest())
+    assert [x.assignment_id for x in again.assignments] == [a.assignment_id]
+    assert orch.counters["heartbeats"] == 2
+
+
+def test_silent_node_is_swept_and_its_work_reassigned(service):
+    orch, cfg, _ = service
+    t0 = time.time()
+    quitter, other = join(orch, now=t0), join(orch, now=t0)
+    lost = orch.heartbeat(quitter, HeartbeatRequest(), now=t0).assignments[0]
+    own = orch.heartbeat(other, HeartbeatRequest(), now=t0).assignments[0]
+    limit = cfg.heartbeat_interval_s * cfg.dead_after_missed
+    assert orch.sweep(now=t0 + limit - 1.0) == []  # not late enough yet
+    orch.heartbeat(other, HeartbeatRequest(), now=t0 + limit - 1.0)
+    assert orch.sweep(now=t0 + limit + 1.0) == [quitter.node_id]
+    assert orch.node_info(quitter.node_id).status == "dead"
+    assert orch.node_info(other.node_id).status == "active"
+
+    hb = orch.heartbeat(other, HeartbeatRequest(), now=t0 + limit + 2.0)
+    taken = [x for x in hb.assignments if x.reassigned_from == quitter.node_id]
+    assert len(taken) == 1, hb.assignments
+    t = taken[0]
+    assert t.assignment_id not in (lost.assignment_id, own.assignment_id)
+    assert (t.seed, t.step, [x.task_id for x in t.tasks]) == (lost.seed, lost.step, [x.task_id for x in lost.tasks])
+    assert own.assignment_id in [x.assignment_id for x in hb.assignments]
+    # the quitter comes back: active again, but its old work now belongs to the other node
+    back = orch.heartbeat(quitter, HeartbeatRequest(), now=t0 + limit + 3.0)
+    assert orch.node_info(quitter.node_id).status == "active"
+    assert lost.assignment_id not in [x.assignment_id for x in back.assignments]
+
+
+def test_replayed_nonce_is_refused(service):
+    orch, _, _ = service
+    key = generate_key()
+    orch.register(worker(key), RegisterRequest(throughput=10.0, stake=100.0))
+    path = "/v1/nodes/heartbeat"
+    body = b"{}"
+    headers = sign_request(key, "POST", path, body)
+    p = orch.authenticate("POST", path, headers, body_sha256(body), ("worker",))
+    assert p.node_id == node_id_for(public_key_hex(key))
+    with pytest.raises(ProtocolError) as e:
+        orch.authenticate("POST", path, headers, body_sha256(body), ("worker",))
+    assert e.value.status == 401 and e.value.detail == "replayed nonce"
+    # a fresh nonce is fine; a body that does not match the signed hash, or an unknown key, is not
+    assert orch.authenticate("POST", path, sign_request(key, "POST", path, body), body_sha256(body),
+                             ("worker",)).node_id == p.node_id
+    with pytest.raises(ProtocolError) as e:
+        orch.authenticate("POST", path, sign_request(key, "POST", path, body), body_sha256(b"{ }"), ("worker",))
+    assert e.value.status == 401 and "content hash" in e.value.detail
+    stranger = generate_key()
+    with pytest.raises(ProtocolError) as e:
+        orch.authenticate("POST", path, sign_request(stranger, "POST", path, body), body_sha256(body), ("worker",))
+    assert e.value.status == 401 and "register first" in e.value.detail
+
+
+def test_rejecting_verdict_slashes_and_ejects(service, tmp_path):
+    orch, cfg, keys = service
+    cheat_key = generate_key()
+    cheat = worker(cheat_key)
+    orch.register(cheat, RegisterRequest(throughput=10.0, stake=200.0))
+    honest = join(orch)
+    a = orch.heartbeat(cheat, HeartbeatRequest()).assignments[0]
+    orch.heartbeat(honest, HeartbeatRequest())
+    path = write(rollouts_for(cheat.node_id, a, correct=False, forge_rewards=True), tmp_path / "forged.parquet")
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    orch.precheck_upload(cheat, a.assignment_id)
+    rep = orch.accept_upload(cheat, a.assignment_id, path, sha, len(data))
+    assert rep.status == "pending" and rep.n_rows == len(a.tasks) * a.group_size
+    assert orch.store.path_for(sha).read_bytes() == data
+    assert [x.submission.submission_id for x in orch.pending(16).items] == [rep.submission_id]
+
+    vkey = keys["validator"]
+    vpath = "/v1/validator/verdicts"
+    req = VerdictRequest(submission_id=rep.submission_id, accepted=False, reason="forged rewards",
+                         checks=[CheckResult(name="rewards", ok=False, reason="recomputed 0.0 != claimed 1.0")])
+    body = req.model_dump_json().encode()
+    vp = orch.authenticate("POST", vpath, sign_request(vkey, "POST", vpath, body), body_sha256(body), ("validator",))
+    assert vp.role == "validator"
+    reply = orch.verdict(vp, req)
+    assert reply.status == "rejected" and reply.ejected and reply.credited == 0.0
+    assert reply.slashed == pytest.approx(200.0 * cfg.slash_fraction)
+
+    with orch.db.tx() as s:
+        assert ledger.balances(s, cheat.node_id).stake == pytest.approx(200.0 * (1 - cfg.slash_fraction))
+    bal = orch.balance(cheat.node_id)
+    assert bal.status == "ejected" and "slash" in [r.kind for r in bal.entries]
+    assert orch.node_info(cheat.node_id).status == "ejected"
+    detail = orch.submission(rep.submission_id)
+    assert detail.status == "rejected" and detail.validator_id == vp.node_id
+    assert [(c.name, c.ok) for c in detail.checks] == [("rewards", False)]
+    assert orch.pending(16).items == []
+    # a second verdict on it is refused; the ejected key is locked out
+    with pytest.raises(ProtocolError) as e:
+        orch.verdict(vp, req)
+    assert e.value.status == 409
+    hpath = "/v1/nodes/heartbeat"
+    with pytest.raises(ProtocolError) as e:
+        orch.authenticate("POST", hpath, sign_request(cheat_key, "POST", hpath, b"{}"), body_sha256(b"{}"),
+                          ("worker",))
+    assert e.value.status == 403
+    # its task goes back to the pool for an honest node
+    hb = orch.heartbeat(honest, HeartbeatRequest())
+    assert [x.seed for x in hb.assignments if x.reassigned_from == cheat.node_id] == [a.seed]
+
+
+def test_service_imports_no_http_stack():
+    code = ("import swarmrl.protocol.orchestrator.service, sys; assert 'fastapi' not in sys.modules; "
+            "assert not {'starlette', 'uvicorn'} & set(sys.modules), sorted(sys.modules); "
+            "import swarmrl.protocol.orchestrator as o; assert callable(o.create_app) and 'fastapi' in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
