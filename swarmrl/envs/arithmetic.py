@@ -1,29 +1,50 @@
 """Synthetic arithmetic: ``a+b`` with n-digit operands and the two-step ``a*b+c``.
 
-Prompts are the bare expression followed by ``=`` (e.g. ``12*7+33=``); the expected completion is
-the integer result then EOS. Deterministic by seed; the train/held-out split is by expression.
+Prompts are the bare expression followed by ``=`` (e.g. ``12*7+33=``) and the expected completion is the
+integer result then EOS: what a small model trained from scratch learns. A pretrained chat model answers in
+sentences, so ``prompt`` (a format with ``{expr}``, e.g. ``"What is {expr}? Answer with just the number."``)
+and ``answer`` (a rule of ``swarmrl.envs.answers``: ``exact``, ``last_number`` or ``boxed``) adapt the task to
+it. Deterministic by seed; the train/held-out split is by expression.
 """
 
 from __future__ import annotations
 
 import random
-import re
+import string
 
+from swarmrl.envs.answers import ANSWER_RULES, AnswerRule, extract_integer
 from swarmrl.envs.base import Environment, Split, Task, heldout_bucket
 from swarmrl.envs.registry import register_env
 
-_INT = re.compile(r"^\s*(-?\d+)\s*$")
+DEFAULT_PROMPT = "{expr}="
+MAX_PROMPT_CHARS = 1_000
+
+
+def _check_prompt(prompt: str) -> None:
+    """A prompt format names ``{expr}`` and nothing else (no attribute access, no other fields)."""
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt is {len(prompt)} characters, over {MAX_PROMPT_CHARS}")
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"prompt {prompt!r} is not a valid format: {e}") from None
+    if fields != ["expr"]:
+        raise ValueError(f"prompt must contain {{expr}} exactly once and no other field, not {prompt!r}")
 
 
 class ArithmeticEnv(Environment):
     def __init__(self, kind: str = "mul_add", digits: int = 3, max_factor: int = 19, max_addend: int = 99,
-                 heldout_pct: float = 10.0) -> None:
+                 heldout_pct: float = 10.0, prompt: str = DEFAULT_PROMPT, answer: AnswerRule = "exact") -> None:
         if kind not in ("add", "mul_add"):
             raise ValueError(f"kind must be 'add' or 'mul_add', not {kind!r}")
         if not 1 <= digits <= 9:
             raise ValueError("digits must be in [1, 9]")
         if not 0 < heldout_pct < 100:
             raise ValueError("heldout_pct must be in (0, 100)")
+        if answer not in ANSWER_RULES:
+            raise ValueError(f"answer must be one of {', '.join(ANSWER_RULES)}, not {answer!r}")
+        _check_prompt(prompt)
+        self.prompt, self.answer = prompt, answer
         self.kind, self.digits, self.max_factor, self.max_addend = kind, digits, max_factor, max_addend
         self.heldout_pct = heldout_pct
         self.name = "add" if kind == "add" else "mul_add"
@@ -42,8 +63,9 @@ class ArithmeticEnv(Environment):
         return (self.max_factor + 1) ** 2 * (self.max_addend + 1)
 
     def _task(self, expr: str, ans: int) -> Task:
-        return Task(task_id=f"{self.name}:{expr}", env=self.name, prompt=f"{expr}=", verification_info={"answer": ans},
-                    task_type="arithmetic", demonstration=str(ans))
+        demo = f"\\boxed{{{ans}}}" if self.answer == "boxed" else str(ans)
+        return Task(task_id=f"{self.name}:{expr}", env=self.name, prompt=self.prompt.format(expr=expr),
+                    verification_info={"answer": ans}, task_type="arithmetic", demonstration=demo)
 
     def _enumerate(self) -> list[tuple[str, int]]:
         if self.kind == "add":
@@ -83,20 +105,23 @@ class ArithmeticEnv(Environment):
         return out
 
     def verify(self, task: Task, completion: str) -> float:
-        m = _INT.match(completion)
-        if m is None:
+        got = extract_integer(completion, self.answer)
+        if got is None:
             return 0.0
         try:
-            return 1.0 if int(m.group(1)) == int(task.verification_info["answer"]) else 0.0
+            return 1.0 if got == int(task.verification_info["answer"]) else 0.0
         except (KeyError, ValueError, TypeError):
             return 0.0
 
 
 @register_env("add")
-def _add(digits: int = 3, heldout_pct: float = 10.0) -> ArithmeticEnv:
-    return ArithmeticEnv("add", digits=digits, heldout_pct=heldout_pct)
+def _add(digits: int = 3, heldout_pct: float = 10.0, prompt: str = DEFAULT_PROMPT,
+         answer: AnswerRule = "exact") -> ArithmeticEnv:
+    return ArithmeticEnv("add", digits=digits, heldout_pct=heldout_pct, prompt=prompt, answer=answer)
 
 
 @register_env("mul_add")
-def _mul_add(max_factor: int = 19, max_addend: int = 99, heldout_pct: float = 10.0) -> ArithmeticEnv:
-    return ArithmeticEnv("mul_add", max_factor=max_factor, max_addend=max_addend, heldout_pct=heldout_pct)
+def _mul_add(max_factor: int = 19, max_addend: int = 99, heldout_pct: float = 10.0, prompt: str = DEFAULT_PROMPT,
+             answer: AnswerRule = "exact") -> ArithmeticEnv:
+    return ArithmeticEnv("mul_add", max_factor=max_factor, max_addend=max_addend, heldout_pct=heldout_pct,
+                         prompt=prompt, answer=answer)

@@ -25,6 +25,7 @@ import threading
 from fractions import Fraction
 from pathlib import Path
 
+from swarmrl.envs.answers import extract_boxed
 from swarmrl.envs.base import Task
 from swarmrl.envs.datafile import DataFileError, FileEnvironment, Record
 from swarmrl.envs.registry import register_env
@@ -34,34 +35,6 @@ DEFAULT_MATH_PATH = DATA_DIR / "math_sample.jsonl"
 
 MAX_COMPLETION_CHARS = 16_384  # only the tail of a completion is searched for the answer
 MAX_ANSWER_CHARS = 512  # longer boxed answers are rejected outright
-MAX_BRACE_DEPTH = 24
-
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def extract_boxed(text: str, max_chars: int = MAX_COMPLETION_CHARS) -> str | None:
-    """Contents of the last balanced ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (None if none)."""
-    if not isinstance(text, str):
-        return None
-    tail = text[-max_chars:]
-    starts = [m.end() for m in _BOX.finditer(tail)]
-    for start in reversed(starts):
-        depth, i = 1, start
-        while i < len(tail):
-            c = tail[i]
-            if c == "\\" and i + 1 < len(tail) and tail[i + 1] in "{}":
-                i += 2
-                continue
-            if c == "{":
-                depth += 1
-                if depth > MAX_BRACE_DEPTH:
-                    break
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return tail[start:i]
-            i += 1
-    return None
 
 
 _NORM_DROP = re.compile(r"\\(?:left|right|displaystyle|[,;!: ])|\s+|\$")

