@@ -1,11 +1,15 @@
-"""One GRPO update on a batch of rollout sequences, shared by single-process and DDP trainers.
+"""One GRPO update on a batch of rollout sequences, shared by single-process, DDP and FSDP2 trainers.
 
-Normalisation weights are computed from the GLOBAL batch, and each rank's loss is scaled by the
-world size (DDP averages gradients), so 2 ranks produce the same update as 1 rank.
+Normalisation weights are computed from the GLOBAL batch, and each rank's loss is scaled by
+``world_size`` when the gradient reduction averages over ranks (FSDP2; the trainer's "ddp" mode sums, so it
+passes 1), so 2 ranks produce the same update as 1 rank. Under FSDP2 every rank must run the same number of
+forward/backward passes (each one all-gathers parameters and reduce-scatters gradients): ``micro_batches``
+pads a rank's share with passes that add exactly zero to every gradient.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +58,13 @@ def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float
     return logp, ent
 
 
+def _null_pass(model, pad_id: int) -> None:
+    """A forward/backward pass that adds exactly zero to every gradient (a rank's share of passes is padded)."""
+    ids = torch.full((1, 2), pad_id, dtype=torch.long)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    (out.logits.float().sum() * 0.0).backward()
+
+
 @dataclass
 class StepStats:
     loss: float
@@ -70,15 +81,19 @@ class StepStats:
 
 def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_id: int, micro_batch: int,
                          max_tokens: int, world_size: int = 1, total_sequences: int | None = None,
-                         total_tokens: int | None = None, ref_model=None) -> StepStats:
-    """Backward over ``seqs`` (this rank's share); returns stats for this share."""
+                         total_tokens: int | None = None, ref_model=None, micro_batches: int | None = None) -> StepStats:
+    """Backward over ``seqs`` (this rank's share) in at least ``micro_batches`` passes; returns stats for this share."""
     lengths = [len(s.completion_ids) for s in seqs]
     weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
                                 total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
     agg = {k: 0.0 for k in ("loss", "clip", "low", "high", "delta", "ratio", "ent", "kl")}
     rmax, ntok = 0.0, 0
-    for start in range(0, len(seqs), micro_batch):
+    passes = max(math.ceil(len(seqs) / micro_batch), micro_batches or 0)
+    for start in range(0, passes * micro_batch, micro_batch):
         mb = seqs[start: start + micro_batch]
+        if not mb:
+            _null_pass(model, pad_id)
+            continue
         packed = _pack(mb, pad_id)
         temps = {s.temperature for s in mb}
         if len(temps) != 1:

@@ -8,8 +8,11 @@ still commits version n + 1, so the run goes on. Killed at any point, it restart
 version; the step that was in flight is redone from scratch, so no rollout is trained on twice.
 
 Data parallel: launched under torchrun (WORLD_SIZE > 1), rank 0 gathers and broadcasts the
-batch, every rank back-propagates its share with global normalisation weights, and gradients are
-summed with one all-reduce (what DDP does), so every rank holds the same weights.
+batch and every rank back-propagates its share with global normalisation weights. ``trainer.parallel``
+(``swarmrl.rl.parallel``) says how the ranks hold the model: "ddp" (default) keeps a whole copy on every rank
+and sums gradients with one all-reduce (what DDP does); "fsdp2" shards parameters, gradients and optimizer
+state across the ranks with FSDP2 (``fully_shard``) and gathers the full weights and optimizer state at every
+commit. Either way N ranks make the same update as one, and commits and published versions are the same files.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import RLConfig
+from swarmrl.rl.parallel import allreduce_grads, make_parallel
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir, announced_groups
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
@@ -69,6 +73,7 @@ class Trainer:
         holder = PolicyHolder(RunDirPolicySource(self.run.root), cfg.model)
         self.model = holder.load(latest, timeout_s=0.0) if latest is not None else holder.model
         self.model.train()
+        self.par = make_parallel(cfg.trainer.parallel, self.model, self.world, self.rank)  # fsdp2: shards self.model
         self.ref_model = None
         if cfg.loss.kl_coef:
             self.ref_model = load_model(cfg.model)
@@ -82,7 +87,7 @@ class Trainer:
             state_path = self.run.version_dir(latest) / "trainer_state.pt"
             if state_path.exists():
                 state = torch.load(state_path, weights_only=False)
-                self.opt.load_state_dict(state["optimizer"])
+                self.par.load_optimizer_state(self.opt, state["optimizer"])
                 self.sched.load_state_dict(state["scheduler"])
                 torch.set_rng_state(state["rng"])
                 self.nonfinite_total = int(state.get("nonfinite_total", 0))
@@ -94,8 +99,9 @@ class Trainer:
                 self._publish(latest)  # a crash between commit and publish left it unpublished
         else:
             self.resumed = False
+            opt_state = self.par.snapshot(self.opt)
             if self.rank == 0:
-                self._commit(0, consumed=[])
+                self._commit(0, consumed=[], opt_state=opt_state)
         self._barrier()
 
     def _start_origin(self) -> None:
@@ -134,14 +140,16 @@ class Trainer:
         if row["step"] not in done:
             self.metrics.write(**row)
 
-    def _commit(self, version: int, consumed: list[str], metrics_row: dict | None = None) -> None:
+    def _commit(self, version: int, consumed: list[str], opt_state: dict, metrics_row: dict | None = None) -> None:
+        """Rank 0, after every rank's ``self.par.snapshot`` (which gave ``opt_state``)."""
         staged = self.run.staging_dir(version)
-        was = self.model.training
-        self.model.eval()
-        self.model.save_pretrained(staged, safe_serialization=True)
+        model = self.par.full_model
+        was = model.training
+        model.eval()
+        model.save_pretrained(staged, safe_serialization=True)
         self.tokenizer.save_pretrained(staged)
-        self.model.train(was)
-        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+        model.train(was)
+        torch.save({"optimizer": opt_state, "scheduler": self.sched.state_dict(),
                     "rng": torch.get_rng_state(), "step": version, "consumed": consumed,
                     "nonfinite_total": self.nonfinite_total, "metrics_row": metrics_row},
                    staged / "trainer_state.pt")
@@ -200,14 +208,16 @@ class Trainer:
                 seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature))
         total_tokens = sum(len(s.completion_ids) for s in seqs)
         mine = seqs[self.rank:: self.world]
+        passes = self.par.micro_batches([len(seqs[r:: self.world]) for r in range(self.world)], cfg.optim.micro_batch)
         self.opt.zero_grad(set_to_none=True)
         st = accumulate_gradients(self.model, mine, cfg.loss, self.tokenizer.pad_token_id, cfg.optim.micro_batch,
-                                  max_tokens=cfg.sampling.max_new_tokens, world_size=1,
-                                  total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model)
-        if self.world > 1:
-            allreduce_grads(self.model)
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))
-        if self._finite(st.loss, gnorm):
+                                  max_tokens=cfg.sampling.max_new_tokens, world_size=self.par.loss_scale,
+                                  total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model,
+                                  micro_batches=passes)
+        self.par.reduce_grads()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))  # DTensors too
+        loss = self._global_loss(st.loss)
+        if math.isfinite(loss) and math.isfinite(gnorm):  # every rank's loss (a NaN anywhere makes the sum NaN)
             self.opt.step()
             self.sched.step()
             skipped = 0
@@ -215,23 +225,23 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)  # drop the step; the version is still committed
             skipped = 1
             self.nonfinite_total += 1
-        return {"loss": st.loss, "clip_frac": st.clip_frac, "clip_low_frac": st.clip_low_frac,
+        return {"loss": loss, "clip_frac": st.clip_frac, "clip_low_frac": st.clip_low_frac,
                 "clip_high_frac": st.clip_high_frac, "delta_frac": st.delta_frac, "ratio_mean": st.ratio_mean,
                 "ratio_max": st.ratio_max, "entropy": st.entropy, "kl": st.kl, "grad_norm": gnorm,
                 "train_tokens": total_tokens, "lr": self.sched.get_last_lr()[0], "nonfinite_skipped": skipped,
                 "nonfinite_total": self.nonfinite_total}
 
-    def _finite(self, loss: float, gnorm: float) -> bool:
-        """Whether to step: every rank's loss and the (all-reduced) gradient norm are finite; ranks agree."""
-        ok = math.isfinite(loss) and math.isfinite(gnorm)
-        if self.world > 1:
-            flag = torch.tensor([0.0 if ok else 1.0], device=next(self.model.parameters()).device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            ok = flag.item() == 0.0
-        return ok
+    def _global_loss(self, loss: float) -> float:
+        """The whole batch's loss: the sum of the ranks' shares (the same number on every rank)."""
+        if self.world == 1:
+            return loss
+        t = torch.tensor([loss], dtype=torch.float64, device=next(self.model.parameters()).device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        return float(t.item())
 
     def evaluate(self) -> float:
-        res = evaluate(self.model, self.tokenizer, self.env, n=self.cfg.eval.n,
+        """Rank 0 (under fsdp2 on its whole copy of the weights, which ``snapshot`` keeps current)."""
+        res = evaluate(self.par.full_model, self.tokenizer, self.env, n=self.cfg.eval.n,
                        max_new_tokens=self.cfg.eval.max_new_tokens, chat_template=self.cfg.chat_template)
         self.model.train()
         return res["accuracy"]
@@ -256,6 +266,7 @@ class Trainer:
                 break
             t1 = time.perf_counter()
             info = self.update(batch.groups)
+            opt_state = self.par.snapshot(self.opt)  # every rank: under fsdp2 it gathers the full state to rank 0
             train_s = time.perf_counter() - t1
             if self.rank == 0:
                 rows = [r for g in batch.groups for r in g]
@@ -271,7 +282,7 @@ class Trainer:
                     te = time.perf_counter()
                     row["heldout_acc"] = self.evaluate()
                     row["eval_s"] = round(time.perf_counter() - te, 3)
-                self._commit(n + 1, consumed=batch.files, metrics_row=row)
+                self._commit(n + 1, consumed=batch.files, opt_state=opt_state, metrics_row=row)
                 self.metrics.write(**row)
             self._barrier()
             self.step = n + 1
@@ -284,20 +295,6 @@ class Trainer:
             self.metrics.close()
         self._barrier()
         return self.step
-
-
-def allreduce_grads(model: torch.nn.Module) -> None:
-    """Sum gradients across ranks in one flat buffer (weights already hold the global normalisation)."""
-    for p in model.parameters():  # a rank with no sequences still joins with zeros
-        if p.requires_grad and p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.SUM)
-    off = 0
-    for g in grads:
-        g.copy_(flat[off: off + g.numel()].view_as(g))
-        off += g.numel()
 
 
 def run_trainer(cfg: RLConfig) -> int:
