@@ -7,6 +7,8 @@ pydantic, the config loader or a rich Console. Those load on first use.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
 
@@ -72,3 +74,18 @@ def opt(name: str, value: object) -> list[str]:
     if value is None:
         return []
     return [f"{name}={json.dumps(str(value)) if isinstance(value, (str, Path)) else json.dumps(value)}"]
+
+
+@contextmanager
+def backend_errors() -> Iterator[None]:
+    """A missing inference backend (``inference.backend=vllm`` without vLLM) ends the command with its one-line
+    install hint and status 2, not a traceback."""
+    from swarmrl.inference.config import BackendUnavailable  # noqa: PLC0415  # lazy: startup
+
+    try:
+        yield
+    except BackendUnavailable as e:
+        from rich.markup import escape  # noqa: PLC0415  # lazy: startup
+
+        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None

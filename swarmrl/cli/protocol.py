@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, resolve
 
 node_app = typer.Typer(help="Node identity and membership.", no_args_is_help=True)
 orch_app = typer.Typer(help="The orchestrator service.", no_args_is_help=True)
@@ -75,11 +75,15 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
             raise typer.Exit(2)
         from swarmrl.swarm.adversaries import make_adversary  # noqa: PLC0415  # lazy: startup
 
-        raise typer.Exit(make_adversary(cfg).run())
+        with backend_errors():
+            code = make_adversary(cfg).run()
+        raise typer.Exit(code)
     if cfg.rl_config:
         from swarmrl.swarm.node import run_swarm_node  # noqa: PLC0415  # lazy: startup
 
-        raise typer.Exit(run_swarm_node(cfg))
+        with backend_errors():
+            code = run_swarm_node(cfg)
+        raise typer.Exit(code)
     from swarmrl.protocol.client import ApiError, NodeClient  # noqa: PLC0415  # lazy: startup
     from swarmrl.protocol.node import ensure_registered, run_node  # noqa: PLC0415  # lazy: startup
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, resolve
 
 rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True)
 
@@ -40,7 +40,8 @@ def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (lette
     cfg = resolve(RLConfig, config, set_, print_config=print_config)
     from swarmrl.rl.worker import run_worker  # noqa: PLC0415  # lazy: startup
 
-    run_worker(cfg, worker_id)
+    with backend_errors():
+        run_worker(cfg, worker_id)
 
 
 @rl_app.command("adapter")

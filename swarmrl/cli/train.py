@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, resolve
 
 
 def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
@@ -38,14 +38,15 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
           model: Annotated[Optional[str], typer.Option(help="HF model dir.")] = None,
           task: Annotated[Optional[str], typer.Option(help="Task name.")] = None,
           n: Annotated[Optional[int], typer.Option(help="Number of held-out tasks.")] = None) -> None:
-    """Held-out accuracy (greedy, batched, KV cache), printed as JSON."""
+    """Held-out accuracy (greedy, batched, through the inference backend: --set inference.backend=vllm), as JSON."""
     from swarmrl.eval.config import EvalConfig  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n), print_config)
     from swarmrl.eval.heldout import evaluate_path  # noqa: PLC0415  # lazy: startup
 
     try:
-        res = evaluate_path(cfg)
+        with backend_errors():
+            res = evaluate_path(cfg)
     except FileNotFoundError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None

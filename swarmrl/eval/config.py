@@ -6,6 +6,7 @@ from pydantic import Field
 
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
+from swarmrl.inference.config import InferenceConfig
 
 
 class EvalConfig(StrictModel):
@@ -17,3 +18,4 @@ class EvalConfig(StrictModel):
     chat_template: bool = False
     seed: int = 1234
     threads: int | None = None
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)  # the sampling backend

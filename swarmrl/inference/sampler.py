@@ -58,8 +58,18 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
-def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens and their logprobs under logits / temperature (greedy: temperature 1 logprobs)."""
+def _race(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One categorical draw per row from that row's own generator: argmax(p / E), E ~ Exp(1) (exponential race)."""
+    q = torch.empty_like(probs)
+    for i, g in enumerate(generators):
+        q[i].exponential_(generator=g)
+    return (probs / q).argmax(dim=-1)
+
+
+def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+          row_generators: list[torch.Generator] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens and their logprobs under logits / temperature (greedy: temperature 1 logprobs). With
+    ``row_generators`` row i draws from its own generator (a request's tokens depend on its seed, not its batch)."""
     logits = logits.float()
     if params.temperature == 0.0:
         logp = torch.log_softmax(logits, dim=-1)
@@ -67,6 +77,14 @@ def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
     logp = torch.log_softmax(logits / params.temperature, dim=-1)
     probs = logp.exp()
+    if row_generators is not None:
+        if params.top_p < 1.0:
+            sp, si = probs.sort(dim=-1, descending=True)
+            sp = sp * ((sp.cumsum(-1) - sp) < params.top_p)
+            tok = si.gather(-1, _race(sp, row_generators)[:, None]).squeeze(-1)
+        else:
+            tok = _race(probs, row_generators)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
     if params.top_p < 1.0:
         sp, si = probs.sort(dim=-1, descending=True)
         keep = (sp.cumsum(-1) - sp) < params.top_p  # always keeps the top token
@@ -80,8 +98,12 @@ def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams, eos_id: int, pad_id: int,
-             capture_hidden: bool = False, generator: torch.Generator | None = None) -> SampleOutput:
-    """Sample one completion per prompt (repeat a prompt to get a group)."""
+             capture_hidden: bool = False, generator: torch.Generator | None = None,
+             generators: list[torch.Generator] | None = None) -> SampleOutput:
+    """Sample one completion per prompt (repeat a prompt to get a group). Randomness: ``generators`` (one per
+    prompt, each request its own stream), else ``generator`` (one stream for the batch), else torch's global one."""
+    if generators is not None and len(generators) != len(prompts):
+        raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
     if not prompts:
         return SampleOutput([], [], [], [], [] if capture_hidden else None)
     device = next(model.parameters()).device
@@ -102,7 +124,7 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingP
         for _step in range(params.max_new_tokens):
             if hook is not None:
                 out_h.append(hook.last[:, -1, :].to(torch.bfloat16))
-            tok, lp = _pick(res.logits[:, -1, :], params, generator)
+            tok, lp = _pick(res.logits[:, -1, :], params, generator, generators)
             tok = torch.where(done, torch.full_like(tok, pad_id), tok)
             out_tok.append(tok)
             out_lp.append(lp)

@@ -3,16 +3,18 @@
 - ``store``: ``PolicyDir``, the on-disk layout of committed versions (``v000007/`` + ``LATEST``).
 - ``sources``: where a role gets version N (``PolicySource``): a policy dir, a path template, SHARDCAST
   servers (fixed, discovered from a run dir, or announced in heartbeats).
-- ``holder``: ``PolicyHolder``, one model in memory whose weights are swapped to version N; the trainer,
-  local workers, swarm nodes and the validator all hold their policy through it.
+- ``holder``: ``PolicyHolder``, one model in memory whose weights are swapped to version N (the trainer and the
+  validator hold their policy through it); ``BackendPolicy``, the version an inference backend serves (local
+  workers and swarm nodes: a ``PolicyHolder`` under ``ours``, in-place reloads under vLLM).
 """
 
 from swarmrl.utils.lazy import lazy_exports
 
 _SOURCES = ("AnnouncedPolicySource", "PolicySource", "PolicyUnavailable", "RunDirPolicySource",
             "ShardcastPolicySource", "TemplatePolicySource", "make_policy_source")
-__all__ = ["PolicyDir", "PolicyHolder", *_SOURCES]
+__all__ = ["BackendPolicy", "PolicyDir", "PolicyHolder", *_SOURCES]
 
 # lazy: the store is read by light processes; sources pull in aiohttp and the holder torch
 __getattr__ = lazy_exports({"PolicyDir": "swarmrl.policy.store", "PolicyHolder": "swarmrl.policy.holder",
+                            "BackendPolicy": "swarmrl.policy.holder",
                             **{n: "swarmrl.policy.sources" for n in _SOURCES}})

@@ -1,4 +1,5 @@
-"""``PolicyHolder``: one model in memory whose weights are swapped to the version asked for.
+"""``PolicyHolder``: one model in memory whose weights are swapped to the version asked for; ``BackendPolicy``: the
+version an inference backend serves (``PolicyHolder`` under ``ours``, in-place reloads under other backends).
 
 Trainer (resume from version N), local workers (newest version), swarm nodes (the version an assignment
 names) and the validator (the version a row claims) all hold their policy through it. A swap loads the
@@ -15,6 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from swarmrl.inference.backend import InferenceBackend, make_backend
+from swarmrl.inference.config import InferenceConfig
 from swarmrl.models.io import load_model
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable
 
@@ -57,3 +60,45 @@ class PolicyHolder:
             self._states.move_to_end(version)
             while len(self._states) > self.keep_states:
                 self._states.popitem(last=False)
+
+
+class BackendPolicy:
+    """The policy version an inference backend serves (local workers and swarm nodes sample through it).
+
+    ``ours``: a ``PolicyHolder`` swaps the in-memory model the backend wraps (exactly the pre-backend path); other
+    backends reload each version's directory in place (``InferenceBackend.update_weights``) and no HF model is held
+    here at all."""
+
+    def __init__(self, source: PolicySource, base_model_dir: str | Path, inference: InferenceConfig, *, eos_id: int,
+                 pad_id: int, generator: torch.Generator | None = None, seed: int = 0) -> None:
+        self.source = source
+        self.holder: PolicyHolder | None = None
+        self._version = -1
+        if inference.backend == "ours":
+            self.holder = PolicyHolder(source, base_model_dir)
+            self.backend: InferenceBackend = make_backend(inference, self.holder.model, eos_id=eos_id, pad_id=pad_id,
+                                                          generator=generator)
+        else:
+            self.backend = make_backend(inference, base_model_dir, eos_id=eos_id, pad_id=pad_id, seed=seed)
+
+    @property
+    def version(self) -> int:
+        return self.holder.version if self.holder is not None else self._version
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The in-memory HF model (``ours`` only; None for backends that hold their own copy)."""
+        return self.holder.model if self.holder is not None else None
+
+    def load(self, version: int, timeout_s: float = 60.0) -> InferenceBackend:
+        """The backend serving version ``version`` (``PolicyUnavailable`` when it cannot be had)."""
+        if self.holder is not None:
+            self.holder.load(version, timeout_s)
+        elif version != self._version:
+            path = self.source.fetch(version, timeout_s)
+            try:
+                self.backend.update_weights(path)
+            except (OSError, ValueError) as e:  # vanished or truncated files
+                raise PolicyUnavailable(f"policy v{version}: {e}") from None
+            self._version = version
+        return self.backend

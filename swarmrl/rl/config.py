@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
+from swarmrl.inference.config import InferenceConfig
 from swarmrl.inference.params import SamplingParams
 from swarmrl.rl.budget import BudgetConfig
 
@@ -78,6 +79,7 @@ class RLConfig(StrictModel):
     group_size: int = Field(8, ge=2)
     filter_ties: bool = True
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=8, temperature=1.0))
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)  # workers' and nodes' sampling backend
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)

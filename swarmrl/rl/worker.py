@@ -26,10 +26,10 @@ from swarmrl.contract import (
     worker_task_seed,
 )
 from swarmrl.envs.base import Environment, Task
+from swarmrl.inference.backend import InferenceBackend, as_backend
 from swarmrl.inference.prompts import decode_completion, encode_prompt
-from swarmrl.inference.sampler import generate
 from swarmrl.models.io import load_tokenizer
-from swarmrl.policy.holder import PolicyHolder
+from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import write_rollouts
@@ -48,20 +48,23 @@ class BatchResult:
     task_reward_mean: float
 
 
-def rollout_batch(model, tokenizer, env: Environment, tasks: list[Task], cfg: RLConfig, *, worker_id: str,
-                  step: int, policy_version: int, seed: int, budgets: list[Budget | None] | None,
-                  generator: torch.Generator | None = None, proofs: bool = False,
+def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: Environment, tasks: list[Task],
+                  cfg: RLConfig, *, worker_id: str, step: int, policy_version: int, seed: int,
+                  budgets: list[Budget | None] | None, generator: torch.Generator | None = None, proofs: bool = False,
                   chat_template: bool | None = None) -> BatchResult:
     """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
     rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
-    while sampling (no second pass). ``chat_template``: None takes the run config's."""
+    while sampling (no second pass). ``policy``: an inference backend, or an in-memory model sampled with ``ours``
+    from ``generator`` (a backend has its own random stream). ``chat_template``: None takes the run config's."""
+    if generator is not None and isinstance(policy, InferenceBackend):
+        raise ValueError("generator is for an in-memory model; a backend samples from its own stream")
+    backend = as_backend(policy, tokenizer.eos_token_id, tokenizer.pad_token_id, generator)
     t0 = time.perf_counter()
     budgets = list(budgets) if budgets is not None else [None] * len(tasks)
     chat = cfg.chat_template if chat_template is None else chat_template
     prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), chat) for t, b in zip(tasks, budgets)]
     flat = [p for p in prompts for _ in range(cfg.group_size)]
-    out = generate(model, flat, cfg.sampling, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                   capture_hidden=proofs, generator=generator)
+    out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
     scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=cfg.group_size, prompt_ids=out.prompt_ids,
                           completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
                           decode=lambda ids: decode_completion(tokenizer, ids),
@@ -89,10 +92,12 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
     tokenizer = load_tokenizer(cfg.model)
     env = cfg.task.build()
     source = worker_policy_source(run, cfg, worker_id)
-    holder = PolicyHolder(source, cfg.model)
+    stream_seed = worker_task_seed(worker_id, 0, 0, cfg.seed) % (2**31)
+    gen = torch.Generator().manual_seed(stream_seed)
+    holder = BackendPolicy(source, cfg.model, cfg.inference, eos_id=tokenizer.eos_token_id,
+                           pad_id=tokenizer.pad_token_id, generator=gen, seed=stream_seed)
     window = AsyncWindow(cfg.async_level, last_step=cfg.steps - 1)
     rule = GroupRule(cfg.group_size, cfg.filter_ties)
-    gen = torch.Generator().manual_seed(worker_task_seed(worker_id, 0, 0, cfg.seed) % (2**31))
     metrics = MetricsWriter(run.metrics / f"worker-{worker_id}.jsonl")
     counter = 0
     throughput: float | None = None
@@ -126,9 +131,8 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
             if cfg.budget.enabled:
                 targets = draw_targets(len(tasks), allowed_targets(cfg.budget, throughput, seqs), random.Random(seed))
                 budgets = [cfg.budget.budget(t) for t in targets]
-            res = rollout_batch(holder.model, tokenizer, env, tasks, cfg, worker_id=worker_id, step=step,
-                                policy_version=v, seed=seed, budgets=budgets, generator=gen,
-                                proofs=cfg.workers.proofs)
+            res = rollout_batch(holder.backend, tokenizer, env, tasks, cfg, worker_id=worker_id, step=step,
+                                policy_version=v, seed=seed, budgets=budgets, proofs=cfg.workers.proofs)
             write_rollouts(res.rows, run.new_rollout_path(step, worker_id, rule.count_usable(res.rows)))
             tps = res.tokens / max(res.seconds, 1e-9)
             throughput = tps if throughput is None else 0.7 * throughput + 0.3 * tps
@@ -140,3 +144,4 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
                 break
     finally:
         metrics.close()
+        holder.backend.close()

@@ -32,10 +32,11 @@ from urllib.parse import urlsplit
 
 import httpx
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from swarmrl.contract import Rollout, assigned_tasks, group_advantages, score_completion
 from swarmrl.envs import Environment, Task
+from swarmrl.inference.backend import InferenceBackend, OursBackend
 from swarmrl.inference.prompts import decode_completion
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
@@ -57,9 +58,11 @@ class RandomModel(SwarmNode):
     def __init__(self, cfg: AdversaryConfig, client=None) -> None:  # noqa: ANN001
         super().__init__(cfg, client)
         torch.manual_seed(seed_of(self.node_id))
-        self.random = AutoModelForCausalLM.from_config(self.policy.model.config).eval()
+        config = self.policy.model.config if self.policy.model is not None else AutoConfig.from_pretrained(self.rl.model)
+        self.random = OursBackend(AutoModelForCausalLM.from_config(config).eval(), self.tokenizer.eos_token_id,
+                                  self.tokenizer.pad_token_id, self.gen)
 
-    def model_for(self, version: int) -> torch.nn.Module:
+    def backend_for(self, version: int) -> InferenceBackend:
         return self.random
 
 

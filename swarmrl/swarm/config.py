@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from swarmrl.inference.config import InferenceConfig
 from swarmrl.protocol.config import NodeConfig
 
 ADVERSARY_KINDS: tuple[str, ...] = ("random_model", "edit_tokens", "forge_rewards", "replay", "stale_policy",
@@ -22,6 +23,7 @@ class SwarmNodeConfig(NodeConfig):
     stop_file: str = ""  # exit once this file exists ("" = <run_dir>/DONE)
     threads: int = Field(1, ge=1)
     policy_timeout_s: float = Field(120.0, gt=0)
+    inference: InferenceConfig | None = None  # the sampling backend (None: the RL config's `inference` section)
 
 
 class AdversaryConfig(SwarmNodeConfig):

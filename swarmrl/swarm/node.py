@@ -1,12 +1,13 @@
 """The swarm node: an untrusted inference worker behind the orchestrator.
 
 It registers (with a measured throughput), heartbeats, and answers each assignment: loads the assigned
-policy version into its ``PolicyHolder``, rebuilds the seeded tasks, samples ``group_size`` completions per
-task with ``rollout_batch`` (assigned seed, step, version, thinking budget, chat template), writes the
-parquet file and uploads it signed.
+policy version into the inference backend it samples with (``BackendPolicy``: ``ours`` or vLLM, the RL config's
+``inference`` section unless the node config names its own), rebuilds the seeded tasks, samples ``group_size``
+completions per task with ``rollout_batch`` (assigned seed, step, version, thinking budget, chat template),
+writes the parquet file and uploads it signed.
 
 Answering an assignment is split into steps a subclass may override (``tasks_for``, ``version_for``,
-``model_for``, ``tamper``, ``upload``): the cheating nodes of ``swarmrl.swarm.adversaries`` are honest nodes
+``backend_for``, ``tamper``, ``upload``): the cheating nodes of ``swarmrl.swarm.adversaries`` are honest nodes
 with one step replaced.
 """
 
@@ -25,10 +26,10 @@ import torch
 from swarmrl.config import load_config
 from swarmrl.contract import Rollout, assigned_tasks
 from swarmrl.envs import Environment, Task, make_env
+from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt
-from swarmrl.inference.sampler import generate
 from swarmrl.models.io import load_tokenizer
-from swarmrl.policy.holder import PolicyHolder
+from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import AnnouncedPolicySource, PolicyUnavailable, make_policy_source
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.node import ensure_registered, run_node
@@ -42,12 +43,12 @@ from swarmrl.utils.metrics import MetricsWriter
 log = logging.getLogger("swarmrl.swarm.node")
 
 
-def measure_throughput(model, tokenizer, cfg: RLConfig, n: int = 8) -> float:  # noqa: ANN001
-    """Generation tokens/s on a short batch (what the orchestrator sizes thinking budgets with)."""
+def measure_throughput(backend: InferenceBackend, tokenizer, cfg: RLConfig, n: int = 8) -> float:  # noqa: ANN001
+    """Generation tokens/s on a short batch (what the orchestrator sizes thinking budgets with); fixed seeds, so
+    the backend's own random stream is left as it was."""
     prompts = [encode_prompt(tokenizer, "1+1=", cfg.chat_template)] * n
     t0 = time.perf_counter()
-    out = generate(model, prompts, cfg.sampling, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                   generator=torch.Generator().manual_seed(0))
+    out = backend.generate(prompts, cfg.sampling, seeds=list(range(n)))
     dt = time.perf_counter() - t0
     return round(sum(len(c) for c in out.completion_ids) / max(dt, 1e-6), 1)
 
@@ -71,15 +72,17 @@ class SwarmNode:
         self.stop_file = Path(cfg.stop_file or run_dir / "DONE")
         self.tokenizer = load_tokenizer(self.rl.model)
         source = make_policy_source(cfg.policy_source, self.work / "policy", self.rl.model, fallback_run_dir=run_dir)
-        self.policy = PolicyHolder(source, self.rl.model)
         self.gen = torch.Generator().manual_seed(seed_of(f"gen|{self.node_id}"))
+        self.policy = BackendPolicy(source, self.rl.model, cfg.inference or self.rl.inference,
+                                    eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
+                                    generator=self.gen, seed=seed_of(f"gen|{self.node_id}"))
         self.envs: dict[str, Environment] = {}
         self.metrics = MetricsWriter(run_dir / "metrics" / f"node-{self.node_id}.jsonl")
         self.stats = {"assignments": 0, "submitted": 0, "refused": 0, "skipped": 0}
 
     # ---- membership ----------------------------------------------------------------------------
     def register(self) -> float:
-        tps = self.cfg.throughput or measure_throughput(self.policy.model, self.tokenizer, self.rl)
+        tps = self.cfg.throughput or measure_throughput(self.policy.backend, self.tokenizer, self.rl)
         ensure_registered(self.client, tps, self.cfg.stake,
                           {"cpu_threads": self.cfg.threads, "os_cpus": os.cpu_count(), "device": "cpu"})
         return tps
@@ -109,6 +112,7 @@ class SwarmNode:
             return 3
         finally:
             self.metrics.close()
+            self.policy.backend.close()
         return 0
 
     # ---- work ----------------------------------------------------------------------------------
@@ -159,12 +163,12 @@ class SwarmNode:
             raise ValueError(f"assignment {a.assignment_id}: tasks do not match their seed (orchestrator bug?)")
         tasks = self.tasks_for(a, expected)
         version = self.version_for(a)
-        model = self.model_for(version)
+        backend = self.backend_for(version)
         env = self.env(a.env, a.env_params)
         rl = self.rl.model_copy(update={"group_size": a.group_size})
-        res = rollout_batch(model, self.tokenizer, env, tasks, rl, worker_id=self.node_id, step=a.step,
+        res = rollout_batch(backend, self.tokenizer, env, tasks, rl, worker_id=self.node_id, step=a.step,
                             policy_version=version, seed=a.seed, budgets=[a.budget()] * len(tasks),
-                            generator=self.gen, proofs=rl.workers.proofs, chat_template=a.chat_template)
+                            proofs=rl.workers.proofs, chat_template=a.chat_template)
         write_rollouts(self.tamper(res.rows, tasks, env, rl, a), path)
         return path, self.batch_info(res, len(tasks))
 
@@ -182,7 +186,8 @@ class SwarmNode:
         """The policy version to sample with: the assigned one."""
         return a.policy_version
 
-    def model_for(self, version: int) -> torch.nn.Module:
+    def backend_for(self, version: int) -> InferenceBackend:
+        """The backend to sample with: the one serving ``version``."""
         return self.policy.load(version, self.cfg.policy_timeout_s)
 
     def tamper(self, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
