@@ -17,12 +17,16 @@ from swarmrl.inference import SamplingParams, generate
 from swarmrl.inference.backend import (
     VLLM_INSTALL_HINT,
     BackendUnavailable,
+    InferenceBackend,
     OursBackend,
     as_backend,
     make_backend,
 )
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.models import load_model, load_tokenizer
+from swarmrl.policy import holder as holder_mod
+from swarmrl.policy.holder import BackendPolicy
+from swarmrl.policy.sources import PolicyUnavailable
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.worker import rollout_batch
 from swarmrl.swarm.config import SwarmNodeConfig
@@ -142,3 +146,63 @@ def test_missing_vllm_is_a_one_line_error(tiny_model_dir, monkeypatch):
     assert "pip install -e '.[vllm]'" in r.output and "Traceback" not in r.output
     with pytest.raises(ValueError, match="model directory"):
         make_backend(InferenceConfig(backend="vllm"), load_model(tiny_model_dir), eos_id=0, pad_id=0)
+
+
+class _Source:
+    def __init__(self, dirs):
+        self.dirs, self.fetched = dirs, []
+
+    def fetch(self, version, timeout_s=60.0):
+        self.fetched.append(version)
+        if version not in self.dirs:
+            raise PolicyUnavailable(f"no v{version}")
+        return self.dirs[version]
+
+
+class _Recorder(InferenceBackend):
+    name = "recorder"
+
+    def __init__(self):
+        super().__init__(0, 0)
+        self.loaded = []
+
+    def generate(self, prompt_ids, params, *, seeds=None, capture_hidden=False):
+        raise NotImplementedError
+
+    def update_weights(self, weights):
+        if "broken" in str(weights):
+            raise OSError("truncated")
+        self.loaded.append(weights)
+
+
+def test_backend_policy_ours_swaps_the_wrapped_model(tiny_model_dir, tmp_path):
+    tok = load_tokenizer(tiny_model_dir)
+    other = load_model(tiny_model_dir)
+    with torch.no_grad():
+        for prm in other.parameters():
+            prm.mul_(-1.0)
+    other.save_pretrained(tmp_path / "v3", safe_serialization=True)
+    src = _Source({3: tmp_path / "v3"})
+    pol = BackendPolicy(src, tiny_model_dir, InferenceConfig(), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        generator=torch.Generator().manual_seed(0))
+    assert pol.version == -1 and isinstance(pol.backend, OursBackend) and pol.backend.model is pol.model
+    assert pol.load(3) is pol.backend and pol.version == 3 and pol.load(3) is pol.backend
+    assert src.fetched == [3]
+    assert all(torch.equal(a, b) for a, b in zip(pol.model.state_dict().values(), other.state_dict().values()))
+    with pytest.raises(PolicyUnavailable):
+        pol.load(4)
+    assert pol.version == 3
+
+
+def test_backend_policy_other_backends_reload_each_version_once(tiny_model_dir, tmp_path, monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(holder_mod, "make_backend", lambda cfg, model, **kw: rec)
+    src = _Source({1: tmp_path / "v1", 2: tmp_path / "v2", 5: tmp_path / "broken"})
+    pol = BackendPolicy(src, tiny_model_dir, InferenceConfig(backend="vllm"), eos_id=0, pad_id=0, seed=3)
+    assert pol.model is None and pol.version == -1
+    assert pol.load(1) is rec and pol.load(1) is rec and pol.load(2) is rec
+    assert rec.loaded == [tmp_path / "v1", tmp_path / "v2"] and pol.version == 2
+    for v in (5, 6):  # a truncated version, a missing one: unavailable, and the held version stays
+        with pytest.raises(PolicyUnavailable):
+            pol.load(v)
+        assert pol.version == 2
