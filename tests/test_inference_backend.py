@@ -144,6 +144,10 @@ def test_missing_vllm_is_a_one_line_error(tiny_model_dir, monkeypatch):
                                  "--set", "inference.backend=vllm"])
     assert r.exit_code == 2
     assert "pip install -e '.[vllm]'" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["run", "--local", "--run-dir", str(tiny_model_dir.parent / "never"),
+                                 "--set", "rl.inference.backend=\"vllm\""])
+    assert r.exit_code == 2 and "pip install -e '.[vllm]'" in r.output  # refused before any process starts
+    assert not (tiny_model_dir.parent / "never").exists()
     with pytest.raises(ValueError, match="model directory"):
         make_backend(InferenceConfig(backend="vllm"), load_model(tiny_model_dir), eos_id=0, pad_id=0)
 

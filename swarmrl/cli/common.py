@@ -89,3 +89,13 @@ def backend_errors() -> Iterator[None]:
 
         console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def require_backend(inference: object) -> None:
+    """``BackendUnavailable`` now (no import, just a look-up) when the configured backend's package is missing."""
+    import importlib.util  # noqa: PLC0415  # lazy: startup
+
+    from swarmrl.inference.config import VLLM_INSTALL_HINT, BackendUnavailable  # noqa: PLC0415  # lazy: startup
+
+    if getattr(inference, "backend", "ours") == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise BackendUnavailable(VLLM_INSTALL_HINT)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, require_backend, resolve
 
 rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True)
 
@@ -87,6 +87,8 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     if cfg.mode == "local" and cfg.swarm.adversaries:
         console.print("[red]error:[/red] adversaries are swarm nodes: drop --local (or set mode = \"swarm\")")
         raise typer.Exit(2)
+    with backend_errors():  # before any process starts: workers and nodes would only fail one by one
+        require_backend(cfg.rl.inference)
     from rich.live import Live  # noqa: PLC0415  # lazy: startup
     from rich.table import Table  # noqa: PLC0415  # lazy: startup
 
