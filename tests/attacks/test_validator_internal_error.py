@@ -48,6 +48,7 @@ CONFIG_MODELS = {
     "diloco.toml": ("swarmrl.diloco.config", "DilocoConfig"),
     "orchestrator.toml": ("swarmrl.protocol.config", "OrchestratorConfig"),
     "run.toml": ("swarmrl.job.config", "RunConfig"),
+    "smollm2.toml": ("swarmrl.job.config", "RunConfig"),
     "shardcast_fetch.toml": ("swarmrl.shardcast.config", "FetchConfig"),
     "shardcast_relay.toml": ("swarmrl.shardcast.config", "RelayConfig"),
     "toploc_calibrate.toml": ("swarmrl.toploc.calibrate", "CalibrateConfig"),
