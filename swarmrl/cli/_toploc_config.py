@@ -20,5 +20,6 @@ class VerifyFileConfig(StrictModel):
     max_new_tokens: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1)
     check_sampling: bool = True
+    calibration: bool = True  # use <model>/toploc_thresholds.json; thresholds set here win field by field
     thresholds: Thresholds = Field(default_factory=Thresholds)
     sampling: SamplingThresholds = Field(default_factory=SamplingThresholds)

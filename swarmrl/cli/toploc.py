@@ -31,11 +31,17 @@ def _fmt(v: float) -> str:
 
 @app.command("calibrate")
 def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
+              out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Calibration file to write (default: "
+                                                          "MODEL/toploc_thresholds.json, where verifiers read it).")] = None,
+              write: Annotated[Optional[bool], typer.Option("--write/--no-write", help="Write the calibration file "
+                                                            "(default) or only report.")] = None,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
-    """Honest recomputation vs tampering on MODEL: metric distributions and recommended thresholds."""
+    """Honest recomputation vs tampering on MODEL: metric distributions, recommended thresholds, written to
+    MODEL/toploc_thresholds.json (or --out) for the validator and `toploc verify` to use."""
     from swarmrl.toploc.calibrate import CalibrateConfig  # noqa: PLC0415  # lazy: startup
 
-    cfg = resolve(CalibrateConfig, config, set_, opt("model", model), print_config)
+    cfg = resolve(CalibrateConfig, config, set_, opt("model", model) + opt("out", out) + opt("write", write),
+                  print_config)
     if not cfg.model:
         console.print("[red]error:[/red] --model is required")
         raise typer.Exit(2)
@@ -60,20 +66,27 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
                   f"{report.logprob_detection_recommended[s.name]:.0%}", f"{report.any_detection_recommended[s.name]:.0%}")
     from rich.console import Console  # noqa: PLC0415  # lazy: startup
 
-    out = Console(width=250)
-    out.print(t)
-    rec = report.recommended
-    out.print("fail columns: share of rollouts rejected (dflt: configured thresholds, rec: recommended ones); "
+    con = Console(width=250)
+    con.print(t)
+    rec, r = report.recommended, report.recommendation
+    con.print("fail columns: share of rollouts rejected (dflt: configured thresholds, rec: recommended ones); "
               "exp/mant columns: per-chunk distributions")
-    out.print(f"recommended thresholds (honest max x {cfg.margin} + slack): "
-              f"max_exp_mismatches={rec.max_exp_mismatches}, max_mant_err_mean={rec.max_mant_err_mean}, "
-              f"max_mant_err_median={rec.max_mant_err_median}; sampling max_logprob_diff="
-              f"{report.recommended_logprob_diff}")
-    out.print("honest recomputation measured here only: a GPU worker / validator pair adds kernel noise, so "
-              "calibrate on that pair before tightening the published defaults")
+    con.print(f"recommended thresholds: max_exp_mismatches={rec.max_exp_mismatches}, max_mant_err_mean="
+              f"{rec.max_mant_err_mean}, max_mant_err_median={rec.max_mant_err_median}; sampling max_logprob_diff="
+              f"{report.recommended_logprob_diff} (honest max {r.honest_max} over {r.honest_chunks} chunks; "
+              f"honest max x {cfg.margin} + slack: {r.margin_based.model_dump()})")
+    con.print(f"one-token edits with a changed committed state passing on proofs alone: {r.edits_passing}/{r.edits} "
+              f"recommended, {r.edits_passing_margin}/{r.edits} honest max x margin + slack; honest rollouts "
+              f"failing: {r.honest_failing}/{r.honest_rollouts}; {r.note}")
+    if not r.separable:
+        con.print("[yellow]the one-token edits are NOT separated from honest recomputation on this model[/yellow]")
+    con.print("honest recomputation measured here only: a GPU worker / validator pair adds kernel noise, so "
+              "calibrate on that pair (or loosen by hand) before a validator slashes with these thresholds")
     if report.overlaps:
-        out.print(f"[yellow]some tampered chunks look honest under the recommended thresholds:[/yellow] "
-                  f"{', '.join(report.overlaps)}")
+        con.print(f"[yellow]tampered scenarios with rollouts passing the recommended thresholds on proofs alone:"
+                  f"[/yellow] {', '.join(report.overlaps)}")
+    con.print(f"calibration took {report.wall_s:.0f} s; "
+              + (f"written to {report.path}" if report.path else "not written (--no-write)"))
 
 
 @app.command("verify")
@@ -96,11 +109,22 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
     except RolloutError as e:
         console.print(f"[red]rejected:[/red] {e}")
         raise typer.Exit(1) from None
+    from swarmrl.toploc.calibration import CalibrationError, toploc_settings  # noqa: PLC0415  # lazy: startup
+
+    try:  # thresholds set in the config > the model dir's calibration file > defaults
+        st = toploc_settings(cfg.model, {k: getattr(cfg.thresholds, k) for k in cfg.thresholds.model_fields_set},
+                             {k: getattr(cfg.sampling, k) for k in cfg.sampling.model_fields_set},
+                             use_file=cfg.calibration, chunk=cfg.chunk, k=cfg.k)
+    except CalibrationError as e:
+        console.print(f"[red]error:[/red] {e} (or --set calibration=false)", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    typer.echo(f"thresholds from {st.source}: {(st.thresholds or cfg.thresholds).model_dump()}")
     m = load_model(cfg.model, dtype=cfg.dtype)
     eos = load_tokenizer(cfg.model).eos_token_id
     res = verify_rows(m, rows, eos, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                      check_sampling=cfg.check_sampling, chunk=cfg.chunk, k=cfg.k, thresholds=cfg.thresholds,
-                      sampling_thresholds=cfg.sampling, batch_size=cfg.batch_size)
+                      check_sampling=cfg.check_sampling, chunk=cfg.chunk, k=cfg.k,
+                      thresholds=st.thresholds or cfg.thresholds, sampling_thresholds=st.sampling or cfg.sampling,
+                      batch_size=cfg.batch_size)
     bad = 0
     for i, r in enumerate(res):
         if not r.passed:

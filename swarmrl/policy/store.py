@@ -1,6 +1,7 @@
 """The on-disk layout of committed policy versions (written by the trainer, read by every holder):
 
-    <dir>/v000007/        HF model dir of policy version 7 (+ trainer_state.pt for the newest)
+    <dir>/v000007/        HF model dir of policy version 7 (+ trainer_state.pt for the newest; + toploc_thresholds.json
+                          when the base model has a TOPLOC calibration file)
     <dir>/LATEST          "7": newest complete version (written after the dir rename)
     <dir>/.staging-v000008/  a version being written
 

@@ -37,8 +37,10 @@ from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import PendingSubmission
 from swarmrl.rl.rollouts import Rollout
 from swarmrl.rl.train_step import Sequence, _pack, sequence_logprobs
+from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
 from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
 from swarmrl.toploc.sampling_check import SamplingThresholds
+from swarmrl.toploc.verify import Thresholds
 
 # the proof parameters of the wire spec (shared/specs/toploc-proof-format.md) that nodes build
 # (proofs_for_sample) and verify_rollouts checks: one proof per chunk of 32 decode positions, k = 128
@@ -59,6 +61,7 @@ class CheckContext:
     model_loader: Callable[[int], Any] | None = None  # policy version -> model
     cache: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None  # token ids must be below this (None: unknown, not checked here)
+    settings_loader: Callable[[int], ToplocSettings] | None = None  # policy version -> its TOPLOC thresholds
 
     @property
     def expected_tasks(self) -> list[Task]:
@@ -71,6 +74,13 @@ class CheckContext:
         if self.model_loader is None:
             raise SkipCheck("no model_dir configured")
         return self.model_loader(policy_version)
+
+    def toploc_settings(self, policy_version: int) -> ToplocSettings:
+        """The TOPLOC thresholds for this version's rows: the config's > its model dir's calibration file >
+        defaults (without a loader, the config's alone)."""
+        if self.settings_loader is not None:
+            return self.settings_loader(policy_version)
+        return toploc_settings(None, self.cfg.toploc_thresholds, self.cfg.sampling_thresholds)
 
 
 Check = Callable[[CheckContext], tuple[bool, str]]
@@ -319,17 +329,19 @@ def configured_functions_problems(cfg: ValidatorConfig) -> list[str]:
             continue
         if name == "toploc_check" and cfg.sampling_claim and cfg.sampling_thresholds:
             kw = {**kw, "sampling_thresholds": None}
+        if name == "toploc_check" and cfg.toploc_thresholds:
+            kw = {**kw, "thresholds": None}
         try:
             inspect.signature(fn).bind(*args, **kw)
         except TypeError as e:
             problems.append(f"{name} = {spec!r}: it is called as {shown}, which it does not take ({e})")
         except ValueError:  # no signature to read (a builtin): judged when it runs
             pass
-    if cfg.sampling_thresholds:
+    for name, model in (("sampling_thresholds", SamplingThresholds), ("toploc_thresholds", Thresholds)):
         try:
-            SamplingThresholds(**cfg.sampling_thresholds)
+            model(**getattr(cfg, name))
         except ValueError as e:
-            problems.append(f"sampling_thresholds: {e}")
+            problems.append(f"{name}: {e}")
     if cfg.require_proofs and not cfg.toploc_check:
         problems.append("require_proofs = true needs a toploc_check")
     if cfg.require_proofs and not (cfg.model_dir or cfg.model_dir_template):
@@ -386,12 +398,23 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
         fn = import_dotted(cfg.toploc_check)
         claim_fn = import_dotted(cfg.sampling_claim) if cfg.sampling_claim else None
         eos = getattr(ctx.tokenizer, "eos_token_id", None)
-        kw: dict[str, Any] = {"batch_size": cfg.toploc_batch_size}
-        if claim_fn is not None and eos is not None and cfg.sampling_thresholds:
-            kw["sampling_thresholds"] = SamplingThresholds(**cfg.sampling_thresholds)
         results: list[Any] = [None] * len(ctx.rows)
         for version, idx in _by_version(ctx.rows).items():
             model = ctx.model(version)
+            st = ctx.toploc_settings(version)
+            kw: dict[str, Any] = {"batch_size": cfg.toploc_batch_size}
+            if st.thresholds is not None:
+                kw["thresholds"] = st.thresholds
+            if claim_fn is not None and eos is not None and st.sampling is not None:
+                kw["sampling_thresholds"] = st.sampling
+            try:
+                inspect.signature(fn).bind(model, [], **kw)
+            except TypeError as e:  # our configuration, not the node's: an internal error
+                raise RuntimeError(f"toploc_check {cfg.toploc_check} cannot take the thresholds of policy "
+                                   f"v{version} ({st.source}): {e}; set toploc_calibration = false or use a "
+                                   "function that takes them") from None
+            except ValueError:  # no signature to read
+                pass
             items = [(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids), list(ctx.rows[i].proofs),
                       claim_fn(ctx.rows[i], eos) if claim_fn is not None and eos is not None else None) for i in idx]
             out = list(fn(model, items, **kw))

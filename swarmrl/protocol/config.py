@@ -190,6 +190,11 @@ class ValidatorConfig(StrictModel):
     # overrides of swarmrl.toploc SamplingThresholds passed to the TOPLOC check (e.g. {min_token_logprob = -30}):
     # a slashing decision needs a per-token false-positive bound far below 1/tokens-judged
     sampling_thresholds: dict[str, float | int] = Field(default_factory=dict)
+    # overrides of swarmrl.toploc Thresholds (e.g. {max_exp_mismatches = 4}). Precedence, field by field, for these
+    # and sampling_thresholds: the values set here > the calibration file of the policy version's model dir
+    # (<dir>/toploc_thresholds.json from `swarmrl toploc calibrate`, read when toploc_calibration) > the defaults
+    toploc_thresholds: dict[str, float | int] = Field(default_factory=dict)
+    toploc_calibration: bool = True
     # Policy check: also reject work for a step older than the window at VERDICT time. Off by default:
     # a validator lagging behind the trainer would slash honest nodes for its own delay, and late
     # work is harmless (the trainer never uses it).

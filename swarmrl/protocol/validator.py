@@ -20,8 +20,10 @@ arguments it is called with, ``require_proofs`` without a model) is refused at s
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -37,6 +39,8 @@ from swarmrl.models import load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import TemplatePolicySource
 from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' historical home)
+    PROOF_CHUNK,
+    PROOF_K,
     Check,
     CheckContext,
     SkipCheck,
@@ -48,6 +52,7 @@ from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' h
     check_tasks,
     configured_functions_problems,
     default_checks,
+    import_dotted,
     lazy_check,
     logprob_check,
     sampling_check,
@@ -57,6 +62,13 @@ from swarmrl.protocol.client import ApiError, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import CheckResult, PendingSubmission, VerdictRequest
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
+from swarmrl.toploc.calibration import (
+    CALIBRATION_FILE,
+    CalibrationError,
+    ToplocSettings,
+    read_calibration,
+    toploc_settings,
+)
 from swarmrl.utils.metrics import MetricsWriter
 
 log = logging.getLogger("swarmrl.protocol.validator")
@@ -75,7 +87,7 @@ class Verdict:
 
 def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks: list[tuple[str, Check]],
           tokenizer: Any = None, model_loader: Callable[[int], Any] | None = None,
-          vocab_size: int | None = None) -> Verdict:
+          vocab_size: int | None = None, settings_loader: Callable[[int], ToplocSettings] | None = None) -> Verdict:
     """Run ``checks`` in order over one file: the first finding rejects; a check that raises anything but
     ``SkipCheck`` ends the judgement with ``internal_error`` set (no verdict)."""
     results: list[CheckResult] = []
@@ -90,7 +102,7 @@ def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks
         return Verdict(False, f"read: internal error: {type(e).__name__}: {e}", [], internal_error=_describe("read", e))
     secs["read"] = time.perf_counter() - t0
     ctx = CheckContext(rows=rows, item=item, cfg=cfg, tokenizer=tokenizer, model_loader=model_loader,
-                       vocab_size=vocab_size)
+                       vocab_size=vocab_size, settings_loader=settings_loader)
     for name, check in checks:
         t0 = time.perf_counter()
         try:
@@ -125,6 +137,18 @@ def config_problems(cfg: ValidatorConfig) -> list[str]:
     problems = configured_functions_problems(cfg)
     if cfg.model_dir and not Path(cfg.model_dir).is_dir():
         problems.append(f"model_dir = {cfg.model_dir!r} is not a directory")
+    elif cfg.model_dir and cfg.toploc_calibration and cfg.toploc_check:
+        try:
+            if read_calibration(cfg.model_dir, PROOF_CHUNK, PROOF_K) is not None:
+                fn = import_dotted(cfg.toploc_check)
+                inspect.signature(fn).bind(None, [], batch_size=1, thresholds=None)
+        except CalibrationError as e:
+            problems.append(f"TOPLOC calibration: {e} (fix or remove it, or set toploc_calibration = false)")
+        except TypeError as e:
+            problems.append(f"toploc_check = {cfg.toploc_check!r} cannot take the thresholds of {cfg.model_dir}'s "
+                            f"calibration file ({e}); set toploc_calibration = false or use a function that does")
+        except (ImportError, ValueError):  # reported above / no signature to read
+            pass
     return problems
 
 
@@ -169,6 +193,7 @@ class Validator:
         template = cfg.model_dir_template or cfg.model_dir
         self._source = TemplatePolicySource(template) if template else None
         self._holder = None
+        self._settings: dict[str, tuple[object, ToplocSettings]] = {}  # model dir -> (file's stat, its settings)
         self.work = Path(cfg.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.judged = 0
@@ -187,6 +212,30 @@ class Validator:
         if self._holder is None:
             self._holder = PolicyHolder(self._source, self._source.fetch(policy_version), keep_states=2)
         return self._holder.load(policy_version)
+
+    def _toploc_settings(self, policy_version: int) -> ToplocSettings:
+        """TOPLOC thresholds for one policy version: ``toploc_thresholds`` / ``sampling_thresholds`` > the version's
+        model dir's calibration file (cached until the file changes) > defaults. An unusable calibration file
+        raises ``CalibrationError``: an internal error (retried), never the node's fault."""
+        cfg = self.cfg
+        if self._source is None or not cfg.toploc_calibration:
+            return toploc_settings(None, cfg.toploc_thresholds, cfg.sampling_thresholds)
+        d = self._source.fetch(policy_version)
+        try:
+            st = os.stat(d / CALIBRATION_FILE)
+            key: object = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        hit = self._settings.get(str(d))
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        settings = toploc_settings(d, cfg.toploc_thresholds, cfg.sampling_thresholds, chunk=PROOF_CHUNK, k=PROOF_K)
+        if len(self._settings) >= 64:
+            self._settings.clear()
+        self._settings[str(d)] = (key, settings)
+        log.info("policy v%d: TOPLOC thresholds from %s: %s", policy_version, settings.source,
+                 settings.thresholds.model_dump() if settings.thresholds else "defaults")
+        return settings
 
     @property
     def left_pending(self) -> list[int]:
@@ -209,7 +258,8 @@ class Validator:
                     # storage or transfer fault on our side of the wire, not the node's
                     why = f"download: the file's sha256 {sha[:16]}.. is not the recorded {item.submission.sha256[:16]}.."
                     return Verdict(False, why, [], internal_error=why)
-                return judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model, self.vocab_size)
+                return judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model, self.vocab_size,
+                             self._toploc_settings)
         except Exception as e:  # noqa: BLE001 - download or disk trouble: ours
             log.exception("submission %d: could not be judged", sid)
             return Verdict(False, f"internal error: {e}", [], internal_error=_describe("download", e))

@@ -5,7 +5,8 @@ for step n with a policy inside the staleness window (``contract.AsyncWindow``),
 directory, renamed into place). A step whose loss or gradient norm is not finite changes no weight (the
 optimizer step is skipped, counted in the metrics row as ``nonfinite_skipped`` and ``nonfinite_total``) and
 still commits version n + 1, so the run goes on. Killed at any point, it restarts from the newest committed
-version; the step that was in flight is redone from scratch, so no rollout is trained on twice.
+version; the step that was in flight is redone from scratch, so no rollout is trained on twice. The base model's
+TOPLOC calibration file (``toploc_thresholds.json``) is copied into every version, for validators.
 
 Data parallel: launched under torchrun (WORLD_SIZE > 1), rank 0 gathers and broadcasts the
 batch and every rank back-propagates its share with global normalisation weights. ``trainer.parallel``
@@ -35,6 +36,7 @@ from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir, announced_groups
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
 from swarmrl.shardcast import Origin
+from swarmrl.toploc.calibration import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter, read_metrics
 
 
@@ -148,6 +150,7 @@ class Trainer:
         model.eval()
         model.save_pretrained(staged, safe_serialization=True)
         self.tokenizer.save_pretrained(staged)
+        copy_calibration(self.cfg.model, staged)  # per-model TOPLOC thresholds travel with every version
         model.train(was)
         torch.save({"optimizer": opt_state, "scheduler": self.sched.state_dict(),
                     "rng": torch.get_rng_state(), "step": version, "consumed": consumed,

@@ -3,10 +3,15 @@
 An honest worker samples a batch with ``generate(capture_hidden=True)`` (KV-cache decoding) and
 commits to the captured states. Honest variants verify those proofs with one prefill under different
 batch sizes / padding, thread counts, and proofs from a worker that sampled each prompt alone.
-Tampered variants have the worker use another model, a perturbed copy, fp16 / bf16 weights, int8-style
-quantised weights, a changed prompt, or change one completion token after sampling. For each variant
-we collect per-chunk (exp_mismatches, mant_err_mean, mant_err_median), rollout-level TOPLOC and
-sampling-check verdicts, and recommend thresholds from the honest maxima with a margin.
+Tampered variants change one completion token after sampling (the first, the middle, the second-to-last and
+the last token of each completion), or have the worker use another model, a perturbed copy, fp16 / bf16
+weights, int8-style quantised weights or a changed prompt. For each variant we collect per-chunk
+(exp_mismatches, mant_err_mean, mant_err_median), rollout-level TOPLOC and sampling-check verdicts, and
+recommend thresholds (``swarmrl.toploc.recommend``): the ones within [honest max, honest max x margin + slack]
+that let the fewest one-token edits pass with the most room above the honest maxima. The recommendation, the
+model's identity and the figures are written to the model's calibration file (``swarmrl.toploc.calibration``).
+An edit of the LAST token changes no committed state: it is reported, left out of the choice, and left to the
+sampling check.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ from __future__ import annotations
 import copy
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -27,20 +35,33 @@ from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models.io import load_model, load_tokenizer
+from swarmrl.toploc.calibration import (
+    CALIBRATION_FILE,
+    CALIBRATION_FORMAT,
+    Calibration,
+    ProofParams,
+    model_identity,
+    write_calibration,
+)
 from swarmrl.toploc.proof import build_proofs
+from swarmrl.toploc.recommend import Recommendation, recommend, rollout_passes
 from swarmrl.toploc.rollout import verify_rollouts
 from swarmrl.toploc.sampling_check import SamplingClaim, SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
 from swarmrl.utils.metrics import MetricsWriter
 
 __all__ = ["CalibrateConfig", "ScenarioResult", "CalibrationReport", "run_calibration", "perturb_weights",
-           "quantize_int8", "reinit_model", "change_token"]
+           "quantize_int8", "reinit_model", "change_token", "EDITS"]
+
+Edit = Literal["first", "middle", "second_to_last", "last"]
+EDITS: tuple[Edit, ...] = ("first", "middle", "second_to_last", "last")
 
 
 class CalibrateConfig(StrictModel):
     model: str = ""  # HF model directory (required)
     dtype: str = "float32"
     task: TaskConfig = Field(default_factory=TaskConfig)
+    chat_template: bool = False  # prompts in the model's chat template (as a run with chat_template = true)
     n_prompts: int = Field(16, ge=1)
     max_new_tokens: int = Field(96, ge=2)
     temperature: float = Field(1.0, ge=0)
@@ -51,10 +72,13 @@ class CalibrateConfig(StrictModel):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 3, 16])
     threads: list[int] = Field(default_factory=lambda: [1, 2])
     perturb_scale: float = Field(0.01, gt=0)  # relative std of the noise added to every weight
-    change_position: int = Field(4, ge=0)  # completion token changed in the "changed token" scenario
-    margin: float = Field(2.0, ge=1)  # recommended threshold = honest max * margin + slack
-    thresholds: Thresholds = Field(default_factory=Thresholds)
+    edits: list[Edit] = Field(default_factory=lambda: list(EDITS))  # one-token edits: which token of each completion
+    weight_tampering: bool = True  # also another model, perturbed / fp16 / bf16 / int8 weights, a changed prompt
+    margin: float = Field(2.0, ge=1)  # the loosest thresholds considered: honest max * margin + slack
+    thresholds: Thresholds = Field(default_factory=Thresholds)  # reported as "dflt" (published defaults)
     sampling: SamplingThresholds = Field(default_factory=SamplingThresholds)
+    out: str = ""  # the calibration file ("": <model>/toploc_thresholds.json, where verifiers look)
+    write: bool = True  # false: report only
     metrics: str | None = None  # JSONL file for per-scenario results
 
 
@@ -112,6 +136,7 @@ def change_token(ids: list[int], pos: int, vocab: int, avoid: set[int], rng: ran
 class ScenarioResult:
     name: str
     honest: bool
+    edit: bool = False  # a one-token edit with a changed committed state (what the thresholds must catch)
     exp: list[int] = field(default_factory=list)
     mean: list[float] = field(default_factory=list)
     median: list[float] = field(default_factory=list)
@@ -143,24 +168,22 @@ class ScenarioResult:
 @dataclass
 class CalibrationReport:
     scenarios: list[ScenarioResult]
-    recommended: Thresholds
+    recommendation: Recommendation
     recommended_logprob_diff: float
-    overlaps: list[str]
+    overlaps: list[str]  # tampered scenarios with some rollout passing the recommended thresholds
     detection_recommended: dict[str, float]  # share of rollouts failing TOPLOC with the recommended thresholds
     logprob_detection_recommended: dict[str, float] = field(default_factory=dict)  # claimed-logprob check
     any_detection_recommended: dict[str, float] = field(default_factory=dict)  # either of the two
+    calibration: Calibration | None = None
+    path: Path | None = None  # where the calibration file was written (None: not written)
+    wall_s: float = 0.0
+
+    @property
+    def recommended(self) -> Thresholds:
+        return self.recommendation.thresholds
 
     def rows(self) -> list[dict]:
         return [s.summary() for s in self.scenarios]
-
-
-def _recommend(honest: list[ScenarioResult], margin: float) -> Thresholds:
-    exp = max((max(s.exp) for s in honest if s.exp), default=0)
-    mean = max((max(s.mean) for s in honest if s.mean), default=0.0)
-    med = max((max(s.median) for s in honest if s.median), default=0.0)
-    return Thresholds(max_exp_mismatches=int(math.ceil(exp * margin)) + 2,
-                      max_mant_err_mean=round(mean * margin + 1.0, 3),
-                      max_mant_err_median=float(math.ceil(med * margin)) + 1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,17 +216,18 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     vocab = model.get_input_embeddings().num_embeddings
     env = cfg.task.build()
     tasks = env.sample(cfg.seed, cfg.n_prompts)
-    prompts = [encode_prompt(tok, t.prompt) for t in tasks]
+    prompts = [encode_prompt(tok, t.prompt, cfg.chat_template) for t in tasks]
     eos = tok.eos_token_id
     rng = random.Random(cfg.seed)
     threads0 = torch.get_num_threads()
+    t_start = time.perf_counter()
 
     def claims(out) -> list[SamplingClaim]:
         return [SamplingClaim(eos_id=eos, temperature=cfg.temperature, top_p=cfg.top_p, logprobs=lp, finished=f,
                               max_new_tokens=cfg.max_new_tokens) for lp, f in zip(out.logprobs, out.finished)]
 
     def check(name: str, honest: bool, prompt_ids, completions, proofs, cls, batch_size: int = 4,
-              threads: int | None = None, shuffle: bool = False) -> ScenarioResult:
+              threads: int | None = None, shuffle: bool = False, edit: bool = False) -> ScenarioResult:
         say(name)
         items = list(zip(prompt_ids, completions, proofs, cls))
         order = list(range(len(items)))
@@ -216,7 +240,7 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
                                   thresholds=cfg.thresholds, sampling_thresholds=cfg.sampling, batch_size=batch_size)
         finally:
             torch.set_num_threads(threads0)
-        r = ScenarioResult(name, honest)
+        r = ScenarioResult(name, honest, edit)
         for rc in res:
             r.per_rollout.append([(c.exp_mismatches, c.mant_err_mean, c.mant_err_median) if c.exp_mismatches >= 0
                                   else (1 << 30, math.inf, math.inf) for c in rc.chunks] or [(1 << 30, math.inf, math.inf)])
@@ -246,60 +270,74 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     results.append(check("honest: worker sampled alone", True, single.prompt_ids, single.completion_ids,
                          [build_proofs(h, cfg.chunk, cfg.k) for h in single.hidden], claims(single)))
 
+    avoid = {eos, tok.pad_token_id}
+    for kind in cfg.edits:  # one completion token replaced after sampling; the proofs and claims kept
+        pick = [i for i, c in enumerate(out.completion_ids) if len(c) >= (1 if kind == "last" else 2)]
+        if not pick:
+            continue
+        comps = [change_token(out.completion_ids[i], _edit_position(kind, len(out.completion_ids[i])), vocab, avoid,
+                              rng) for i in pick]
+        name = ("tampered: one-token edit, last token (no later state: invisible to proofs)" if kind == "last"
+                else f"tampered: one-token edit, {kind.replace('_', '-')} token")
+        results.append(check(name, False, [out.prompt_ids[i] for i in pick], comps, [proofs[i] for i in pick],
+                             [base[3][i] for i in pick], edit=kind != "last"))
+
     def tampered(name: str, worker: torch.nn.Module) -> None:
         say(f"tampered worker: {name}")
         o = _sample(worker, prompts, cfg, tok, cfg.seed + 2)
         results.append(check(f"tampered: {name}", False, o.prompt_ids, o.completion_ids,
                              [build_proofs(h.float(), cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
 
-    tampered("another model", reinit_model(model, cfg.seed + 1000))
-    tampered(f"perturbed weights ({cfg.perturb_scale:g})", perturb_weights(model, cfg.perturb_scale, cfg.seed))
-    tampered(f"perturbed weights ({cfg.perturb_scale / 10:g})", perturb_weights(model, cfg.perturb_scale / 10, cfg.seed))
-    dtype = next(model.parameters()).dtype
-    for name, dt in (("fp16 weights", torch.float16), ("bf16 weights", torch.bfloat16)):
-        if dt != dtype:  # the model's own dtype would be an honest control, not tampering
-            tampered(name, copy.deepcopy(model).to(dt))
-    tampered("int8 weights", quantize_int8(model))
-
-    say("tampered worker: changed prompt")
-    changed_prompts = [change_token(p, rng.randrange(len(p)), vocab, {eos, tok.pad_token_id}, rng) for p in prompts]
-    o = _sample(model, changed_prompts, cfg, tok, cfg.seed + 3)
-    results.append(check("tampered: changed prompt token", False, prompts, o.completion_ids,
-                         [build_proofs(h, cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
-    comp = [change_token(c, cfg.change_position, vocab, {eos, tok.pad_token_id}, rng) if len(c) > 1 else c
-            for c in out.completion_ids]
-    results.append(check(f"tampered: completion token {cfg.change_position} changed", False, out.prompt_ids, comp,
-                         proofs, claims(out)))
+    if cfg.weight_tampering:
+        tampered("another model", reinit_model(model, cfg.seed + 1000))
+        for scale in (cfg.perturb_scale, cfg.perturb_scale / 10):
+            tampered(f"perturbed weights ({scale:g})", perturb_weights(model, scale, cfg.seed))
+        dtype = next(model.parameters()).dtype
+        for name, dt in (("fp16 weights", torch.float16), ("bf16 weights", torch.bfloat16)):
+            if dt != dtype:  # the model's own dtype would be an honest control, not tampering
+                tampered(name, copy.deepcopy(model).to(dt))
+        tampered("int8 weights", quantize_int8(model))
+        say("tampered worker: changed prompt")
+        changed = [change_token(p, rng.randrange(len(p)), vocab, avoid, rng) for p in prompts]
+        o = _sample(model, changed, cfg, tok, cfg.seed + 3)
+        results.append(check("tampered: changed prompt token", False, prompts, o.completion_ids,
+                             [build_proofs(h, cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
 
     honest = [s for s in results if s.honest]
-    rec = _recommend(honest, cfg.margin)
+    rec = recommend([r for s in honest for r in s.per_rollout], [r for s in results if s.edit for r in s.per_rollout],
+                    cfg.margin)
+    th = rec.thresholds
     lp_honest = max((max(s.logprob_diff) for s in honest if s.logprob_diff), default=0.0)
-    overlaps = []
-    detection: dict[str, float] = {}
-    for s in results:
-        if s.honest:
-            continue
-    for s in results:
-        detection[s.name] = _detect_rate(s, rec)
-        if s.honest:
-            continue
-        if s.exp and min(s.exp) <= rec.max_exp_mismatches and min(s.mean) <= rec.max_mant_err_mean and \
-                min(s.median) <= rec.max_mant_err_median:
-            overlaps.append(s.name)
     lp_rec = round(lp_honest * cfg.margin + 1e-3, 6)
-    lp_det: dict[str, float] = {}
-    any_det: dict[str, float] = {}
+    detection, lp_det, any_det, overlaps = {}, {}, {}, []
     for s in results:
+        tl_fail = _rollout_fails(s, th)
         lp_fail = [d > lp_rec for d in s.logprob_diff]
-        tl_fail = _rollout_fails(s, rec)
+        detection[s.name] = sum(tl_fail) / len(tl_fail) if tl_fail else float("nan")
         lp_det[s.name] = sum(lp_fail) / len(lp_fail) if lp_fail else float("nan")
         any_det[s.name] = sum(a or b for a, b in zip(tl_fail, lp_fail)) / len(tl_fail) if tl_fail else float("nan")
-    report = CalibrationReport(results, rec, lp_rec, overlaps, detection, lp_det, any_det)
+        if not s.honest and not all(tl_fail):
+            overlaps.append(s.name)
+    report = CalibrationReport(results, rec, lp_rec, overlaps, detection, lp_det, any_det,
+                               wall_s=round(time.perf_counter() - t_start, 1))
+    report.calibration = Calibration(
+        format=CALIBRATION_FORMAT, model=model_identity(cfg.model, cfg.dtype), proof=ProofParams(chunk=cfg.chunk, k=cfg.k),
+        thresholds=th, sampling={"max_logprob_diff": lp_rec}, separable=rec.separable,
+        figures=_finite({"recommendation": rec.to_dict(), "wall_s": report.wall_s,
+                         "settings": cfg.model_dump(mode="json", include={
+                             "task", "chat_template", "n_prompts", "max_new_tokens", "temperature", "top_p", "seed",
+                             "batch_sizes", "threads", "edits", "margin"}),
+                         "scenarios": [{**s.summary(), "toploc_fail_rate_recommended": detection[s.name],
+                                        "logprob_fail_rate_recommended": lp_det[s.name]} for s in results]}))
+    if cfg.write:
+        report.path = write_calibration(cfg.out or Path(cfg.model) / CALIBRATION_FILE, report.calibration)
     if cfg.metrics:
         with MetricsWriter(cfg.metrics) as w:
             for row in report.rows():
                 w.write(kind="toploc_calibration", **row)
-            w.write(kind="toploc_recommended", **rec.model_dump(), max_logprob_diff=report.recommended_logprob_diff)
+            w.write(kind="toploc_recommended", **th.model_dump(), max_logprob_diff=report.recommended_logprob_diff,
+                    separable=rec.separable, edits=rec.edits, edits_passing=rec.edits_passing,
+                    edits_passing_margin=rec.edits_passing_margin, note=rec.note, wall_s=report.wall_s)
             for name in report.detection_recommended:
                 w.write(kind="toploc_detection_recommended", scenario=name,
                         toploc=report.detection_recommended[name],
@@ -308,9 +346,24 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     return report
 
 
+def _edit_position(kind: str, n: int) -> int:
+    """The completion token a one-token edit of ``kind`` replaces (n >= 2, or n >= 1 for "last")."""
+    return {"first": 0, "middle": (n - 1) // 2, "second_to_last": n - 2, "last": n - 1}[kind]
+
+
+def _finite(obj: object) -> object:
+    """NaN / infinity (empty scenarios, proofs rejected outright) as None: the file is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _rollout_fails(s: ScenarioResult, th: Thresholds) -> list[bool]:
-    return [any(e > th.max_exp_mismatches or mu > th.max_mant_err_mean or md > th.max_mant_err_median
-                for e, mu, md in chunks) for chunks in s.per_rollout]
+    return [not rollout_passes(chunks, th) for chunks in s.per_rollout]
 
 
 def _detect_rate(s: ScenarioResult, th: Thresholds) -> float:
