@@ -1,7 +1,8 @@
 """The on-disk layout of committed policy versions (written by the trainer, read by every holder):
 
-    <dir>/v000007/        HF model dir of policy version 7 (+ trainer_state.pt for the newest; + toploc_thresholds.json
-                          when the base model has a TOPLOC calibration file)
+    <dir>/v000007/        HF model dir of policy version 7 (+ trainer_state.pt, the optimizer's state: only
+                          the newest version keeps it, ``drop_older_states``; + toploc_thresholds.json when the
+                          base model has a TOPLOC calibration file)
     <dir>/LATEST          "7": newest complete version (written after the dir rename)
     <dir>/.staging-v000008/  a version being written
 
@@ -49,6 +50,24 @@ class PolicyDir:
         os.replace(staged, final)
         atomic_write_text(self.root / "LATEST", str(v))
         return final
+
+    def drop_older_states(self, name: str = "trainer_state.pt") -> int:
+        """Delete ``name`` from every version older than LATEST, once LATEST's own copy is in place (so a crash at
+        any point leaves at least one version, the newest complete one, with it). Returns how many were deleted."""
+        latest = self.latest_version()
+        if latest is None or not (self.version_dir(latest) / name).is_file():
+            return 0
+        n = 0
+        for d in self.root.glob("v*"):
+            try:
+                v = int(d.name[1:])
+            except ValueError:
+                continue
+            f = d / name
+            if v < latest and f.is_file():
+                f.unlink(missing_ok=True)
+                n += 1
+        return n
 
     def prune_versions(self, keep: int) -> None:
         latest = self.latest_version()

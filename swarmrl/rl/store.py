@@ -1,7 +1,7 @@
 """The run directory: the file interface between the trainer and the inference workers.
 
     run_dir/policy/                 committed policy versions (``swarmrl.policy.PolicyDir``):
-        v000007/ (HF model dir of policy version 7, + trainer_state.pt), LATEST ("7")
+        v000007/ (HF model dir of policy version 7, + trainer_state.pt in the newest only), LATEST ("7")
     run_dir/rollouts/step_000009/   rollout files generated for trainer step 9:
         <worker>-<time_ns>-g<informative groups>.parquet
     run_dir/metrics/*.jsonl         trainer and worker metrics

@@ -5,7 +5,9 @@ for step n with a policy inside the staleness window (``contract.AsyncWindow``),
 directory, renamed into place). A step whose loss or gradient norm is not finite changes no weight (the
 optimizer step is skipped, counted in the metrics row as ``nonfinite_skipped`` and ``nonfinite_total``) and
 still commits version n + 1, so the run goes on. Killed at any point, it restarts from the newest committed
-version; the step that was in flight is redone from scratch, so no rollout is trained on twice. The base model's
+version; the step that was in flight is redone from scratch, so no rollout is trained on twice. Only the newest
+version keeps the optimizer state (``trainer_state.pt``, twice the weights' size with AdamW): older ones lose it
+once a newer version is committed (``PolicyDir.drop_older_states``) and keep their weights. The base model's
 TOPLOC calibration file (``toploc_thresholds.json``) is copied into every version, for validators.
 
 Data parallel: launched under torchrun (WORLD_SIZE > 1), rank 0 gathers and broadcasts the
@@ -38,6 +40,8 @@ from swarmrl.rl.train_step import Sequence, accumulate_gradients
 from swarmrl.shardcast import Origin
 from swarmrl.toploc.calibration import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter, read_metrics
+
+STATE_FILE = "trainer_state.pt"  # optimizer, scheduler, RNG: in the newest version only
 
 
 @dataclass
@@ -86,7 +90,7 @@ class Trainer:
         self.step = 0
         self.nonfinite_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm, over the run
         if latest is not None:
-            state_path = self.run.version_dir(latest) / "trainer_state.pt"
+            state_path = self.run.version_dir(latest) / STATE_FILE
             if state_path.exists():
                 state = torch.load(state_path, weights_only=False)
                 self.par.load_optimizer_state(self.opt, state["optimizer"])
@@ -155,8 +159,9 @@ class Trainer:
         torch.save({"optimizer": opt_state, "scheduler": self.sched.state_dict(),
                     "rng": torch.get_rng_state(), "step": version, "consumed": consumed,
                     "nonfinite_total": self.nonfinite_total, "metrics_row": metrics_row},
-                   staged / "trainer_state.pt")
+                   staged / STATE_FILE)
         self.run.commit_version(version, staged)
+        self.run.policies.drop_older_states(STATE_FILE)  # after LATEST names the new version and its state
         self._publish(version)
         self.run.prune_versions(self.cfg.keep_versions)
 

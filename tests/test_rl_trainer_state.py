@@ -1,0 +1,74 @@
+"""Policy versions on disk: only the newest keeps the optimizer state (trainer_state.pt, twice the weights with
+AdamW), every version carries the base model's TOPLOC calibration file, and a trainer resumes from the newest."""
+
+from __future__ import annotations
+
+import shutil
+
+import torch
+from attacks._honest import row
+
+from swarmrl.envs.config import TaskConfig
+from swarmrl.policy.store import PolicyDir
+from swarmrl.rl.config import EvalSection, RLConfig
+from swarmrl.rl.rollouts import Rollout
+from swarmrl.toploc.calibration import CALIBRATION_FILE
+
+torch.set_num_threads(1)
+
+
+def _group(step: int) -> list[Rollout]:
+    return [row(step=step, policy_version=step, reward=r, prompt_ids=[5, 6, 7], completion_ids=c, logprobs=[-1.0, -1.0],
+                group_id=f"g{step}") for r, c in ((1.0, [8, 9]), (0.0, [9, 8]))]
+
+
+def _trainer(tmp_path, model, steps: int, monkeypatch):
+    from swarmrl.rl.trainer import Batch, Trainer  # noqa: PLC0415  # lazy: torch-heavy, only these tests
+
+    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), task=TaskConfig(name="add"), steps=steps,
+                   async_level=0, keep_versions=10, prompts_per_step=1, group_size=2, filter_ties=False,
+                   eval=EvalSection(every_steps=0, n=2, max_new_tokens=2))
+    t = Trainer(cfg)
+    monkeypatch.setattr(t, "gather", lambda step, deadline: Batch([_group(step)], [f"f{step}"], 0.0))
+    return t
+
+
+def _with_state(run_dir) -> list[str]:
+    return sorted(p.parent.name for p in (run_dir / "policy").glob("v*/trainer_state.pt"))
+
+
+def test_only_the_newest_version_keeps_the_optimizer_state_and_resume_works(tmp_path, tiny_model_dir, monkeypatch):
+    model = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, model)
+    (model / CALIBRATION_FILE).write_text('{"stands": "in"}')  # copied as it is; the validator checks it
+    t = _trainer(tmp_path, model, 3, monkeypatch)
+    assert t.run_loop() == 3
+    run = tmp_path / "run"
+    versions = sorted(p.name for p in (run / "policy").glob("v*"))
+    assert versions == [f"v{v:06d}" for v in range(4)]
+    assert _with_state(run) == ["v000003"]  # older versions keep their weights only
+    assert all((run / "policy" / v / "model.safetensors").is_file() for v in versions)
+    assert all((run / "policy" / v / CALIBRATION_FILE).read_text() == '{"stands": "in"}' for v in versions)
+    adam = t.opt.state_dict()["state"]
+
+    resumed = _trainer(tmp_path, model, 4, monkeypatch)  # a restart: the newest version's state is loaded
+    assert resumed.resumed and resumed.step == 3
+    back = resumed.opt.state_dict()["state"]
+    assert back.keys() == adam.keys() and all(torch.equal(back[k]["exp_avg"], adam[k]["exp_avg"]) for k in adam)
+    assert resumed.run_loop() == 4
+    assert _with_state(run) == ["v000004"]
+
+
+def test_drop_older_states_never_leaves_none(tmp_path):
+    pd = PolicyDir(tmp_path)
+    for v in range(3):
+        d = pd.staging_dir(v)
+        (d / "trainer_state.pt").write_bytes(b"s")
+        pd.commit_version(v, d)
+    pd.version_dir(3).mkdir()  # renamed into place but LATEST not moved yet (a crash in between): untouched
+    (pd.version_dir(3) / "trainer_state.pt").write_bytes(b"s")
+    assert pd.drop_older_states() == 2
+    assert [p.parent.name for p in sorted(tmp_path.glob("v*/trainer_state.pt"))] == ["v000002", "v000003"]
+    (pd.version_dir(2) / "trainer_state.pt").unlink()  # LATEST without a state (an older trainer): keep the rest
+    (pd.version_dir(1) / "trainer_state.pt").write_bytes(b"s")
+    assert pd.drop_older_states() == 0 and (pd.version_dir(1) / "trainer_state.pt").is_file()
