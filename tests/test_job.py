@@ -120,3 +120,27 @@ def test_supervisor_restarts_a_crashed_main_role_until_it_finishes(tmp_path):
     sup.specs["trainer"] = RoleSpec("trainer", ["tasks"], restart="always", finishes=True, max_restarts=1)
     assert sup.watch("trainer", is_done=lambda: False, interval_s=0.05) == 0
     assert sup.restarts == {"trainer": 1}
+
+
+def test_every_role_computes_with_one_thread_by_default():
+    """The roles of a run share the host: one torch thread each unless a config says otherwise."""
+    import subprocess  # noqa: PLC0415  # lazy: only this test starts a process
+    import sys  # noqa: PLC0415  # lazy: only this test starts a process
+
+    from swarmrl.swarm.adapter import AdapterConfig  # noqa: PLC0415  # lazy: only this test needs it
+    from swarmrl.swarm.config import SwarmNodeConfig  # noqa: PLC0415  # lazy: only this test needs it
+
+    rl = RLConfig()
+    assert rl.trainer.threads == rl.workers.threads == SwarmNodeConfig().threads == 1
+    assert ValidatorConfig().threads == AdapterConfig().threads == 1
+    plan = _swarm(load_config(RunConfig, "configs/run.toml", []))
+    assert plan.validator.threads == 1 and "threads=1" in plan.role("n0").argv
+    assert ValidatorConfig(threads=4).threads == 4  # an explicit value stays
+    code = ("import sys, torch; from swarmrl.utils.threads import set_role_threads; n0 = torch.get_num_threads(); "
+            "set_role_threads(0); a = torch.get_num_threads(); set_role_threads(1); print(n0 == a, torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "1"]  # 0 leaves the default; 1 sets it
+    code = ("import sys; from swarmrl.swarm.adapter import AdapterConfig; from swarmrl.utils.threads import "
+            "set_role_threads; set_role_threads(AdapterConfig().threads); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False"]  # the adapter does not load torch to set it

@@ -202,7 +202,7 @@ class ValidatorConfig(StrictModel):
     require_proofs: bool = False  # when true, rows without TOPLOC proofs are rejected (and the check must be able to run)
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)
-    threads: int = Field(0, ge=0)  # torch threads (0: torch's default, all cores)
+    threads: int = Field(1, ge=0)  # torch threads: 1 beside other roles on one host; 0: torch's default (all cores)
     # validator robustness
     # an internal error (a check that raises, a model that cannot be loaded, a download that fails) never
     # rejects: the submission stays pending and is judged again after internal_error_backoff_s, doubling up

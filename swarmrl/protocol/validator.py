@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from swarmrl.models import load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import TemplatePolicySource
@@ -70,6 +68,7 @@ from swarmrl.toploc.calibration import (
     toploc_settings,
 )
 from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.utils.threads import set_role_threads
 
 log = logging.getLogger("swarmrl.protocol.validator")
 
@@ -178,8 +177,7 @@ class Validator:
     def __init__(self, cfg: ValidatorConfig, client: Any = None, checks: list[tuple[str, Check]] | None = None,
                  tokenizer: Any = None) -> None:
         self.cfg = cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        set_role_threads(cfg.threads)
         for p in config_problems(cfg):  # the CLI refuses these; here they are internal errors when they bite
             log.error("validator config: %s", p)
         self.client = client or ValidatorClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)

@@ -40,6 +40,7 @@ from swarmrl.rl.train_step import Sequence, accumulate_gradients
 from swarmrl.shardcast import Origin
 from swarmrl.toploc.calibration import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter, read_metrics
+from swarmrl.utils.threads import set_role_threads
 
 STATE_FILE = "trainer_state.pt"  # optimizer, scheduler, RNG: in the newest version only
 
@@ -59,7 +60,7 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", "0"))
         if self.world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
-        torch.set_num_threads(cfg.trainer.threads)
+        set_role_threads(cfg.trainer.threads)
         self.run = RunDir(cfg.run_dir)
         self.window = AsyncWindow(cfg.async_level, last_step=cfg.steps - 1)
         self.rule = GroupRule(cfg.group_size, cfg.filter_ties)

@@ -36,6 +36,7 @@ from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.store import RunDir
 from swarmrl.toploc import proofs_for_sample
 from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.utils.threads import set_role_threads
 
 
 @dataclass
@@ -87,7 +88,7 @@ def worker_policy_source(run: RunDir, cfg: RLConfig, worker_id: str) -> PolicySo
 
 
 def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) -> None:
-    torch.set_num_threads(cfg.workers.threads)
+    set_role_threads(cfg.workers.threads)
     run = RunDir(cfg.run_dir)
     tokenizer = load_tokenizer(cfg.model)
     env = cfg.task.build()

@@ -28,6 +28,7 @@ from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir
 from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.utils.threads import set_role_threads
 
 log = logging.getLogger("swarmrl.swarm.adapter")
 
@@ -40,12 +41,14 @@ class AdapterConfig(StrictModel):
     poll_s: float = Field(0.2, gt=0)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
+    threads: int = Field(1, ge=0)  # CPU threads (pyarrow's pool; it loads no torch); 0: the library default
 
 
 class TrainerAdapter:
     def __init__(self, rl: RLConfig, cfg: AdapterConfig, client=None) -> None:  # noqa: ANN001
 
         self.rl, self.cfg = rl, cfg
+        set_role_threads(cfg.threads)
         self.run = RunDir(rl.run_dir)
         self.window = AsyncWindow(rl.async_level, last_step=rl.steps - 1)
         self.rule = GroupRule(rl.group_size, rl.filter_ties)

@@ -39,6 +39,7 @@ from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.worker import BatchResult, rollout_batch
 from swarmrl.swarm.config import SwarmNodeConfig
 from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.utils.threads import set_role_threads
 
 log = logging.getLogger("swarmrl.swarm.node")
 
@@ -63,7 +64,7 @@ class SwarmNode:
     def __init__(self, cfg: SwarmNodeConfig, client: NodeClient | None = None) -> None:
         self.cfg = cfg
         self.rl: RLConfig = load_config(RLConfig, cfg.rl_config, [])
-        torch.set_num_threads(cfg.threads)
+        set_role_threads(cfg.threads)
         self.client = client or NodeClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.node_id = self.client.node_id
         run_dir = Path(self.rl.run_dir)
