@@ -31,8 +31,9 @@ def _fmt(v: float) -> str:
 
 @app.command("calibrate")
 def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="HF model directory.")] = None,
-              out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Calibration file to write (default: "
-                                                          "MODEL/toploc_thresholds.json, where verifiers read it).")] = None,
+              out: Annotated[Optional[Path], typer.Option(
+                  "--out", "-o", help="Calibration file to write (default: MODEL/toploc_thresholds.json, where "
+                  "verifiers read it).")] = None,
               write: Annotated[Optional[bool], typer.Option("--write/--no-write", help="Write the calibration file "
                                                             "(default) or only report.")] = None,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
@@ -65,6 +66,7 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
                   f"{r['sampling_fail_rate']:.0%}", _fmt(r["logprob_diff_max"]),
                   f"{report.logprob_detection_recommended[s.name]:.0%}", f"{report.any_detection_recommended[s.name]:.0%}")
     from rich.console import Console  # noqa: PLC0415  # lazy: startup
+    from rich.markup import escape  # noqa: PLC0415  # lazy: startup
 
     con = Console(width=250)
     con.print(t)
@@ -77,7 +79,7 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
               f"honest max x {cfg.margin} + slack: {r.margin_based.model_dump()})")
     con.print(f"one-token edits with a changed committed state passing on proofs alone: {r.edits_passing}/{r.edits} "
               f"recommended, {r.edits_passing_margin}/{r.edits} honest max x margin + slack; honest rollouts "
-              f"failing: {r.honest_failing}/{r.honest_rollouts}; {r.note}")
+              f"failing: {r.honest_failing}/{r.honest_rollouts}; {escape(r.note)}")
     if not r.separable:
         con.print("[yellow]the one-token edits are NOT separated from honest recomputation on this model[/yellow]")
     con.print("honest recomputation measured here only: a GPU worker / validator pair adds kernel noise, so "

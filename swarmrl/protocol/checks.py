@@ -382,6 +382,17 @@ def _by_version(rows: list[Rollout], indices: list[int] | None = None) -> dict[i
     return dict(sorted(groups.items()))
 
 
+def _takes(fn: Callable[..., Any], kw: dict[str, Any]) -> bool:
+    """Whether ``fn(model, items, **kw)`` binds (True when there is no signature to read)."""
+    try:
+        inspect.signature(fn).bind(None, [], **kw)
+    except TypeError:
+        return False
+    except ValueError:
+        pass
+    return True
+
+
 def toploc_check(cfg: ValidatorConfig) -> Check:
     """TOPLOC proofs of every row, batched: for each policy version in the file, ONE call
     ``toploc_check(model, items, batch_size=..., [sampling_thresholds=...])`` with items
@@ -403,18 +414,16 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
             model = ctx.model(version)
             st = ctx.toploc_settings(version)
             kw: dict[str, Any] = {"batch_size": cfg.toploc_batch_size}
+            extra: dict[str, Any] = {}
             if st.thresholds is not None:
-                kw["thresholds"] = st.thresholds
+                extra["thresholds"] = st.thresholds
             if claim_fn is not None and eos is not None and st.sampling is not None:
-                kw["sampling_thresholds"] = st.sampling
-            try:
-                inspect.signature(fn).bind(model, [], **kw)
-            except TypeError as e:  # our configuration, not the node's: an internal error
-                raise RuntimeError(f"toploc_check {cfg.toploc_check} cannot take the thresholds of policy "
-                                   f"v{version} ({st.source}): {e}; set toploc_calibration = false or use a "
-                                   "function that takes them") from None
-            except ValueError:  # no signature to read
-                pass
+                extra["sampling_thresholds"] = st.sampling
+            if extra and _takes(fn, kw) and not _takes(fn, {**kw, **extra}):  # ours, not the node's: internal error
+                raise RuntimeError(f"toploc_check {cfg.toploc_check} cannot take {', '.join(extra)} (policy "
+                                   f"v{version}: {st.source}); set toploc_calibration = false or use a function "
+                                   "that takes them")
+            kw.update(extra)
             items = [(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids), list(ctx.rows[i].proofs),
                       claim_fn(ctx.rows[i], eos) if claim_fn is not None and eos is not None else None) for i in idx]
             out = list(fn(model, items, **kw))

@@ -3,14 +3,15 @@
 An honest worker samples a batch with ``generate(capture_hidden=True)`` (KV-cache decoding) and
 commits to the captured states. Honest variants verify those proofs with one prefill under different
 batch sizes / padding, thread counts, and proofs from a worker that sampled each prompt alone.
-Tampered variants change one completion token after sampling (the first, the middle, the second-to-last and
-the last token of each completion), or have the worker use another model, a perturbed copy, fp16 / bf16
-weights, int8-style quantised weights or a changed prompt. For each variant we collect per-chunk
-(exp_mismatches, mant_err_mean, mant_err_median), rollout-level TOPLOC and sampling-check verdicts, and
-recommend thresholds (``swarmrl.toploc.recommend``): the ones within [honest max, honest max x margin + slack]
-that let the fewest one-token edits pass with the most room above the honest maxima. The recommendation, the
-model's identity and the figures are written to the model's calibration file (``swarmrl.toploc.calibration``).
-An edit of the LAST token changes no committed state: it is reported, left out of the choice, and left to the
+Tampered variants change one completion token after sampling (the first, the middle, the third- and
+second-to-last and the last token of each completion of both honest samples), or have the worker use
+another model, a perturbed copy, fp16 / bf16 weights, int8-style quantised weights or a changed prompt.
+For each variant we collect per-chunk (exp_mismatches, mant_err_mean, mant_err_median), rollout-level
+TOPLOC and sampling-check verdicts, and recommend thresholds (``swarmrl.toploc.recommend``): within
+[honest max, honest max x margin + slack], the ones that let the fewest one-token edits pass, halfway
+between the honest maxima and the nearest edits. The recommendation, the model's identity and the figures
+are written to the model's calibration file (``swarmrl.toploc.calibration``). An edit of the LAST token
+changes no committed state: it is reported, left out of the choice, and left to the
 sampling check.
 """
 
@@ -53,8 +54,8 @@ from swarmrl.utils.metrics import MetricsWriter
 __all__ = ["CalibrateConfig", "ScenarioResult", "CalibrationReport", "run_calibration", "perturb_weights",
            "quantize_int8", "reinit_model", "change_token", "EDITS"]
 
-Edit = Literal["first", "middle", "second_to_last", "last"]
-EDITS: tuple[Edit, ...] = ("first", "middle", "second_to_last", "last")
+Edit = Literal["first", "middle", "third_to_last", "second_to_last", "last"]
+EDITS: tuple[Edit, ...] = ("first", "middle", "third_to_last", "second_to_last", "last")
 
 
 class CalibrateConfig(StrictModel):
@@ -73,6 +74,7 @@ class CalibrateConfig(StrictModel):
     threads: list[int] = Field(default_factory=lambda: [1, 2])
     perturb_scale: float = Field(0.01, gt=0)  # relative std of the noise added to every weight
     edits: list[Edit] = Field(default_factory=lambda: list(EDITS))  # one-token edits: which token of each completion
+    edit_rounds: int = Field(1, ge=1)  # each round edits every completion again with other random tokens
     weight_tampering: bool = True  # also another model, perturbed / fp16 / bf16 / int8 weights, a changed prompt
     margin: float = Field(2.0, ge=1)  # the loosest thresholds considered: honest max * margin + slack
     thresholds: Thresholds = Field(default_factory=Thresholds)  # reported as "dflt" (published defaults)
@@ -267,20 +269,23 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
         results.append(check(f"honest: prefill threads={th}", True, *base, batch_size=4, threads=th))
     say("honest worker: one prompt at a time")
     single = _sample(model, prompts, cfg, tok, cfg.seed + 1, batch=1)
+    single_proofs = [build_proofs(h, cfg.chunk, cfg.k) for h in single.hidden]
     results.append(check("honest: worker sampled alone", True, single.prompt_ids, single.completion_ids,
-                         [build_proofs(h, cfg.chunk, cfg.k) for h in single.hidden], claims(single)))
+                         single_proofs, claims(single)))
 
     avoid = {eos, tok.pad_token_id}
-    for kind in cfg.edits:  # one completion token replaced after sampling; the proofs and claims kept
-        pick = [i for i, c in enumerate(out.completion_ids) if len(c) >= (1 if kind == "last" else 2)]
+    # one completion token replaced after sampling, proofs and claims kept: in both honest samples' completions
+    rows = [(p, c, pr, cl) for o, prs in ((out, proofs), (single, single_proofs))
+            for p, c, pr, cl in zip(o.prompt_ids, o.completion_ids, prs, claims(o))]
+    for kind in cfg.edits:
+        pick = [r for r in rows if len(r[1]) > _EDIT_MIN[kind]] * cfg.edit_rounds
         if not pick:
             continue
-        comps = [change_token(out.completion_ids[i], _edit_position(kind, len(out.completion_ids[i])), vocab, avoid,
-                              rng) for i in pick]
+        comps = [change_token(c, _edit_position(kind, len(c)), vocab, avoid, rng) for _, c, _, _ in pick]
         name = ("tampered: one-token edit, last token (no later state: invisible to proofs)" if kind == "last"
                 else f"tampered: one-token edit, {kind.replace('_', '-')} token")
-        results.append(check(name, False, [out.prompt_ids[i] for i in pick], comps, [proofs[i] for i in pick],
-                             [base[3][i] for i in pick], edit=kind != "last"))
+        results.append(check(name, False, [r[0] for r in pick], comps, [r[2] for r in pick], [r[3] for r in pick],
+                             edit=kind != "last"))
 
     def tampered(name: str, worker: torch.nn.Module) -> None:
         say(f"tampered worker: {name}")
@@ -321,12 +326,13 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     report = CalibrationReport(results, rec, lp_rec, overlaps, detection, lp_det, any_det,
                                wall_s=round(time.perf_counter() - t_start, 1))
     report.calibration = Calibration(
-        format=CALIBRATION_FORMAT, model=model_identity(cfg.model, cfg.dtype), proof=ProofParams(chunk=cfg.chunk, k=cfg.k),
+        format=CALIBRATION_FORMAT, model=model_identity(cfg.model, cfg.dtype),
+        proof=ProofParams(chunk=cfg.chunk, k=cfg.k),
         thresholds=th, sampling={"max_logprob_diff": lp_rec}, separable=rec.separable,
         figures=_finite({"recommendation": rec.to_dict(), "wall_s": report.wall_s,
                          "settings": cfg.model_dump(mode="json", include={
                              "task", "chat_template", "n_prompts", "max_new_tokens", "temperature", "top_p", "seed",
-                             "batch_sizes", "threads", "edits", "margin"}),
+                             "batch_sizes", "threads", "edits", "edit_rounds", "margin"}),
                          "scenarios": [{**s.summary(), "toploc_fail_rate_recommended": detection[s.name],
                                         "logprob_fail_rate_recommended": lp_det[s.name]} for s in results]}))
     if cfg.write:
@@ -338,6 +344,10 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
             w.write(kind="toploc_recommended", **th.model_dump(), max_logprob_diff=report.recommended_logprob_diff,
                     separable=rec.separable, edits=rec.edits, edits_passing=rec.edits_passing,
                     edits_passing_margin=rec.edits_passing_margin, note=rec.note, wall_s=report.wall_s)
+            for sc in results:  # what the thresholds were chosen from: every rollout's chunk metrics
+                if sc.honest or sc.edit:
+                    for chunks in sc.per_rollout:
+                        w.write(kind="toploc_rollout", scenario=sc.name, chunks=_finite(chunks))
             for name in report.detection_recommended:
                 w.write(kind="toploc_detection_recommended", scenario=name,
                         toploc=report.detection_recommended[name],
@@ -346,9 +356,12 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     return report
 
 
+_EDIT_MIN = {"first": 1, "middle": 1, "third_to_last": 2, "second_to_last": 1, "last": 0}  # completion longer than
+
+
 def _edit_position(kind: str, n: int) -> int:
-    """The completion token a one-token edit of ``kind`` replaces (n >= 2, or n >= 1 for "last")."""
-    return {"first": 0, "middle": (n - 1) // 2, "second_to_last": n - 2, "last": n - 1}[kind]
+    """The completion token (of n) a one-token edit of ``kind`` replaces."""
+    return {"first": 0, "middle": (n - 1) // 2, "third_to_last": n - 3, "second_to_last": n - 2, "last": n - 1}[kind]
 
 
 def _finite(obj: object) -> object:

@@ -6,10 +6,13 @@ when every chunk passes. Two bounds frame the choice:
 - the honest maxima H (the tightest thresholds no honest rollout seen fails), and
 - the margin-based thresholds R = H x margin + slack (``margin_thresholds``: room for honest noise not seen).
 
-Within [H, R] (per metric) the recommendation is the one that lets the fewest one-token edits pass on proofs
-alone and, among those, keeps the most room above the honest maxima (the largest smallest normalised slack
-``(t - H) / (R - H)`` over the three metrics, thresholds halfway between neighbouring observed values). When
-even H lets edits pass, the distributions overlap: no threshold separates them, and ``separable`` is False.
+Within [H, R] (per metric) the recommendation lets the fewest one-token edits pass on proofs alone and, among
+those, is the max-margin separator: it maximises the smaller of the room above the honest maxima (the smallest
+normalised slack ``(t - H) / (R - H)`` over the three metrics) and the room below the edits (for each caught
+edit, how far its most deviating chunk metric is past its threshold, normalised the same way; the smallest
+over the edits), so a threshold sits halfway between the honest maxima and the nearest edit that only it
+catches, not right under that edit. When even H lets edits pass, the distributions overlap: no threshold
+separates them, and ``separable`` is False.
 An edit of a completion's LAST token changes no committed state (the state of token i is the LM-head input
 that predicted it), so it is invisible to proofs at any threshold: callers leave those out of ``edits``.
 """
@@ -27,13 +30,14 @@ from swarmrl.toploc.verify import Thresholds
 __all__ = ["ChunkMetrics", "Recommendation", "margin_thresholds", "recommend", "rollout_passes"]
 
 ChunkMetrics = tuple[int, float, float]  # (exp_mismatches, mant_err_mean, mant_err_median) of one chunk
-MAX_CANDIDATES = 160  # per metric, for the search grid
+MAX_CANDIDATES = 60  # lowest observed values per metric used for the search grid
 
 
 def margin_thresholds(honest_max: ChunkMetrics, margin: float) -> Thresholds:
     """Honest max x margin + slack (2 exponent mismatches, 1.0 mean, 1 median)."""
     e, mean, med = honest_max
-    return Thresholds(max_exp_mismatches=int(math.ceil(e * margin)) + 2, max_mant_err_mean=round(mean * margin + 1.0, 3),
+    return Thresholds(max_exp_mismatches=int(math.ceil(e * margin)) + 2,
+                      max_mant_err_mean=round(mean * margin + 1.0, 3),
                       max_mant_err_median=float(math.ceil(med * margin)) + 1.0)
 
 
@@ -65,14 +69,12 @@ class Recommendation:
 
 
 def _candidates(lo: float, hi: float, values: np.ndarray) -> np.ndarray:
-    """lo, hi and the midpoints between neighbouring observed values inside (lo, hi]."""
-    inside = np.unique(values[(values > lo) & (values <= hi)])
+    """lo, hi, and inside (lo, hi] the midpoints between lo and each observed value and between neighbouring
+    observed values (the lowest ones kept when there are many: the nearest to the honest side matter)."""
+    inside = np.unique(values[(values > lo) & (values <= hi)])[:MAX_CANDIDATES]
     pts = np.concatenate([[lo], inside])
     mids = (pts[:-1] + pts[1:]) / 2 if len(pts) > 1 else np.array([])
-    c = np.unique(np.concatenate([[lo, hi], mids]))
-    if len(c) > MAX_CANDIDATES:
-        c = np.unique(np.concatenate([[lo, hi], c[np.linspace(0, len(c) - 1, MAX_CANDIDATES).astype(int)]]))
-    return c
+    return np.unique(np.concatenate([[lo, hi], (lo + inside) / 2, mids]))
 
 
 def _up(x: float) -> float:
@@ -100,22 +102,24 @@ def recommend(honest: Sequence[Sequence[ChunkMetrics]], edits: Sequence[Sequence
         lo = np.array([hmax[0], hmax[1], hmax[2]], dtype=np.float64)
         hi = np.array([R.max_exp_mismatches, R.max_mant_err_mean, R.max_mant_err_median], dtype=np.float64)
         width = np.maximum(hi - lo, 1e-12)
+        z = (chunks - lo) / width  # every metric in units of its [H, R] width, 0 at the honest maximum
         cm = _candidates(lo[1], hi[1], chunks[:, 1])
         cd = _candidates(lo[2], hi[2], chunks[:, 2])
-        sm, sd = (cm - lo[1]) / width[1], (cd - lo[2]) / width[2]
-        over_m = chunks[None, :, 1] > cm[:, None]  # [A, n]
-        over_d = chunks[None, :, 2] > cd[:, None]  # [B, n]
+        sm, sd = (cm - lo[1]) / width[1], (cd - lo[2]) / width[2]  # honest slack of each candidate
+        past_m = z[None, :, 1] - sm[:, None]  # [A, n]: how far each chunk's mean is past each candidate
+        past_d = z[None, :, 2] - sd[:, None]  # [B, n]
         key_best: tuple | None = None
         for te in range(int(lo[0]), int(hi[0]) + 1):
-            over = over_m[:, None, :] | over_d[None, :, :] | (chunks[:, 0] > te)[None, None, :]  # [A, B, n]
-            caught = np.logical_or.reduceat(over, starts, axis=2)  # [A, B, rollouts]
-            n_pass = (~caught).sum(-1)
             se = (te - lo[0]) / width[0]
-            mins = np.minimum(np.minimum(sm[:, None], sd[None, :]), se)
+            past = np.maximum(np.maximum(past_m[:, None, :], past_d[None, :, :]), (z[:, 0] - se)[None, None, :])
+            reach = np.maximum.reduceat(past, starts, axis=2)  # [A, B, rollouts]: > 0 = caught
+            n_pass = (reach <= 0).sum(-1)
+            hs = np.minimum(np.minimum(sm[:, None], sd[None, :]), se)  # room above honest
+            sep = np.minimum(hs, np.where(reach > 0, reach, np.inf).min(-1))  # ... and below the nearest caught edit
             sums = sm[:, None] + sd[None, :] + se
-            i = np.lexsort((-sums.ravel(), -mins.ravel(), n_pass.ravel()))[0]
+            i = np.lexsort((-sums.ravel(), -hs.ravel(), -sep.ravel(), n_pass.ravel()))[0]
             a, b = np.unravel_index(i, n_pass.shape)
-            key = (int(n_pass[a, b]), -float(mins[a, b]), -float(sums[a, b]))
+            key = (int(n_pass[a, b]), -float(sep[a, b]), -float(hs[a, b]), -float(sums[a, b]))
             if key_best is None or key < key_best:
                 key_best = key
                 best = Thresholds(max_exp_mismatches=te, max_mant_err_mean=_up(float(cm[a])),
@@ -129,8 +133,9 @@ def recommend(honest: Sequence[Sequence[ChunkMetrics]], edits: Sequence[Sequence
                 f"{hmax}; the recommendation lets the fewest ({at_best}) pass with the most room above them")
     elif at_r:
         note = (f"honest max x {margin} + slack would let {at_r}/{len(edits)} edits pass: tightened within "
-                f"[honest max, that] to the thresholds that catch every edit with the most room above honest")
+                f"[honest max, that] to the thresholds halfway between honest and the nearest edits")
     else:
-        note = f"honest max x {margin} + slack already catches every edit"
+        note = (f"every edit is caught within [honest max, honest max x {margin} + slack]: thresholds halfway "
+                f"between honest and the nearest edits")
     return Recommendation(best, R, hmax, len(honest), len(hc), len(edits), at_best, at_r, at_h, honest_fail,
                           bool(edits) and at_h == 0, note)
