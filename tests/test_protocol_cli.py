@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typer.testing import CliRunner
 from swarmrl.cli import app
 from swarmrl.protocol.client import NodeClient, wait_until_up
 from swarmrl.protocol.signing import load_private_key, public_key_hex
+from swarmrl.utils.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,12 +41,6 @@ def test_config_errors_name_the_field():
     assert r.exit_code == 2 and "validator_keys" in r.output
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "swarmrl", *args], capture_output=True, text=True, env=env,
@@ -66,7 +60,7 @@ def test_real_processes_end_to_end(tmp_path):
         r = _cli("node", "keygen", "--out", str(tmp_path / f"{name}.pem"))
         assert r.returncode == 0, r.stderr
         keys[name] = json.loads(r.stdout)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = ["--port", str(port), "--data-dir", str(tmp_path / "orch"),
             "--set", f"validator_keys=['{keys['validator']['public_key']}']", "--set", "run_secret='s3'",

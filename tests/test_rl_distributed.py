@@ -2,7 +2,6 @@
 
 import os
 import random
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from swarmrl.models import load_model
 from swarmrl.rl.config import LossConfig
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
 from swarmrl.rl.trainer import allreduce_grads
+from swarmrl.utils.procs import free_port
 
 
 def _batch(n=6):
@@ -52,18 +52,12 @@ def _rank_main(rank, world, port, model_dir, out_dir, norm):
         torch.distributed.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("norm", ["token", "sequence"])
 def test_two_ranks_equal_one_rank(tiny_model_dir, tmp_path, norm):
     model = load_model(tiny_model_dir)
     model.train()
     single = _step(model, _batch(), 0, 1, norm)
-    mp.start_processes(_rank_main, args=(2, _free_port(), str(tiny_model_dir), str(tmp_path), norm), nprocs=2,
+    mp.start_processes(_rank_main, args=(2, free_port(), str(tiny_model_dir), str(tmp_path), norm), nprocs=2,
                        start_method="spawn")
     r0 = torch.load(tmp_path / "rank0.pt")
     r1 = torch.load(tmp_path / "rank1.pt")

@@ -11,7 +11,6 @@ version 3 (weights, optimizer state, files) must agree.
 import json
 import os
 import random
-import socket
 import time
 
 import pytest
@@ -26,6 +25,7 @@ from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.store import RunDir
 from swarmrl.rl.trainer import Trainer
 from swarmrl.utils.metrics import read_metrics
+from swarmrl.utils.procs import free_port
 
 STEPS = 3
 
@@ -70,12 +70,6 @@ def _rank_main(rank, world, port, model_dir, tmp):
         torch.distributed.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, args, timeout_s):
     ctx = mp.start_processes(fn, args=args, nprocs=2, start_method="spawn", join=False)
     deadline = time.monotonic() + timeout_s
@@ -110,7 +104,7 @@ def test_fsdp2_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
     assert "WORLD_SIZE" not in os.environ
     t = Trainer(_cfg(tmp_path / "one", tiny_model_dir))
     assert t.run_loop() == STEPS
-    _spawn(_rank_main, (2, _free_port(), str(tiny_model_dir), str(tmp_path)), timeout_s=180)
+    _spawn(_rank_main, (2, free_port(), str(tiny_model_dir), str(tmp_path)), timeout_s=180)
 
     one = _result(tmp_path / "one")
     base = load_file(str(tiny_model_dir / "model.safetensors"))

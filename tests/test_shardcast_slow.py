@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 from _shardcast_util import make_file, same_file, wait_until
 
 from swarmrl.shardcast import Origin, Relay, fetch_async
+from swarmrl.utils.procs import free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -48,18 +48,12 @@ def test_three_level_tree_successive_versions(tmp_path):
     o.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_processes_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cli = [sys.executable, "-m", "swarmrl", "shardcast"]
     key = tmp_path / "o.key"
     subprocess.run(cli + ["keygen", "--out", str(key)], check=True, env=env, capture_output=True)
-    po, pr = _free_port(), _free_port()
+    po, pr = free_port(), free_port()
     procs = [subprocess.Popen(cli + ["origin", "--dir", str(tmp_path / "o"), "--port", str(po)], env=env),
              subprocess.Popen(cli + ["relay", "--upstream", f"http://127.0.0.1:{po}", "--dir", str(tmp_path / "r"),
                                      "--port", str(pr), "--origin-pubkey", str(key) + ".pub"], env=env)]

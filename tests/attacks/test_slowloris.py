@@ -27,17 +27,12 @@ from swarmrl.protocol.signing import generate_key
 from swarmrl.shardcast.signing import generate_key as origin_key
 from swarmrl.shardcast.signing import public_key_hex as origin_pub
 from swarmrl.swarm.slowloris import HoldReport, IdleHolder, hold_idle_connections, loopback_sources
+from swarmrl.utils.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NOFILE = 400  # the servers' open-files limit in the load tests
 CAPS = ["max_connections=200", "max_connections_per_ip=8", "reserved_connections=20"]
 SHORT = ["header_timeout_s=1", "idle_timeout_s=1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _low_nofile() -> None:
@@ -72,7 +67,7 @@ def _process(args: list[str], url: str, ready_path: str, low_nofile: bool, log: 
 
 
 def orchestrator(tmp: Path, sets: list[str], low_nofile: bool = False):  # noqa: ANN201
-    port = _free_port()
+    port = free_port()
     args = ["orchestrator", "serve", "--port", str(port), "--data-dir", str(tmp / f"orch{port}")]
     # the stake model is not what is tested here: nodes lock the stake they claim
     for s in ["rate_limit_per_s=1000", "rate_limit_burst=1000", "self_declared_stake=true", *sets]:
@@ -81,7 +76,7 @@ def orchestrator(tmp: Path, sets: list[str], low_nofile: bool = False):  # noqa:
 
 
 def origin(tmp: Path, sets: list[str], low_nofile: bool = False):  # noqa: ANN201
-    port = _free_port()
+    port = free_port()
     args = ["shardcast", "origin", "--dir", str(tmp / f"origin{port}"), "--port", str(port)]
     for s in sets:
         args += ["--set", s]
@@ -89,7 +84,7 @@ def origin(tmp: Path, sets: list[str], low_nofile: bool = False):  # noqa: ANN20
 
 
 def relay(tmp: Path, upstream: str, sets: list[str]):  # noqa: ANN201
-    port = _free_port()
+    port = free_port()
     args = ["shardcast", "relay", "--upstream", upstream, "--dir", str(tmp / f"relay{port}"), "--port", str(port),
             "--origin-pubkey", origin_pub(origin_key())]
     for s in sets:

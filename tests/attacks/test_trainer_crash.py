@@ -39,7 +39,7 @@ def _assert_each_step_trained_once(run_dir, steps: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_every_role_killed_once_and_the_run_finishes(tiny_model_dir, tmp_path):
-    steps = 10
+    steps = 24  # enough that the run outlasts the five kills and restarts (10 steps can end within them)
     cfg = _cfg(tmp_path, tiny_model_dir, [], nodes=3, steps=steps, prompts=4, tasks=2,
                rl_extra={"shardcast": ShardcastSection(enabled=True, relays=1)})
     run_dir = tmp_path / "run"
@@ -50,6 +50,7 @@ def test_every_role_killed_once_and_the_run_finishes(tiny_model_dir, tmp_path):
         _kill_and_wait_restart(run_dir, role, t)
         done = _trainer_steps(run_dir)
         _wait(lambda d=done: _trainer_steps(run_dir) > d or not t.is_alive(), 300, f"a step after {role}")
+    assert t.is_alive(), "the run ended before a node could leave"
     os.killpg(_pids(run_dir)["n2"], signal.SIGKILL)  # a node that leaves is not restarted: its work is reassigned
     t.join(timeout=600)
     assert not t.is_alive() and "error" not in out, out.get("error")
