@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,20 +13,13 @@ from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, RLConfig, WorkerSection
 from swarmrl.rl.store import RunDir
 from swarmrl.utils.metrics import read_metrics
+from tests.swarm_support import _wait
 
 
 def _spawn(args, log):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "swarmrl", *args], stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _wait(cond, timeout, what):
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.mark.timeout(420)
