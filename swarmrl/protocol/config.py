@@ -68,6 +68,12 @@ class OrchestratorConfig(StrictModel):
     heartbeat_interval_s: float = Field(10.0, gt=0)
     dead_after_missed: int = Field(3, ge=1)
     sweep_interval_s: float = Field(1.0, gt=0)
+    # heartbeat hot path (one server process only): steady-state beats answered from an in-memory mirror, their
+    # writes group-committed before the reply; beyond these bounds the orchestrator answers 503 + Retry-After
+    fast_heartbeats: bool = True
+    max_heartbeat_queue: int = Field(8192, ge=1)  # beats waiting for their group commit
+    max_full_heartbeats: int = Field(64, ge=1)  # beats on the full (database) path at once
+    max_nonces: int = Field(2_000_000, ge=1000)  # used nonces remembered in memory until they expire
     min_stake: float = Field(100.0, ge=0)
     # assignments
     task: TaskConfig = Field(default_factory=TaskConfig)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,6 +45,9 @@ class Database:
             self.engine = create_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_pre_ping=True)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._lock = threading.RLock() if self.is_sqlite else None
+        # called with the session's ``info`` dict after each successful commit (the orchestrator drops the
+        # in-memory state of what a transaction changed: ``s.info["dirty"]``)
+        self.after_commit: Callable[[dict], None] | None = None
 
     def create_all(self) -> None:
         Base.metadata.create_all(self.engine)
@@ -57,8 +60,11 @@ class Database:
         if self._lock is not None:
             self._lock.acquire()
         try:
-            with self._sessions() as s, s.begin():
-                yield s
+            with self._sessions() as s:
+                with s.begin():
+                    yield s
+                if s.info and self.after_commit is not None:
+                    self.after_commit(s.info)
         finally:
             if self._lock is not None:
                 self._lock.release()

@@ -96,6 +96,8 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
                 log.error("orchestrator refused this node: %s", e)
                 raise
             log.warning("heartbeat failed: %s", e)
+            if e.status in (429, 503) and e.retry_after:  # busy or rate-limited: come back when it says
+                interval = min(interval, e.retry_after)
         except OSError as e:  # network: keep trying
             log.warning("orchestrator unreachable: %s", e)
         if max_beats and beats >= max_beats:

@@ -6,7 +6,11 @@ Reassigned work: the rows with one ``(origin_node_id, step, round)`` (so one see
 ``open`` or ``orphaned`` at a time (taking an orphan marks it ``reassigned``); any holder whose row is not closed
 may still upload it, the first upload completes the family (``SubmissionsMixin.accept_upload`` closes the other
 rows) and the others get one 409. A node taking over work of a family it already has a row in (its own work,
-come back to it) gets that row re-opened, never a second one."""
+come back to it) gets that row re-opened, never a second one.
+
+The hot path (``fast_heartbeat``): a node whose work at the current step is assigned already and has nothing to
+take over is answered from ``hot.Mirror`` (built by its last full heartbeat), its nonce and liveness committed
+in a batch by ``hot.BeatWriter`` before the reply. Any other state goes the full path, in one transaction."""
 
 from __future__ import annotations
 
@@ -15,18 +19,20 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from swarmrl.contract import AsyncWindow, assigned_tasks, task_seed, thinking_budget
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
-from swarmrl.protocol.models import Assignment, Node, Submission
+from swarmrl.protocol.models import Assignment, Node, Nonce, Submission
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.hot import Beat, BeatWriter, HotNode, Mirror, NonceCache, Overloaded
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, HeartbeatRequest, TaskSpec
-from swarmrl.protocol.signing import SignedHeaders
+from swarmrl.protocol.signing import SignedHeaders, body_sha256
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
 
@@ -56,6 +62,11 @@ class AssigningMixin:
     _state: Callable[[Any], tuple[int, int]]
     _verify: Callable[..., SignedHeaders]
     _admit: Callable[..., Principal]
+    mirror: Mirror
+    nonces: NonceCache
+    beat_writer: BeatWriter
+    fast_heartbeats: bool
+    _current: tuple[int, int]
 
     def _spec(self, a: Assignment) -> AssignmentSpec:
         tasks = _tasks(a.env, json.dumps(a.env_params or {}, sort_keys=True), a.seed, a.n_tasks)
@@ -79,27 +90,135 @@ class AssigningMixin:
 
     def heartbeat(self, p: Principal, req: HeartbeatRequest, now: float | None = None) -> HeartbeatReply:
         now = time.time() if now is None else now
+        gen = self.mirror.generation(p.node_id)
         try:
             with self.db.tx() as s:
-                return self._heartbeat_in(s, p, req, now)
+                reply, hot = self._heartbeat_in(s, p, req, now)
         except IntegrityError:
             raise ProtocolError(409, "concurrent heartbeat; retry") from None
+        if hot is not None:
+            self.mirror.install(p.node_id, gen, hot)
+        return reply
 
     def signed_heartbeat(self, method: str, path: str, headers: Any, actual_sha256: str, req: HeartbeatRequest,
-                         now: float | None = None) -> HeartbeatReply:
-        """Authentication and the heartbeat in one transaction (the hot path)."""
+                         now: float | None = None, verified: SignedHeaders | None = None) -> HeartbeatReply:
+        """Authentication and the heartbeat in one transaction (the full path; ``fast_heartbeat`` answers the
+        steady state without it). ``verified``: the headers ``fast_heartbeat`` checked already."""
         now = time.time() if now is None else now
-        h = self._verify(method, path, headers, actual_sha256, now)
+        h = verified if verified is not None else self._verify(method, path, headers, actual_sha256, now)
+        gen = self.mirror.generation(h.node_id)
         try:
             with self.db.tx() as s:
                 p = self._admit(s, h, ("worker",), False)
-                return self._heartbeat_in(s, p, req, now)
+                reply, hot = self._heartbeat_in(s, p, req, now)
         except IntegrityError as e:
             if "nonce" in str(e.orig).lower():
                 raise ProtocolError(401, "replayed nonce") from None
             raise ProtocolError(409, "concurrent heartbeat; retry") from None
+        if hot is not None:
+            self.mirror.install(h.node_id, gen, hot)
+        return reply
 
-    def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> HeartbeatReply:  # noqa: ANN001
+    # ---- the hot path ----------------------------------------------------------------------------
+    def load_mirror(self) -> int:
+        """Mirror every active worker whose heartbeat needs no write but its own (at start-up: a restarted
+        orchestrator answers its known nodes from memory at once). Returns how many were mirrored."""
+        cfg = self.cfg
+        step, _pv = self._current
+        demand = cfg.groups_per_step > 0
+        lo = step if demand else self.window.earliest_useful_step(step)
+        epoch = self.mirror.generation("")[0]
+        with self.db.tx() as s:
+            nodes = s.execute(select(Node.id, Node.public_key, Node.last_heartbeat).where(
+                Node.role == "worker", Node.status == "active")).all()
+            held: dict[str, list[Assignment]] = {}
+            for a in s.execute(select(Assignment).where(Assignment.step >= lo).order_by(Assignment.id)).scalars():
+                held.setdefault(a.node_id, []).append(a)
+        n = 0
+        for nid, pk, last in nodes:
+            mine = held.get(nid, [])
+            ready = any(a.status == "open" for a in mine) if demand else \
+                any(a.step == step and a.origin_node_id == nid for a in mine)
+            if ready and self.mirror.install(nid, (epoch, self.mirror.generation(nid)[1]),
+                                             HotNode(pk, last, step, None, rows=[a for a in mine if a.status == "open"])):
+                n += 1
+        return n
+
+    def fast_heartbeat(self, method: str, path: str, headers: Any, body: bytes,
+                       now: float | None = None) -> tuple[SignedHeaders, Future | None, bytes]:
+        """A heartbeat answered from memory when the node's state allows (``hot``): returns the verified headers,
+        a future completed once the beat's writes are committed (then send the reply bytes), or None when the
+        full path must answer (pass it the verified headers). Raises ``ProtocolError`` for a refusal, with the
+        same reasons the full path gives."""
+        now = time.time() if now is None else now
+        h = self._verify(method, path, headers, body_sha256(body), now)  # 401 / 429 before anything else
+        hot = self.mirror.nodes.get(h.node_id)
+        if hot is None or not self.fast_heartbeats or hot.public_key != h.public_key:
+            return h, None, b""
+        cfg = self.cfg
+        step, pv = self._current
+        demand = cfg.groups_per_step > 0
+        if hot.step != step or (demand and not (hot.specs or hot.rows)):
+            return h, None, b""  # a new assignment to make (or to look for)
+        if not demand and cfg.reassign_per_heartbeat and self._orphans_hint:
+            return h, None, b""  # orphaned work may be waiting for a taker
+        if demand and cfg.idle_after_missed and now - hot.last_heartbeat > cfg.heartbeat_interval_s * cfg.idle_after_missed:
+            return h, None, b""  # its open work was (or is about to be) put back up
+        try:
+            HeartbeatRequest.model_validate_json(body)
+        except ValueError:
+            return h, None, b""  # the full path answers with the validation errors
+        seen = self.nonces.add(h.public_key, h.nonce, h.timestamp + cfg.max_clock_skew_s + 1.0)
+        if seen is False:
+            raise ProtocolError(401, "replayed nonce")
+        if seen is None:
+            raise ProtocolError(503, f"{len(self.nonces)} unexpired nonces in memory; retry later", retry_after=5)
+        key = (step, pv, self._weights)
+        if hot.specs is None:  # mirrored at start-up: the assignments' tasks are derived on first use
+            hot.specs, hot.rows = [self._spec(a) for a in hot.rows], []
+        if hot.reply_key != key:
+            hot.reply = HeartbeatReply(
+                node_id=h.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
+                heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
+                weight_pubkey=self._weights[1], assignments=hot.specs).model_dump_json().encode()
+            hot.reply_key = key
+        try:
+            fut = self.beat_writer.submit(Beat(h.node_id, h.public_key, h.nonce, h.timestamp + cfg.max_clock_skew_s
+                                               + 1.0, now))
+        except Overloaded as e:
+            raise ProtocolError(503, f"orchestrator overloaded: {e}; retry later", retry_after=1) from None
+        self.counters["heartbeats"] += 1
+        return h, fut, hot.reply
+
+    def _write_beats(self, beats: list[Beat]) -> list[bool]:
+        """The group commit of ``BeatWriter``: every beat's nonce and liveness in one transaction. A nonce the
+        database already holds (another process used it) refuses that beat only."""
+        nonces = Nonce.__table__
+        live = update(Node.__table__).where(Node.__table__.c.id == bindparam("nid")).values(
+            last_heartbeat=bindparam("ts"))
+        try:
+            with self.db.tx() as s:
+                s.execute(nonces.insert(), [{"public_key": b.public_key, "nonce": b.nonce,
+                                             "expires_at": b.expires_at} for b in beats])
+                s.execute(live, [{"nid": b.node_id, "ts": b.now} for b in beats])
+            ok = [True] * len(beats)
+        except IntegrityError:  # one by one, to find the replayed ones
+            ok = []
+            for b in beats:
+                try:
+                    with self.db.tx() as s:
+                        s.execute(nonces.insert().values(public_key=b.public_key, nonce=b.nonce,
+                                                         expires_at=b.expires_at))
+                        s.execute(live, [{"nid": b.node_id, "ts": b.now}])
+                    ok.append(True)
+                except IntegrityError:
+                    ok.append(False)
+        for b, good in zip(beats, ok, strict=True):
+            if good:
+                self.mirror.touch(b.node_id, b.now)
+        return ok
+
+    def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> tuple[HeartbeatReply, HotNode | None]:  # noqa: ANN001,E501
         cfg = self.cfg
         self.counters["heartbeats"] += 1
         node = s.get(Node, p.node_id)
@@ -138,9 +257,18 @@ class AssigningMixin:
             mine.extend(a for a in taken if a not in mine)
         s.flush()
         specs = [self._spec(a) for a in mine if a.status == "open"]
-        return HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
-                              heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
-                              weight_pubkey=self._weights[1], assignments=specs)
+        reply = HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
+                               heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
+                               weight_pubkey=self._weights[1], assignments=specs)
+        hot = HotNode(p.public_key, now, step, specs) if node.status == "active" and node.role == "worker" else None
+        return reply, hot
+
+    def _orphans_exist(self, s) -> bool:  # noqa: ANN001
+        """Is any orphaned work still useful (what ``_take_orphans`` could hand out)?"""
+        step, _ = self._state(s)
+        lo = step if self.cfg.groups_per_step else self.window.earliest_useful_step(step)
+        return s.execute(select(Assignment.id).where(Assignment.status == "orphaned", Assignment.step >= lo)
+                         .limit(1)).first() is not None
 
     def _take_orphans(self, s, node: Node, lo: int, pv: int, now: float, limit: int) -> list[Assignment]:  # noqa: ANN001
         """Up to ``limit`` orphaned assignments (of other holders) for ``node``: a new row of the family, or, when
@@ -163,6 +291,7 @@ class AssigningMixin:
                                              ).first() is not None:
                 continue  # the node's copy was uploaded before (and then rejected): not its to redo
             o.status = "reassigned"
+            s.info.setdefault("dirty", set()).add(o.node_id)
             if own is None:
                 own = self._new_assignment(node, o.origin_node_id, o.seed, o.step, pv, now, parent=o.id,
                                            round=o.round or 0)

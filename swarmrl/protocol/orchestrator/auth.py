@@ -13,6 +13,7 @@ from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Node, Nonce
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.hot import NonceCache
 from swarmrl.protocol.signing import SignatureError, SignedHeaders, check_timestamp, parse_headers, verify_signature
 
 
@@ -49,6 +50,7 @@ class AuthMixin:
     cfg: OrchestratorConfig
     db: Database
     limiter: RateLimiter
+    nonces: NonceCache
 
     def _verify(self, method: str, path: str, headers: Any, actual_sha256: str | None, now: float) -> SignedHeaders:
         """The checks that need no database: header syntax, clock skew, signature, body hash, rate."""
@@ -80,9 +82,15 @@ class AuthMixin:
             role = node.role
         if roles and role not in roles:
             raise ProtocolError(403, f"role {role!r} may not call this endpoint")
-        # the primary key (public_key, nonce) makes a reused nonce fail the insert
-        s.execute(Nonce.__table__.insert().values(public_key=h.public_key, nonce=h.nonce,
-                                                  expires_at=h.timestamp + self.cfg.max_clock_skew_s + 1.0))
+        # the primary key (public_key, nonce) makes a reused nonce fail the insert; the in-memory copy lets the
+        # heartbeat hot path refuse a replay of any signed request without a database read
+        expires = h.timestamp + self.cfg.max_clock_skew_s + 1.0
+        seen = self.nonces.add(h.public_key, h.nonce, expires)
+        if seen is False:
+            raise ProtocolError(401, "replayed nonce")
+        if seen is None:
+            raise ProtocolError(503, f"{len(self.nonces)} unexpired nonces in memory; retry later", retry_after=5)
+        s.execute(Nonce.__table__.insert().values(public_key=h.public_key, nonce=h.nonce, expires_at=expires))
         return Principal(nid, h.public_key, role, h.content_sha256)
 
     def authenticate(self, method: str, path: str, headers: Any, actual_sha256: str | None,

@@ -20,6 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.orchestrator import guard
@@ -59,6 +60,44 @@ MAX_ID = 2**62
 IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 
+async def _read_capped(scope, receive, send, max_bytes: int) -> bytes | None:  # noqa: ANN001
+    """The whole request body, or None once a 413 was sent (or the client left)."""
+    for k, v in scope.get("headers", []):
+        if k == b"content-length":
+            try:
+                too_big = int(v) > max_bytes
+            except ValueError:
+                too_big = True
+            if too_big:
+                await _send_error(send, 413, f"request body over the {max_bytes}-byte limit")
+                return None
+    chunks, size, more = [], 0, True
+    while more:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            await _send_error(send, 413, f"request body over the {max_bytes}-byte limit")
+            return None
+        chunks.append(chunk)
+        more = msg.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):  # noqa: ANN001, ANN202
+    sent = False
+
+    async def replay():  # noqa: ANN202
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay
+
+
 class _BodyCap:
     """ASGI middleware: JSON requests over ``max_bytes`` get 413 before any handler reads them
     (uploads stream through and are capped by their handler)."""
@@ -67,45 +106,77 @@ class _BodyCap:
         self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
-        if scope["type"] != "http" or scope["path"].startswith(UPLOAD_PREFIX):
+        if scope["type"] != "http" or scope["path"].startswith(UPLOAD_PREFIX) or VERIFIED in scope:
             return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", []):
-            if k == b"content-length":
-                try:
-                    too_big = int(v) > self.max_bytes
-                except ValueError:
-                    too_big = True
-                if too_big:
-                    return await _send_error(send, 413, f"request body over the {self.max_bytes}-byte limit")
-        chunks, size, more = [], 0, True
-        while more:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return await _send_error(send, 413, f"request body over the {self.max_bytes}-byte limit")
-            chunks.append(chunk)
-            more = msg.get("more_body", False)
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay():  # noqa: ANN202
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        body = await _read_capped(scope, receive, send, self.max_bytes)
+        if body is not None:
+            await self.app(scope, _replay(body, receive), send)
 
 
-async def _send_error(send, status: int, detail: str) -> None:  # noqa: ANN001
+async def _send_error(send, status: int, detail: str, retry_after: float | None = None) -> None:  # noqa: ANN001
     data = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+HEARTBEAT_PATH = "/v1/nodes/heartbeat"
+VERIFIED = "swarmrl.verified"  # scope key: the signature headers the hot path checked already
+
+
+class _FastHeartbeat:
+    """ASGI middleware, outermost: ``POST /v1/nodes/heartbeat`` goes to ``Orchestrator.fast_heartbeat`` first
+    (no routing, no thread hop; the reply waits for its group commit). What it cannot answer goes on to the
+    FastAPI route with the verified headers, at most ``max_full`` at once (beyond: 503 + Retry-After)."""
+
+    def __init__(self, app, orch: Orchestrator, max_bytes: int, max_full: int) -> None:  # noqa: ANN001
+        self.app, self.orch, self.max_bytes, self.max_full = app, orch, max_bytes, max_full
+        self.full = 0
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http" or scope["path"] != HEARTBEAT_PATH or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        body = await _read_capped(scope, receive, send, self.max_bytes)
+        if body is None:
+            return
+        try:
+            h, done, reply = self.orch.fast_heartbeat("POST", _scope_signed_path(scope), Headers(scope=scope), body)
+            if done is not None:
+                try:
+                    fresh = await asyncio.wrap_future(done)
+                except Exception:  # the database failed: the node did nothing wrong
+                    raise ProtocolError(503, "the orchestrator could not record this heartbeat; retry",
+                                        retry_after=1) from None
+                if not fresh:
+                    raise ProtocolError(401, "replayed nonce")
+        except ProtocolError as e:
+            self.orch.counters["refused"] += 1
+            return await _send_error(send, e.status, e.detail, (e.retry_after or 1) if e.status in (429, 503) else None)
+        if done is None:  # the full path
+            if self.full >= self.max_full:
+                self.orch.counters["refused"] += 1
+                return await _send_error(send, 503, f"{self.full} heartbeats in progress; retry later", 1)
+            self.full += 1
+            try:
+                return await self.app({**scope, VERIFIED: h}, _replay(body, receive), send)
+            finally:
+                self.full -= 1
+        mark = (scope.get("extensions") or {}).get(TRUST_EXTENSION)
+        if mark is not None:
+            mark()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(reply)).encode())]})
+        await send({"type": "http.response.body", "body": reply})
+
+
+def _scope_signed_path(scope) -> str:  # noqa: ANN001
+    """The path as sent (percent-encoding untouched) plus the raw query: what the client signed."""
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else scope["path"]
+    q = scope.get("query_string", b"").decode("latin-1")
+    return path + (f"?{q}" if q else "")
 
 
 def _json_safe(v):  # noqa: ANN001, ANN202
@@ -131,11 +202,7 @@ def per_address(limiter: RateLimiter, what: str) -> Callable[[Request], Any]:
 
 
 def _signed_path(request: Request) -> str:
-    """The path as sent (percent-encoding untouched) plus the raw query: what the client signed."""
-    raw = request.scope.get("raw_path")
-    path = raw.decode("latin-1") if raw else request.url.path
-    q = request.scope.get("query_string", b"").decode("latin-1")
-    return path + (f"?{q}" if q else "")
+    return _scope_signed_path(request.scope)
 
 
 def _trusted(request: Request) -> None:
@@ -170,6 +237,7 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
                         log.exception("sweep failed")
             task = asyncio.create_task(sweeper())
         yield
+        await run_in_threadpool(orch.beat_writer.close)  # commits what it holds
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,11 +246,12 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     app = FastAPI(title="swarmrl orchestrator", version="1", description=API_DESCRIPTION, lifespan=lifespan)
     app.state.orchestrator = orch
     app.add_middleware(_BodyCap, max_bytes=cfg.max_json_bytes)
+    app.add_middleware(_FastHeartbeat, orch=orch, max_bytes=cfg.max_json_bytes, max_full=cfg.max_full_heartbeats)
 
     @app.exception_handler(ProtocolError)
     async def _perr(_req: Request, e: ProtocolError) -> JSONResponse:
         orch.counters["refused"] += 1
-        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if e.status == 429 else None
+        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if e.status in (429, 503) else None
         return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -243,7 +312,8 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     @app.post("/v1/nodes/heartbeat", response_model=HeartbeatReply, responses=_ERRORS, tags=["node"])
     def heartbeat(body: HeartbeatRequest, request: Request, raw: bytes = Depends(raw_body)) -> HeartbeatReply:
         """Liveness; the reply carries the node's assignments (seeded tasks, budget, weight relays)."""
-        reply = orch.signed_heartbeat(request.method, _signed_path(request), request.headers, body_sha256(raw), body)
+        reply = orch.signed_heartbeat(request.method, _signed_path(request), request.headers, body_sha256(raw), body,
+                                      verified=request.scope.get(VERIFIED))
         _trusted(request)
         return reply
 

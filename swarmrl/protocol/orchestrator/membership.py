@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -14,6 +15,7 @@ from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Nonce
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.hot import NonceCache
 from swarmrl.protocol.schemas import DepositReply, DepositRequest, RegisterReply, RegisterRequest
 from swarmrl.protocol.signing import node_id_for
 
@@ -25,7 +27,9 @@ class MembershipMixin:
 
     cfg: OrchestratorConfig
     db: Database
+    nonces: NonceCache
     _orphans_hint: bool
+    _orphans_exist: Callable[..., bool]
 
     def deposit(self, p: Principal, req: DepositRequest, now: float | None = None) -> DepositReply:
         """A stake authority funds a node (registered or not yet): a ``deposit`` row in the ledger."""
@@ -81,6 +85,8 @@ class MembershipMixin:
             ids = [n.id for n in dead]
             for n in dead:
                 n.status, n.status_reason = "dead", f"missed {self.cfg.dead_after_missed} heartbeats"
+            dirty = s.info.setdefault("dirty", set())  # nodes whose heartbeat answer changes (hot.Mirror)
+            dirty.update(ids)
             if ids:
                 self._orphans_hint = True
                 s.execute(update(Assignment).where(Assignment.node_id.in_(ids), Assignment.status == "open")
@@ -89,19 +95,24 @@ class MembershipMixin:
                 # a node that took work and fell silent (an idle sybil, a stalled node) stops holding it
                 idle = select(Node.id).where(Node.role == "worker", Node.last_heartbeat <
                                              now - self.cfg.heartbeat_interval_s * self.cfg.idle_after_missed)
-                res = s.execute(update(Assignment).where(Assignment.status == "open", Assignment.node_id.in_(idle))
-                                .values(status="orphaned").execution_options(synchronize_session=False))
-                if res.rowcount:
-                    log.info("%d assignments of silent nodes are up for reassignment", res.rowcount)
+                holders = s.execute(update(Assignment).where(Assignment.status == "open", Assignment.node_id.in_(idle))
+                                    .values(status="orphaned").returning(Assignment.node_id)
+                                    .execution_options(synchronize_session=False)).scalars().all()
+                if holders:
+                    dirty.update(holders)
+                    log.info("%d assignments of silent nodes are up for reassignment", len(holders))
             if self.cfg.groups_per_step and self.cfg.assignment_timeout_s:
-                res = s.execute(update(Assignment).where(
+                holders = s.execute(update(Assignment).where(
                     Assignment.status == "open", Assignment.created_at < now - self.cfg.assignment_timeout_s)
-                    .values(status="orphaned"))
-                if res.rowcount:
-                    log.info("%d assignments timed out; up for reassignment", res.rowcount)
+                    .values(status="orphaned").returning(Assignment.node_id)
+                    .execution_options(synchronize_session=False)).scalars().all()
+                if holders:
+                    dirty.update(holders)
+                    log.info("%d assignments timed out; up for reassignment", len(holders))
             s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
-        # re-arm the orphan query each sweep: bounds any missed update of the hint to one sweep interval
-        self._orphans_hint = True
+            # look for orphaned work each sweep: bounds any missed update of the hint to one sweep interval
+            self._orphans_hint = self._orphans_exist(s)
+        self.nonces.purge(now)
         for i in ids:
             log.info("node %s is dead; its open assignments are up for reassignment", i)
         return ids

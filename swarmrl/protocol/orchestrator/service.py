@@ -14,10 +14,11 @@ from sqlalchemy import select
 from swarmrl.contract import AsyncWindow
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database, sqlite_url
-from swarmrl.protocol.models import Node, State
+from swarmrl.protocol.models import Node, Nonce, State
 from swarmrl.protocol.orchestrator.assigning import AssigningMixin
 from swarmrl.protocol.orchestrator.auth import AuthMixin, RateLimiter
 from swarmrl.protocol.orchestrator.errors import ProtocolError
+from swarmrl.protocol.orchestrator.hot import BeatWriter, Mirror, NonceCache
 from swarmrl.protocol.orchestrator.membership import MembershipMixin
 from swarmrl.protocol.orchestrator.submissions import SubmissionsMixin
 from swarmrl.protocol.orchestrator.views import ViewsMixin
@@ -44,6 +45,33 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
         self._last_metrics = 0.0
         self._install_principals()
         self._weights = self._load_weights()
+        # the heartbeat hot path (``assigning.HotPathMixin``): in memory, rebuilt from the database on demand
+        self.mirror = Mirror()
+        self.nonces = NonceCache(cfg.max_nonces)
+        self.beat_writer = BeatWriter(self._write_beats, cfg.max_heartbeat_queue)
+        self.fast_heartbeats = cfg.fast_heartbeats and cfg.workers == 1  # the mirror needs the only writer
+        self.db.after_commit = self._after_commit
+        self._current = self.current()
+        with self.db.tx() as s:
+            self._orphans_hint = self._orphans_exist(s)
+        if self.fast_heartbeats:
+            self.load_mirror()
+        now = time.time()
+        with self.db.tx() as s:
+            self.nonces.load(s.execute(select(Nonce.public_key, Nonce.nonce, Nonce.expires_at)
+                                       .where(Nonce.expires_at >= now)).all())
+
+    def _after_commit(self, info: dict) -> None:
+        """A transaction that changed nodes or assignments committed: drop what the mirror knew of them."""
+        if info.get("dirty_all"):
+            self.mirror.dirty_all()
+        elif info.get("dirty"):
+            self.mirror.dirty(info["dirty"])
+
+    def close(self) -> None:
+        """Stop the heartbeat writer (after committing what it holds) and release the database."""
+        self.beat_writer.close()
+        self.db.dispose()
 
     # ---- state -------------------------------------------------------------------------------
     def _install_principals(self) -> None:
@@ -84,6 +112,7 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
             else:
                 row.value = value
         self._weights = self._load_weights()
+        self.mirror.dirty_all()  # cached replies name the old servers
         return WeightsReply(servers=self._weights[0], public_key=self._weights[1])
 
     @staticmethod
@@ -103,4 +132,5 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
                 raise ProtocolError(409, f"step/policy version must not go back (now {step}/{pv})")
             s.get(State, "step").value = str(req.step)
             s.get(State, "policy_version").value = str(req.policy_version)
+        self._current = (req.step, req.policy_version)
         return StepReply(step=req.step, policy_version=req.policy_version)

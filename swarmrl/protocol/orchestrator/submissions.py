@@ -96,6 +96,7 @@ class SubmissionsMixin:
             a = s.get(Assignment, assignment_id)
             if a is not None and a.node_id == p.node_id and a.status == "open":
                 a.status = "orphaned"
+                s.info["dirty"] = {a.node_id}
                 self._orphans_hint = True
                 log.info("assignment %d released after a refused upload from %s: %s", assignment_id, p.node_id,
                          reason[:200])
@@ -136,10 +137,12 @@ class SubmissionsMixin:
                 a.status = "submitted"
                 # the first upload completes the work: every other holder's copy is closed
                 closed = s.execute(update(Assignment).where(*family(a), Assignment.id != a.id,
-                                                            Assignment.status.in_(LIVE)).values(status="closed"))
-                if closed.rowcount:
-                    log.info("assignment %d completed by %s; %d other copies closed", a.id, p.node_id,
-                             closed.rowcount)
+                                                            Assignment.status.in_(LIVE)).values(status="closed")
+                                   .returning(Assignment.node_id).execution_options(synchronize_session=False)
+                                   ).scalars().all()
+                s.info["dirty"] = {p.node_id, *closed}  # their heartbeats stop listing this work
+                if closed:
+                    log.info("assignment %d completed by %s; %d other copies closed", a.id, p.node_id, len(closed))
                 self.store.commit(tmp, sha)
                 reply = SubmitReply(submission_id=sub.id, sha256=sha, n_rows=len(rows), status="pending")
         except IntegrityError:
@@ -243,6 +246,7 @@ class SubmissionsMixin:
         s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "open")
                   .values(status="orphaned"))
         self._orphans_hint = True
+        s.info.setdefault("dirty", set()).add(node.id)
         reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
 
     def accepted(self, step: int) -> AcceptedList:
