@@ -25,6 +25,7 @@ from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Submission
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, HeartbeatRequest, TaskSpec
 from swarmrl.protocol.signing import SignedHeaders
 
@@ -51,6 +52,7 @@ class AssigningMixin:
     window: AsyncWindow
     db: Database
     counters: dict[str, int]
+    prom: OrchestratorMetrics
     _orphans_hint: bool
     _weights: tuple[list[str], str]
     _state: Callable[[Any], tuple[int, int]]
@@ -75,6 +77,7 @@ class AssigningMixin:
                        target_length=thinking_budget(node.throughput, cfg.budget_tiers, cfg.tasks_per_node,
                                                      cfg.group_size, cfg.target_step_time_s),
                        status="open", parent_id=parent, created_at=now)
+        (self.prom.assignments_new if parent is None else self.prom.assignments_reassigned).inc()
         return a
 
     def heartbeat(self, p: Principal, req: HeartbeatRequest, now: float | None = None) -> HeartbeatReply:
@@ -102,6 +105,7 @@ class AssigningMixin:
     def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> HeartbeatReply:  # noqa: ANN001
         cfg = self.cfg
         self.counters["heartbeats"] += 1
+        self.prom.heartbeats.inc()
         node = s.get(Node, p.node_id)
         demand = cfg.groups_per_step > 0
         idle = demand and cfg.idle_after_missed and now - node.last_heartbeat > \
