@@ -43,6 +43,7 @@ from swarmrl.shardcast.layout import (
     parse_distribution,
     shard_name,
 )
+from swarmrl.shardcast.metrics import RelayMetrics
 from swarmrl.shardcast.server import ShardServer
 from swarmrl.shardcast.signing import load_public_key, verify_manifest
 from swarmrl.utils.metrics import MetricsWriter
@@ -56,8 +57,8 @@ log = logging.getLogger("swarmrl.shardcast.relay")
 class _RelaySink:
     """Per-shard ``.part`` files, renamed to ``shard_XXXXX.bin`` once verified."""
 
-    def __init__(self, vdir: Path, m: Manifest, server: ShardServer) -> None:
-        self.vdir, self.m, self.server = vdir, m, server
+    def __init__(self, vdir: Path, m: Manifest, server: ShardServer, metrics: RelayMetrics) -> None:
+        self.vdir, self.m, self.server, self.metrics = vdir, m, server, metrics
         self.fds: dict[int, int] = {}
 
     def _part(self, index: int) -> Path:
@@ -98,6 +99,7 @@ class _RelaySink:
         os.ftruncate(fd, self.m.shards[index - 1].size)
         os.close(self.fds.pop(index))
         os.replace(self._part(index), self.vdir / shard_name(index))
+        self.metrics.shards_verified.inc()
         self.server.shard_landed(self.m.version, index)
 
     def close(self) -> None:
@@ -123,6 +125,7 @@ class Relay:
         self.longpoll_s = longpoll_s
         self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps, limits=limits)
         self.pool = ServerPool(self.upstreams, max_failures=3, exclude_s=exclude_s)
+        self.prom = RelayMetrics(self.server.metrics.registry, lambda: list(self.pool))  # on the server's /metrics
         self._tasks: set[asyncio.Task[Any]] = set()
         self._syncing: dict[int, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -278,7 +281,7 @@ class Relay:
         if v not in self.server.partial:
             have = {i for i in range(1, m.num_shards + 1) if (vdir / shard_name(i)).exists()}
             self.server.set_partial(v, m.num_shards, have)
-        sink = _RelaySink(vdir, m, self.server)
+        sink = _RelaySink(vdir, m, self.server, self.prom)
         try:
             while True:
                 todo = [i for i in range(1, m.num_shards + 1) if not (vdir / shard_name(i)).exists()]
@@ -299,6 +302,7 @@ class Relay:
         finally:
             sink.close()
         self._commit(m)
+        self.prom.versions_synced.inc()
         if self._metrics is not None:
             self._metrics.write(event="relay_synced", version=v, size=m.size, num_shards=m.num_shards,
                                 seconds=time.perf_counter() - t0,

@@ -7,6 +7,7 @@ Only these paths exist (anything else is 404, other methods 405, bodies refused)
     GET/HEAD /v<N>/shard_<IIIII>.bin   a shard, via FileResponse (sendfile, Range, keep-alive)
     GET/HEAD /v<N>/manifest.json       the signed per-version manifest
     GET      /versions.json[?since=SEQ&wait=S]   live state, long-poll until seq > SEQ
+    GET/HEAD /metrics                  Prometheus metrics (``metrics``; rendered at most once a second)
 
 Pipelining: a relay announces a version as *partial* as soon as it holds the verified signed
 manifest; a request for a shard of a partial version that has not landed yet is held open
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from swarmrl.shardcast import guard
 from swarmrl.shardcast.config import SHARDCAST_LIMITS
@@ -39,6 +41,7 @@ from swarmrl.shardcast.layout import (
     parse_distribution,
     shard_name,
 )
+from swarmrl.shardcast.metrics import ServerMetrics
 from swarmrl.utils.serving import ConnectionGuard, ConnLimits, raise_nofile_limit
 
 __all__ = ["ShardServer", "BackgroundLoop", "ensure_probe_file"]
@@ -98,6 +101,7 @@ class ShardServer:
         self.limits = limits or SHARDCAST_LIMITS
         self.guard: ConnectionGuard | None = None
         self._listener: asyncio.AbstractServer | None = None
+        self.metrics = ServerMetrics(lambda: (len(self.complete), len(self.partial), max(self.complete, default=0)))
         ensure_probe_file(self.root)
         self._reload_distribution()
 
@@ -272,6 +276,8 @@ class ShardServer:
             return await self._probe(request)
         if path == "/versions.json":
             return await self._versions(request)
+        if path == "/metrics":
+            return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
         m = _SHARD_RE.fullmatch(path)
         if m:
             return await self._shard(request, int(m.group(1)), int(m.group(2)))
@@ -308,8 +314,12 @@ class ShardServer:
             self._holds -= 1
         return await self._file(request, path)
 
+    async def _count_response(self, request: web.Request, resp: web.StreamResponse) -> None:
+        self.metrics.response(request.method, resp.status, resp.content_length)
+
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=1024)
+        app.on_response_prepare.append(self._count_response)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         return app
 

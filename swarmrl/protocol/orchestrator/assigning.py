@@ -31,6 +31,7 @@ from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Nonce, Submission
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.hot import Beat, BeatWriter, HotNode, Mirror, NonceCache, Overloaded
+from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, HeartbeatRequest, TaskSpec
 from swarmrl.protocol.signing import SignedHeaders, body_sha256
 
@@ -57,6 +58,7 @@ class AssigningMixin:
     window: AsyncWindow
     db: Database
     counters: dict[str, int]
+    prom: OrchestratorMetrics
     _orphans_hint: bool
     _weights: tuple[list[str], str]
     _state: Callable[[Any], tuple[int, int]]
@@ -86,6 +88,7 @@ class AssigningMixin:
                        target_length=thinking_budget(node.throughput, cfg.budget_tiers, cfg.tasks_per_node,
                                                      cfg.group_size, cfg.target_step_time_s),
                        status="open", parent_id=parent, created_at=now)
+        (self.prom.assignments_new if parent is None else self.prom.assignments_reassigned).inc()
         return a
 
     def heartbeat(self, p: Principal, req: HeartbeatRequest, now: float | None = None) -> HeartbeatReply:
@@ -188,6 +191,7 @@ class AssigningMixin:
         except Overloaded as e:
             raise ProtocolError(503, f"orchestrator overloaded: {e}; retry later", retry_after=1) from None
         self.counters["heartbeats"] += 1
+        self.prom.heartbeats.inc()
         return h, fut, hot.reply
 
     def _write_beats(self, beats: list[Beat]) -> list[bool]:
@@ -221,6 +225,7 @@ class AssigningMixin:
     def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> tuple[HeartbeatReply, HotNode | None]:  # noqa: ANN001,E501
         cfg = self.cfg
         self.counters["heartbeats"] += 1
+        self.prom.heartbeats.inc()
         node = s.get(Node, p.node_id)
         demand = cfg.groups_per_step > 0
         idle = demand and cfg.idle_after_missed and now - node.last_heartbeat > \

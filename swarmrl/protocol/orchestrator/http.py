@@ -18,7 +18,8 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
@@ -153,10 +154,12 @@ class _FastHeartbeat:
                     raise ProtocolError(401, "replayed nonce")
         except ProtocolError as e:
             self.orch.counters["refused"] += 1
+            self.orch.prom.refused.labels(str(e.status)).inc()
             return await _send_error(send, e.status, e.detail, (e.retry_after or 1) if e.status in (429, 503) else None)
         if done is None:  # the full path
             if self.full >= self.max_full:
                 self.orch.counters["refused"] += 1
+                self.orch.prom.refused.labels("503").inc()
                 return await _send_error(send, 503, f"{self.full} heartbeats in progress; retry later", 1)
             self.full += 1
             try:
@@ -249,8 +252,11 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     app.add_middleware(_FastHeartbeat, orch=orch, max_bytes=cfg.max_json_bytes, max_full=cfg.max_full_heartbeats)
 
     @app.exception_handler(ProtocolError)
-    async def _perr(_req: Request, e: ProtocolError) -> JSONResponse:
+    async def _perr(req: Request, e: ProtocolError) -> JSONResponse:
         orch.counters["refused"] += 1
+        orch.prom.refused.labels(str(e.status)).inc()
+        if req.url.path.startswith(UPLOAD_PREFIX):
+            orch.prom.submissions.labels("refused").inc()
         headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if e.status in (429, 503) else None
         return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
@@ -281,6 +287,13 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     async def ping() -> dict[str, bool]:
         """Unsigned no-op (liveness; the benchmark's baseline)."""
         return {"ok": True}
+
+    @app.get("/metrics", response_class=Response, tags=["public"], dependencies=public,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 429: {"model": ErrorBody}})
+    def metrics() -> Response:
+        """Prometheus metrics (text format): counters of this process, and gauges of the database read by one
+        query at most every few seconds. Rate-limited per address like the other public views."""
+        return Response(orch.prom.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/health", response_model=Health, responses=_ERRORS, tags=["public"], dependencies=public)
     def health() -> Health:
@@ -336,6 +349,7 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
                 tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
             except UploadTooLarge as e:
                 raise ProtocolError(413, str(e)) from None
+            orch.prom.upload_bytes.inc(size)
             if sha != p.content_sha256:
                 orch.store.discard(tmp)
                 raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
@@ -354,7 +368,9 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     @app.get("/v1/submissions/{submission_id}/file", responses=_ERRORS, tags=["validator", "trainer"],
              response_class=FileResponse)
     def submission_file(submission_id: IdParam, p: Principal = Depends(signed("validator", "trainer"))) -> FileResponse:
-        return FileResponse(orch.submission_path(submission_id), media_type="application/octet-stream")
+        path = orch.submission_path(submission_id)
+        orch.prom.file_bytes.inc(path.stat().st_size)
+        return FileResponse(path, media_type="application/octet-stream")
 
     @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
     def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16, p: Principal = Depends(signed("validator"))) -> PendingList:

@@ -20,6 +20,7 @@ from swarmrl.protocol.orchestrator.auth import AuthMixin, RateLimiter
 from swarmrl.protocol.orchestrator.errors import ProtocolError
 from swarmrl.protocol.orchestrator.hot import BeatWriter, Mirror, NonceCache
 from swarmrl.protocol.orchestrator.membership import MembershipMixin
+from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
 from swarmrl.protocol.orchestrator.submissions import SubmissionsMixin
 from swarmrl.protocol.orchestrator.views import ViewsMixin
 from swarmrl.protocol.schemas import StepReply, StepRequest, WeightsReply, WeightsRequest
@@ -41,6 +42,7 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
         # (this process is the only writer of assignment states)
         self._orphans_hint = True
         self.counters = {"heartbeats": 0, "uploads": 0, "refused": 0}
+        self.prom = OrchestratorMetrics(self.gauges)  # Prometheus, GET /metrics
         self._metrics = None
         self._last_metrics = 0.0
         self._install_principals()

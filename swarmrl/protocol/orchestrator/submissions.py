@@ -19,6 +19,7 @@ from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Submission
 from swarmrl.protocol.orchestrator.assigning import LIVE, family
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
 from swarmrl.protocol.schemas import (
     AcceptedList,
     AssignmentSpec,
@@ -55,6 +56,7 @@ class SubmissionsMixin:
     db: Database
     store: ContentStore
     counters: dict[str, int]
+    prom: OrchestratorMetrics
     _orphans_hint: bool
     _state: Callable[[Any], tuple[int, int]]
     _spec: Callable[[Assignment], AssignmentSpec]
@@ -150,6 +152,7 @@ class SubmissionsMixin:
         finally:
             self.store.discard(tmp)
         self.counters["uploads"] += 1
+        self.prom.submissions.labels("uploaded").inc()
         log.info("submission %d from %s: %d rows, %s", reply.submission_id, p.node_id, reply.n_rows, sha[:12])
         return reply
 
@@ -204,8 +207,9 @@ class SubmissionsMixin:
             if sub is None:
                 raise ProtocolError(404, f"no submission {req.submission_id}")
             if sub.status == "pending":
-                pass
+                first = now - sub.created_at  # upload -> first verdict
             elif sub.status == "accepted" and not req.accepted:  # a challenge inside the window
+                first = None
                 credits = [c for c in ledger.credits_in_window(s, sub.node_id, now) if c.submission_id == sub.id]
                 if not credits:
                     raise ProtocolError(409, f"submission {sub.id}'s challenge window is closed")
@@ -224,6 +228,9 @@ class SubmissionsMixin:
         self.metrics().write(event="verdict", submission_id=req.submission_id, node_id=node_id,
                              validator_id=p.node_id, status=reply.status, credited=reply.credited,
                              slashed=reply.slashed, revoked=reply.revoked, reason=req.reason[:300])
+        if first is not None:
+            self.prom.validation_latency.observe(max(first, 0.0))
+        self.prom.submissions.labels(reply.status if first is not None else "challenged").inc()
         if not req.accepted:
             log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,
                         node_id, req.reason, reply.slashed, reply.revoked)
@@ -248,6 +255,9 @@ class SubmissionsMixin:
         self._orphans_hint = True
         s.info.setdefault("dirty", set()).add(node.id)
         reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
+        self.prom.slashes.inc()
+        self.prom.stake_slashed.inc(max(res.slashed, 0.0))
+        self.prom.submissions.labels("ejected").inc(len(others))
 
     def accepted(self, step: int) -> AcceptedList:
         statuses = ("accepted", "pending") if self.cfg.optimistic else ("accepted",)

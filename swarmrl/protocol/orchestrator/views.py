@@ -1,4 +1,5 @@
-"""Read-only views: a node's ledger balance and info, health, the state snapshot and the metrics file."""
+"""Read-only views: a node's ledger balance and info, health, the state snapshot, the metrics file and the
+database gauges of the Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ class ViewsMixin:
             subs = dict(s.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
         return {"step": step, "policy_version": pv, **{f"nodes_{k}": int(v) for k, v in nodes.items()},
                 **{f"submissions_{k}": int(v) for k, v in subs.items()}, **self.counters}
+
+    def gauges(self) -> tuple[int, int, dict[str, int]]:
+        """Step, policy version and worker nodes by status (one GROUP BY): the database gauges of ``GET /metrics``."""
+        with self.db.tx() as s:
+            step, pv = self._state(s)
+            nodes = s.execute(select(Node.status, func.count()).where(Node.role == "worker").group_by(Node.status))
+            return step, pv, {k: int(v) for k, v in nodes.all()}
 
     def maybe_write_metrics(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
