@@ -36,7 +36,7 @@ BODY = HeartbeatRequest().model_dump_json().encode()
 
 @pytest.fixture()
 def service(tmp_path):
-    cfg, keys = make_cfg(tmp_path, database_url="")
+    cfg, keys = make_cfg(tmp_path)  # SQLite, or the PostgreSQL server of SWARMRL_TEST_DATABASE_URL
     orch = Orchestrator(cfg)
     try:
         yield orch, cfg, keys

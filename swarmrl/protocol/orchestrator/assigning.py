@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Float, String, bindparam, column, func, select, update, values
 from sqlalchemy.exc import IntegrityError
 
 from swarmrl.contract import AsyncWindow, assigned_tasks, task_seed, thinking_budget
@@ -195,25 +195,17 @@ class AssigningMixin:
         return h, fut, hot.reply
 
     def _write_beats(self, beats: list[Beat]) -> list[bool]:
-        """The group commit of ``BeatWriter``: every beat's nonce and liveness in one transaction. A nonce the
-        database already holds (another process used it) refuses that beat only."""
-        nonces = Nonce.__table__
-        live = update(Node.__table__).where(Node.__table__.c.id == bindparam("nid")).values(
-            last_heartbeat=bindparam("ts"))
+        """The group commit of ``BeatWriter``: every beat's nonce and liveness in one transaction (a few
+        statements whatever the batch size). A nonce the database already holds (another process used it)
+        refuses that beat only."""
         try:
-            with self.db.tx() as s:
-                s.execute(nonces.insert(), [{"public_key": b.public_key, "nonce": b.nonce,
-                                             "expires_at": b.expires_at} for b in beats])
-                s.execute(live, [{"nid": b.node_id, "ts": b.now} for b in beats])
+            self._write_beats_tx(beats)
             ok = [True] * len(beats)
         except IntegrityError:  # one by one, to find the replayed ones
             ok = []
             for b in beats:
                 try:
-                    with self.db.tx() as s:
-                        s.execute(nonces.insert().values(public_key=b.public_key, nonce=b.nonce,
-                                                         expires_at=b.expires_at))
-                        s.execute(live, [{"nid": b.node_id, "ts": b.now}])
+                    self._write_beats_tx([b])
                     ok.append(True)
                 except IntegrityError:
                     ok.append(False)
@@ -221,6 +213,26 @@ class AssigningMixin:
             if good:
                 self.mirror.touch(b.node_id, b.now)
         return ok
+
+    def _write_beats_tx(self, beats: list[Beat], chunk: int = 1000) -> None:
+        last: dict[str, float] = {}
+        for b in beats:
+            last[b.node_id] = max(last.get(b.node_id, 0.0), b.now)
+        seen = sorted(last.items())  # one lock order for concurrent writers (PostgreSQL)
+        nodes = Node.__table__
+        rows = [{"public_key": b.public_key, "nonce": b.nonce, "expires_at": b.expires_at} for b in beats]
+        with self.db.tx() as s:
+            if self.db.is_sqlite:  # in-process: executemany is a C loop
+                s.execute(Nonce.__table__.insert(), rows)
+                s.execute(update(nodes).where(nodes.c.id == bindparam("nid")).values(last_heartbeat=bindparam("ts")),
+                          [{"nid": n, "ts": t} for n, t in seen])
+                return
+            # a server: one round trip per statement, not per row
+            for i in range(0, len(rows), chunk):
+                s.execute(Nonce.__table__.insert().values(rows[i:i + chunk]))
+            for i in range(0, len(seen), chunk):
+                v = values(column("nid", String), column("ts", Float), name="beats").data(seen[i:i + chunk])
+                s.execute(update(nodes).where(nodes.c.id == v.c.nid).values(last_heartbeat=v.c.ts))
 
     def _heartbeat_in(self, s, p: Principal, req: HeartbeatRequest, now: float) -> tuple[HeartbeatReply, HotNode | None]:  # noqa: ANN001,E501
         cfg = self.cfg
