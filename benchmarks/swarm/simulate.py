@@ -494,6 +494,9 @@ class Sim:
         lat = sorted(self.latency + censored)
         tsum = self.tm.summary()
         busy = sum(v["wall_s_total"] for v in tsum.values())
+        busy_cpu = sum(self.tm.cpu.values())
+        # before the trainer took a first batch only crash losses are attributable: no waste figure then
+        trained = bool(self.gathered) and generated > 0
         duration = min(self.t, self.end) or 1e-9
         fam = self.families()
         alive_ok = self.accepted_assigned_alive()
@@ -507,16 +510,16 @@ class Sim:
             "assign_latency_n": len(lat), "idle_at_end": len(censored),
             "rollouts_per_s": round(completed / duration, 2),
             "used_rollouts_per_s": round(used / duration, 2),
-            "wasted_fraction": round(sum(waste.values()) / generated, 4) if generated else 0.0,
-            "wasted_by_cause": {k: round(v / generated, 4) for k, v in sorted(waste.items())} if generated else {},
-            "late_past_window_fraction": round(late_past_window / generated, 4) if generated else 0.0,
+            "wasted_fraction": round(sum(waste.values()) / generated, 4) if trained else None,
+            "wasted_by_cause": {k: round(v / generated, 4) for k, v in sorted(waste.items())} if trained else {},
+            "late_past_window_fraction": round(late_past_window / generated, 4) if trained else None,
             "heartbeat_ms_mean": round(tsum.get("heartbeat", {}).get("wall_ms_mean", float("nan")), 3),
             "heartbeat_ms_p99": round(tsum.get("heartbeat", {}).get("wall_ms_p99", float("nan")), 3),
             "heartbeat_cpu_ms": round(tsum.get("heartbeat", {}).get("cpu_ms_mean", float("nan")), 3),
             "submission_ms_mean": round(tsum.get("submission", {}).get("wall_ms_mean", float("nan")), 3),
             "submission_ms_p99": round(tsum.get("submission", {}).get("wall_ms_p99", float("nan")), 3),
             "submission_cpu_ms": round(tsum.get("submission", {}).get("cpu_ms_mean", float("nan")), 3),
-            "service_load": round(busy / duration, 3),
+            "service_load": round(busy / duration, 3), "service_cpu_load": round(busy_cpu / duration, 3),
             "heartbeats_per_sim_s": round(tsum.get("heartbeat", {}).get("n", 0) / duration, 1),
             "submissions_per_sim_s": round(tsum.get("submission", {}).get("n", 0) / duration, 2),
             "ops": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in v.items()}
@@ -681,17 +684,21 @@ def simulate(sc: SimConfig, keep: bool = False) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| nodes | mode | sim min | wall s | steps | assign p50 / p99 s | wasted | lost / dup / late / surplus "
-            "| rollouts/s | hb ms (cpu) | upload ms (cpu) | load |")
+            "| rollouts/s | hb ms (cpu) | upload ms (cpu) | load (cpu) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         w = r["wasted_by_cause"]
+        if r["wasted_fraction"] is None:
+            wasted, causes = "n/a", "no step trained"
+        else:
+            wasted = f"{r['wasted_fraction']:.1%}"
+            causes = " / ".join(f"{w.get(k, 0):.1%}" for k in ("lost_in_crash", "closed_duplicate", "late", "surplus"))
         lines.append(
             f"| {r['nodes']:,} | {r['mode']} | {r['simulated_s'] / 60:.1f} | {r['wall_s']:.0f} | {r['steps']} "
-            f"| {r['assign_latency_p50_s']:.1f} / {r['assign_latency_p99_s']:.1f} | {r['wasted_fraction']:.1%} "
-            f"| {w.get('lost_in_crash', 0):.1%} / {w.get('closed_duplicate', 0):.1%} / {w.get('late', 0):.1%} / "
-            f"{w.get('surplus', 0):.1%} | {r['rollouts_per_s']:.0f} | {r['heartbeat_ms_mean']:.2f} "
+            f"| {r['assign_latency_p50_s']:.1f} / {r['assign_latency_p99_s']:.1f} | {wasted} "
+            f"| {causes} | {r['rollouts_per_s']:.0f} | {r['heartbeat_ms_mean']:.2f} "
             f"({r['heartbeat_cpu_ms']:.2f}) | {r['submission_ms_mean']:.1f} ({r['submission_cpu_ms']:.1f}) "
-            f"| {r['service_load']:.2f} |")
+            f"| {r['service_load']:.2f} ({r['service_cpu_load']:.2f}) |")
     return "\n".join(lines)
 
 
