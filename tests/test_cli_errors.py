@@ -137,3 +137,9 @@ def test_an_unexpected_error_is_one_line_unless_debug(monkeypatch):
 def test_more_usage_errors(argv):
     r = CliRunner().invoke(app, argv)
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.output
+
+
+def test_an_unreachable_server_is_one_line(tmp_path):
+    line = one_error_line(cli("node", "status", "--orchestrator", "http://127.0.0.1:9", "--node-id", "abc",
+                              cwd=tmp_path), 1)
+    assert line.startswith("error: cannot reach http://127.0.0.1:9/") and "Connection refused" in line

@@ -100,6 +100,12 @@ def _describe(e: BaseException) -> tuple[int, str]:
     if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
         return USAGE, f"{e.strerror or e}: {e} (stop the other server or choose another port)"
     text = one_line(e) or "(no message)"
+    if type(e).__module__.startswith("httpx") and type(e).__name__ in ("ConnectError", "ConnectTimeout"):
+        try:
+            url = str(e.request.url)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):
+            url = "the server"
+        return FAILED, f"cannot reach {url}: {text} (is it running? check the URL option)"
     return FAILED, f"{type(e).__name__}: {text} (run `swarmrl --debug ...` to see the traceback)"
 
 
