@@ -27,6 +27,8 @@ def test_progress_lines_every_tenth_of_the_run_and_on_new_accuracy():
 def test_a_quiet_run_still_prints():
     out: list[str] = []
     p = PlainProgress(100, swarm=False, emit=out.append, quiet_s=0.0)
+    p(_snap(0))  # the clock starts at the first snapshot (not during a warm start)
+    assert out == []
     p(_snap(0))
     assert out == ["step   0/100  reward 0.250  lag 0.50  0s"]
     assert progress_line(_snap(4, acc=0.3, accepted=7, rejected=2, slashed_nodes=1), 100, True) == (
@@ -45,6 +47,6 @@ def test_summary_fits_80_columns_and_names_the_json():
     assert all(len(ln) <= 78 for ln in lines), lines
     text = "\n".join(lines)
     assert "held-out acc    28.7% -> 55.1% on 512 tasks" in text
-    assert "1012 accepted, 3 rejected, 1 nodes slashed" in text
+    assert "1012 accepted, 3 rejected, 1 node slashed" in text
     assert "x0-forge_rewards: caught (3 rejected, slashed 30, ejected)" in text
     assert lines[-1] == "full summary    runs/rl/summary.json"

@@ -168,14 +168,17 @@ class PlainProgress:
         self.quiet_s = quiet_s
         self.last_step: int | None = None
         self.last_acc: float | None = None
-        self.last_t = time.monotonic()
+        self.last_t: float | None = None  # from the first snapshot on (a warm start before it prints its own lines)
 
     def __call__(self, s: dict) -> None:
         step, now = s["step"], time.monotonic()
+        quiet = self.last_t is not None and now - self.last_t >= self.quiet_s
+        if self.last_t is None:
+            self.last_t = now
         due = (self.last_step is None and step > 0) or (self.last_step is not None and (
             step // self.every > self.last_step // self.every or (step >= self.total > self.last_step)))
         due = due or (s.get("heldout_acc") is not None and s["heldout_acc"] != self.last_acc)
-        if due or now - self.last_t >= self.quiet_s:
+        if due or quiet:
             self.emit(progress_line(s, self.total, self.swarm))
             self.last_step, self.last_acc, self.last_t = step, s.get("heldout_acc"), now
 
@@ -193,8 +196,9 @@ def summary_lines(summary: dict) -> list[str]:
     sw = summary.get("swarm")
     if sw:
         t = sw["totals"]
+        slashed = t.get("slashed_nodes", 0)
         lines.append(f"{'submissions':<{w}}{t.get('accepted', 0)} accepted, {t.get('rejected', 0)} rejected, "
-                     f"{t.get('slashed_nodes', 0)} nodes slashed")
+                     f"{slashed} node{'' if slashed == 1 else 's'} slashed")
         for name, n in sw["nodes"].items():
             if n.get("adversary"):
                 fate = "caught" if n.get("caught") else "NOT caught"
