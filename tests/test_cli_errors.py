@@ -114,7 +114,7 @@ def test_fetch_with_the_wrong_key_says_the_manifest_did_not_verify(tmp_path):
     finally:
         o.close()
     line = one_error_line(r, 1)  # a failed fetch, not a usage error: the server could be the one lying
-    assert line.startswith("fetch failed: the manifest of v3 did not verify with the given origin public key")
+    assert line.startswith("fetch failed: the manifest signature of v3 did not verify with the given origin public key")
     assert url in line and "no server offers" not in line
 
 

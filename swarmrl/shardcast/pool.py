@@ -213,8 +213,8 @@ async def get_manifest_raw(session: aiohttp.ClientSession, pool: ServerPool, ver
             if isinstance(e, SignatureError):
                 unsigned.append(s.url)
     if unsigned and len(unsigned) == len(errors):
-        raise ManifestNotVerified(f"the manifest of v{version} did not verify with the given origin public key "
-                                  f"(server{'s' if len(unsigned) > 1 else ''} {', '.join(unsigned)}): the key is not "
-                                  "the origin's, or the manifest is forged")
+        where = f"server{'s' if len(unsigned) > 1 else ''} {', '.join(unsigned)}"
+        raise ManifestNotVerified(f"the manifest signature of v{version} did not verify with the given origin public "
+                                  f"key ({where}): the key is not the origin's, or the manifest is forged")
     raise FetchError(f"no server served a valid signed manifest for v{version}: " + ("; ".join(errors) or
                      "no server lists it"))
