@@ -25,7 +25,7 @@ def test_keygen_publish_and_fetch_via_cli(tmp_path, app):
     assert r.exit_code == 0, r.output
     pub = (tmp_path / "origin.key.pub").read_text().strip()
     assert pub in r.output
-    assert run.invoke(app, ["shardcast", "keygen", "--out", str(key)]).exit_code == 1  # never overwrite a key
+    assert run.invoke(app, ["shardcast", "keygen", "--out", str(key)]).exit_code == 2  # never overwrite a key
 
     src = make_file(tmp_path / "model.safetensors", 300_000, seed=3)
     odir = tmp_path / "origin"
@@ -34,7 +34,7 @@ def test_keygen_publish_and_fetch_via_cli(tmp_path, app):
     assert r.exit_code == 0, r.output
     assert (odir / "distribution.txt").read_text().startswith("v12: ")
     r = run.invoke(app, ["shardcast", "publish", "--dir", str(odir), "--key", str(key), str(src), "--version", "12"])
-    assert r.exit_code == 1 and "never reused" in " ".join(r.output.split())
+    assert r.exit_code == 2 and "never reused" in " ".join(r.output.split())  # a usage error: the version given
 
     o = Origin(odir, key=key)  # the published dir served by the API
     url = o.serve()
@@ -44,10 +44,10 @@ def test_keygen_publish_and_fetch_via_cli(tmp_path, app):
                              "--out", str(out), "--version", "12"])
         assert r.exit_code == 0, r.output
         assert same_file(out, src)
-        wrong = "00" * 32
-        r = run.invoke(app, ["shardcast", "fetch", "--server", url, "--origin-pubkey", wrong, "--out",
+        small_order = "00" * 32  # refused before any request: a usage error
+        r = run.invoke(app, ["shardcast", "fetch", "--server", url, "--origin-pubkey", small_order, "--out",
                              str(tmp_path / "bad.bin")])
-        assert r.exit_code == 1 and "fetch failed" in " ".join(r.output.split())
+        assert r.exit_code == 2 and "small order" in r.output
         assert fetch([url], tmp_path / "api.bin", pub).version == 12
     finally:
         o.close()

@@ -14,9 +14,20 @@ import importlib
 import typer
 
 from swarmrl.cli import models, train
+from swarmrl.cli.errors import SwarmrlGroup, set_debug
 
+# rich_markup_mode=None everywhere: help text is printed as written ("[positions, hidden]" stays).
 app = typer.Typer(help="swarmrl: RL for language models over a decentralized swarm.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=SwarmrlGroup, rich_markup_mode=None)
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", envvar="SWARMRL_DEBUG",
+                                     help="Show the traceback of an error (by default: one line, see exit codes "
+                                          "in swarmrl/cli/errors.py).")) -> None:
+    set_debug(debug)
+
+
 app.add_typer(models.app, name="model")
 app.command("sft")(train.sft)
 app.command("eval")(train.eval_)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
 
 import typer
 
+from swarmrl.cli.errors import check_port, fail, say  # noqa: F401  (re-exported for the command modules)
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from rich.console import Console
@@ -37,7 +39,7 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console  # noqa: PLC0415  # lazy: startup
 
-            self._console = Console(stderr=True)
+            self._console = Console(stderr=True, markup=False)  # text is printed as is: "[...]" stays
         return self._console
 
     def __getattr__(self, name: str) -> Any:
@@ -55,14 +57,13 @@ console: Console = _LazyConsole()  # type: ignore[assignment]
 
 def resolve(model: type[T], config: Path | None, sets: list[str] | None, extra: list[str] | None = None,
             print_config: bool = False) -> T:
-    """Load a command's config; exits with status 2 and a message naming the field on error."""
+    """Load a command's config; exits with status 2 and one line naming the field on error."""
     from swarmrl.config import ConfigError, dump_config, load_config  # noqa: PLC0415  # lazy: startup
 
     try:
         cfg = load_config(model, config, (extra or []) + (sets or []))
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
-        raise typer.Exit(2) from None
+        fail(e)
     if print_config:
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
@@ -85,10 +86,7 @@ def backend_errors() -> Iterator[None]:
     try:
         yield
     except BackendUnavailable as e:
-        from rich.markup import escape  # noqa: PLC0415  # lazy: startup
-
-        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(e)
 
 
 def require_backend(inference: object) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, fail, opt, resolve
 
 
 def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
@@ -45,8 +45,7 @@ def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt
     try:
         summary = run(cfg, progress)
     except WorkerFailed as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(1) from None
+        fail(f"{e}", 1)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2))
 
 

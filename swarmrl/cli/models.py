@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, fail, opt, resolve
 
-app = typer.Typer(help="Make and inspect models.", no_args_is_help=True)
+app = typer.Typer(help="Make and inspect models.", no_args_is_help=True, rich_markup_mode=None)
 
 
 @app.command("init")
@@ -44,7 +44,6 @@ def import_(source: Annotated[str, typer.Argument(help="HF model dir, .gguf file
     try:  # progress: a line per stage, and transformers' own bar while it dequantizes GGUF tensors
         info = import_model(cfg.source, cfg.out, cfg.dtype, cfg.gguf_file, progress=lambda m: console.print(m + " ..."))
     except (ImportErrorSource, FileNotFoundError) as e:
-        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
-        raise typer.Exit(2) from None
+        fail(f"{e}")
     console.print(f"imported {info['architecture'][0]} ({info['parameters']:,} parameters, {info['dtype']}) "
                   f"from {info['source']} to {cfg.out}")

@@ -9,11 +9,38 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, check_port, fail, opt, resolve
 
-node_app = typer.Typer(help="Node identity and membership.", no_args_is_help=True)
-orch_app = typer.Typer(help="The orchestrator service.", no_args_is_help=True)
-val_app = typer.Typer(help="The validator service.", no_args_is_help=True)
+node_app = typer.Typer(help="Node identity and membership.", no_args_is_help=True, rich_markup_mode=None)
+orch_app = typer.Typer(help="The orchestrator service.", no_args_is_help=True, rich_markup_mode=None)
+val_app = typer.Typer(help="The validator service.", no_args_is_help=True, rich_markup_mode=None)
+
+
+def _private_key(path: Path, what: str = "--key"):  # noqa: ANN202
+    """The Ed25519 private key in ``path``, or exit 2 with one line saying what is wrong with the file."""
+    from swarmrl.protocol.signing import load_private_key  # noqa: PLC0415  # lazy: startup
+
+    try:
+        return load_private_key(path)
+    except FileNotFoundError:
+        fail(f"{what} {path}: no such key file (make one with `swarmrl node keygen --out FILE`)")
+    except (ValueError, OSError) as e:
+        fail(f"{what} {path}: {e} (a PEM key file from `swarmrl node keygen`)")
+
+
+def _public_key_hex(text: str, what: str = "--public-key") -> str:
+    """``text`` if it is an acceptable Ed25519 public key (64 hex chars), else exit 2 with one line."""
+    from swarmrl.utils.keys import public_key_problem  # noqa: PLC0415  # lazy: startup
+
+    t = text.strip().lower()
+    try:
+        raw = bytes.fromhex(t)
+    except ValueError:
+        raw = b""
+    why = "expected 64 hex characters" if len(t) != 64 or not raw else public_key_problem(raw)
+    if why:
+        fail(f"{what} {text[:80]!r} is not a valid public key: {why} (see `swarmrl node pubkey --key FILE`)")
+    return t
 
 
 def _logging() -> None:
@@ -32,8 +59,7 @@ def keygen(out: Annotated[Path, typer.Option("--out", "-o", help="Where to write
     try:
         save_private_key(key, out)
     except FileExistsError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(f"{e}")
     pub = public_key_hex(key)
     typer.echo(json.dumps({"public_key": pub, "node_id": node_id_for(pub), "key_file": str(out)}))
 
@@ -41,9 +67,9 @@ def keygen(out: Annotated[Path, typer.Option("--out", "-o", help="Where to write
 @node_app.command("pubkey")
 def pubkey(key: Annotated[Path, typer.Option("--key", "-k", help="Private key file.")]) -> None:
     """Print the public key and node id of a key file."""
-    from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex  # noqa: PLC0415  # lazy: startup
+    from swarmrl.protocol.signing import node_id_for, public_key_hex  # noqa: PLC0415  # lazy: startup
 
-    pub = public_key_hex(load_private_key(key))
+    pub = public_key_hex(_private_key(key))
     typer.echo(json.dumps({"public_key": pub, "node_id": node_id_for(pub)}))
 
 
@@ -66,13 +92,12 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
                   opt("orchestrator", orchestrator) + opt("key", key) + opt("rl_config", rl_config)
                   + opt("adversary", adversary), print_config)
     if not cfg.key:
-        console.print("[red]error:[/red] key: a node key file is required (swarmrl node keygen --out FILE)")
-        raise typer.Exit(2)
+        fail("key: a node key file is required (swarmrl node keygen --out FILE)")
+    _private_key(Path(cfg.key))
     _logging()
     if adversary:
         if not cfg.rl_config:
-            console.print("[red]error:[/red] --adversary needs --rl-config (a cheater answers assignments)")
-            raise typer.Exit(2)
+            fail("--adversary needs --rl-config (a cheater answers assignments)")
         from swarmrl.swarm.adversaries import make_adversary  # noqa: PLC0415  # lazy: startup
 
         with backend_errors():
@@ -91,8 +116,7 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
     try:
         ensure_registered(client, cfg.throughput, cfg.stake, {})
     except ApiError as e:  # e.g. no deposit for this key: say why, exit 3 (refused) like a swarm node
-        console.print(f"[red]error:[/red] registration refused: {e}")
-        raise typer.Exit(3) from None
+        fail(f"registration refused: {e}", 3)
 
     def show(reply) -> None:  # noqa: ANN001
         typer.echo(json.dumps({"step": reply.step, "policy_version": reply.policy_version,
@@ -107,18 +131,16 @@ def node_status(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL
                 node_id: Annotated[Optional[str], typer.Option(help="Any node id (instead of --key).")] = None) -> None:
     """A node's status, stake and credits (locked / unlocked) with its ledger rows, as JSON."""
     from swarmrl.protocol.client import ApiError, NodeClient  # noqa: PLC0415  # lazy: startup
-    from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex  # noqa: PLC0415  # lazy: startup
+    from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex  # noqa: PLC0415  # lazy: startup
 
     if node_id is None and key is None:
-        console.print("[red]error:[/red] give --key or --node-id")
-        raise typer.Exit(2)
-    nid = node_id or node_id_for(public_key_hex(load_private_key(key)))
+        fail("give --key or --node-id")
+    nid = node_id or node_id_for(public_key_hex(_private_key(key)))
     with NodeClient(orchestrator, generate_key()) as c:  # public endpoint: no signature needed
         try:
             typer.echo(c.ledger(nid).model_dump_json(indent=2))
         except ApiError as e:
-            console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(1) from None
+            fail(f"{e}", 1)
 
 
 @orch_app.command("serve")
@@ -131,6 +153,7 @@ def serve(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
 
     cfg = resolve(OrchestratorConfig, config, set_,
                   opt("port", port) + opt("database_url", database_url) + opt("data_dir", data_dir), print_config)
+    check_port(cfg.host, cfg.port)
     _logging()
     from swarmrl.protocol.orchestrator import serve as run  # noqa: PLC0415  # lazy: startup
 
@@ -149,14 +172,15 @@ def deposit(key: Annotated[Path, typer.Option(help="The stake authority's privat
     from swarmrl.protocol.client import ApiError, AuthorityClient  # noqa: PLC0415  # lazy: startup
 
     if (node_id is None) == (public_key is None):
-        console.print("[red]error:[/red] give one of --node-id and --public-key")
-        raise typer.Exit(2)
+        fail("give one of --node-id and --public-key")
+    if public_key is not None:
+        public_key = _public_key_hex(public_key)
+    _private_key(key)
     with AuthorityClient(orchestrator, key) as c:
         try:
             typer.echo(c.deposit(amount, node_id=node_id, public_key=public_key, note=note).model_dump_json())
         except ApiError as e:
-            console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(1) from None
+            fail(f"{e}", 1)
 
 
 @val_app.command("run")
@@ -171,15 +195,13 @@ def validator_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: P
     cfg = resolve(ValidatorConfig, config, set_,
                   opt("orchestrator", orchestrator) + opt("key", key) + opt("model_dir", model_dir), print_config)
     if not cfg.key:
-        console.print("[red]error:[/red] key: the validator's key file is required")
-        raise typer.Exit(2)
+        fail("key: the validator's key file is required")
     from swarmrl.protocol.validator import Validator, config_problems  # noqa: PLC0415  # lazy: startup
 
     problems = config_problems(cfg)
     if problems:  # a check that cannot work would only ever produce internal errors: refuse to start
-        for p in problems:
-            console.print(f"[red]error:[/red] {p}", markup=True, highlight=False)
-        raise typer.Exit(2)
+        fail("; ".join(problems))
+    _private_key(Path(cfg.key))
     _logging()
     v = Validator(cfg)
     try:

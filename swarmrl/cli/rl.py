@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, require_backend, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, fail, opt, require_backend, resolve
 
-rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True)
+rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True, rich_markup_mode=None)
 
 
 @rl_app.command("trainer")
@@ -33,8 +33,7 @@ def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (lette
     import re  # noqa: PLC0415  # lazy: startup
 
     if not re.fullmatch(r"[A-Za-z0-9_.]+", worker_id):
-        console.print("[red]error:[/red] --id may only contain letters, digits, '_' and '.'")
-        raise typer.Exit(2)
+        fail("--id may only contain letters, digits, '_' and '.'")
     from swarmrl.rl.config import RLConfig  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(RLConfig, config, set_, print_config=print_config)
@@ -70,11 +69,16 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
                          "and validator, or trusted local workers (default: the config's `mode`).")] = None,
         nodes: Annotated[Optional[int], typer.Option(help="Swarm mode: honest nodes.")] = None,
         adversary: Annotated[Optional[list[str]], typer.Option(help="Swarm mode: add a cheating node of this kind "
-                             "(repeatable; see `swarmrl node run --help`).")] = None) -> None:
+                             "(repeatable; see `swarmrl node run --help`).")] = None,
+        json_: Annotated[bool, typer.Option("--json", help="Also print the full JSON summary on stdout at the end "
+                         "(it is always written to RUN_DIR/summary.json).")] = False) -> None:
     """The main job: warm start (if needed), then the whole swarm on loopback with live progress: an
     orchestrator assigns seeded tasks to untrusted nodes, a validator checks every upload (slashing cheaters),
     the trainer (SHARDCAST origin, with a relay) trains on accepted work only. --local runs trusted local
-    workers instead (no protocol); --adversary adds a cheating node to watch it get caught."""
+    workers instead (no protocol); --adversary adds a cheating node to watch it get caught.
+
+    On a terminal: a live table. Piped or logged (nohup): a plain line every 10 steps (or a tenth of the run).
+    At the end: a short summary, and the path of RUN_DIR/summary.json (the full JSON)."""
     from swarmrl.job.config import RunConfig  # noqa: PLC0415  # lazy: startup
     from swarmrl.job.launch import launch  # noqa: PLC0415  # lazy: startup
 
@@ -85,19 +89,18 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     default_cfg = Path("configs/run.toml")
     cfg = resolve(RunConfig, config or (default_cfg if default_cfg.is_file() else None), set_, extra, print_config)
     if cfg.mode == "local" and cfg.swarm.adversaries:
-        console.print("[red]error:[/red] adversaries are swarm nodes: drop --local (or set mode = \"swarm\")")
-        raise typer.Exit(2)
+        fail("adversaries are swarm nodes: drop --local (or set mode = \"swarm\")")
     with backend_errors():  # before any process starts: workers and nodes would only fail one by one
         require_backend(cfg.rl.inference)
-    from rich.live import Live  # noqa: PLC0415  # lazy: startup
-    from rich.table import Table  # noqa: PLC0415  # lazy: startup
-
     swarm_mode = cfg.mode == "swarm"
     who = (f"{cfg.swarm.nodes} nodes + {len(cfg.swarm.adversaries)} adversaries" if swarm_mode
            else f"{cfg.rl.workers.num} workers")
+    title = f"swarmrl run: {cfg.rl.task.name}, {who}, async_level {cfg.rl.async_level}"
 
-    def table(s: dict) -> Table:
-        t = Table(title=f"swarmrl run: {cfg.rl.task.name}, {who}, async_level {cfg.rl.async_level}")
+    def table(s: dict):  # noqa: ANN202
+        from rich.table import Table  # noqa: PLC0415  # lazy: startup
+
+        t = Table(title=title)
         cols = ["elapsed", "step", "task reward", "held-out acc", "async lag", "gen tok/s", "trainer wait"]
         if swarm_mode:
             cols += ["accepted", "rejected", "slashed nodes"]
@@ -113,14 +116,35 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
         t.add_row(*row)
         return t
 
-    with Live(table({"elapsed_s": 0, "step": 0, "reward": None, "heldout_acc": None, "first_acc": None, "lag": None,
-                     "tokens_per_s": None, "wait_frac": None}), console=console, refresh_per_second=2,
-              transient=False) as lv:
-        summary = launch(cfg, progress=lambda m: console.print(m, highlight=False), live=lambda s: lv.update(table(s)))
-    typer.echo(json.dumps(summary, indent=2))
-    console.print(f"held-out accuracy {100 * summary['heldout_acc_initial']:.1f}% -> "
-                  f"{100 * summary['heldout_acc_final']:.1f}% in {summary['wall_s']:.0f}s; curves: {summary['curves']}; "
-                  f"model: {summary['final_model']}")
+    def say(m: str) -> None:
+        console.print(m, highlight=False, soft_wrap=True)  # soft_wrap: a long line is not cut at 80 columns
+
+    from swarmrl.job.supervisor import RoleFailed  # noqa: PLC0415  # lazy: startup
+
+    try:
+        if console.is_terminal:  # a live table, redrawn in place
+            from rich.live import Live  # noqa: PLC0415  # lazy: startup
+
+            with Live(table({"elapsed_s": 0, "step": 0, "reward": None, "heldout_acc": None, "first_acc": None,
+                             "lag": None, "tokens_per_s": None, "wait_frac": None}), console=console,
+                      refresh_per_second=2, transient=False) as lv:
+                summary = launch(cfg, progress=say, live=lambda s: lv.update(table(s)))
+        else:  # piped, nohup, a log file: plain lines, never redrawn
+            from swarmrl.job.report import PlainProgress  # noqa: PLC0415  # lazy: startup
+
+            say(title)
+            summary = launch(cfg, progress=say, live=PlainProgress(cfg.rl.steps, swarm_mode, say))
+    except RoleFailed as e:  # the message names the role's log
+        fail(e, 1)
+    except FileNotFoundError as e:  # no initial model and warm start disabled
+        fail(f"{e} (set rl.model to a model dir, or enable the warm start)")
+    from swarmrl.job.report import summary_lines  # noqa: PLC0415  # lazy: startup
+
+    if json_:
+        typer.echo(json.dumps(summary, indent=2))
+    typer.echo(f"swarmrl run finished: {cfg.rl.task.name}, {who}")
+    for line in summary_lines(summary):
+        typer.echo(f"  {line}")
 
 
 def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,

@@ -8,14 +8,35 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, check_port, console, fail, opt, resolve
 
 app = typer.Typer(help="Checkpoint broadcast through a tree of HTTP relays (SHARDCAST layout, signed).",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="shardcast")
+
+
+def _public_key(spec: str) -> None:
+    """Exit 2 with one line unless ``spec`` is an origin public key (64 hex chars, or a file holding them)."""
+    from swarmrl.shardcast.signing import load_public_key  # noqa: PLC0415  # lazy: startup
+
+    try:
+        load_public_key(spec)
+    except (ValueError, OSError) as e:
+        fail(f"{e} (--origin-pubkey: the origin's 64-hex-char public key, or its .pub file from "
+             "`swarmrl shardcast keygen`)")
+
+
+def _private_key(path: Path):  # noqa: ANN202
+    """The origin private key in ``path``, or exit 2 with one line saying what is wrong with the file."""
+    from swarmrl.shardcast.signing import load_private_key  # noqa: PLC0415  # lazy: startup
+
+    try:
+        return load_private_key(path)
+    except (ValueError, OSError) as e:
+        fail(f"{e} (--key: an origin private key file from `swarmrl shardcast keygen`)")
 
 
 @app.command("keygen")
@@ -25,8 +46,7 @@ def keygen_cmd(out: Annotated[Path, typer.Option("--out", "-o", help="Private ke
     from swarmrl.shardcast.signing import keygen  # noqa: PLC0415  # lazy: startup
 
     if out.exists():
-        console.print(f"[red]error:[/red] {out} exists; refusing to overwrite a key")
-        raise typer.Exit(1)
+        fail(f"{out} exists; refusing to overwrite a key (choose another --out or remove it)")
     pub = keygen(out)
     console.print(f"wrote {out} and {out}.pub")
     typer.echo(pub)
@@ -34,8 +54,10 @@ def keygen_cmd(out: Annotated[Path, typer.Option("--out", "-o", help="Private ke
 
 @app.command("origin")
 def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin directory.")] = None,
-               port: Annotated[Optional[int], typer.Option("--port")] = None,
-               host: Annotated[Optional[str], typer.Option("--host")] = None,
+               port: Annotated[Optional[int], typer.Option("--port", help="Port to listen on (default 8600; 0: any "
+                                                           "free port).")] = None,
+               host: Annotated[Optional[str], typer.Option("--host", help="Address to listen on (default "
+                                                           "127.0.0.1).")] = None,
                key: Annotated[Optional[Path], typer.Option("--key", help="Origin private key (to print its public key).")] = None,
                config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Serve an origin directory (publish into it with `shardcast publish` or the Origin API)."""
@@ -43,6 +65,9 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
 
     cfg = resolve(OriginConfig, config, set_, opt("dir", dir) + opt("port", port) + opt("host", host),
                   print_config)
+    check_port(cfg.host, cfg.port)
+    if key is not None:
+        _private_key(key)
     import asyncio  # noqa: PLC0415  # lazy: startup
 
     from swarmrl.shardcast.server import ShardServer  # noqa: PLC0415  # lazy: startup
@@ -53,9 +78,9 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
         await srv.start(cfg.host, cfg.port)
         console.print(f"origin serving {cfg.dir} on http://{cfg.host}:{srv.port}")
         if key is not None:
-            from swarmrl.shardcast.signing import load_private_key, public_key_hex  # noqa: PLC0415  # lazy: startup
+            from swarmrl.shardcast.signing import public_key_hex  # noqa: PLC0415  # lazy: startup
 
-            console.print(f"origin public key {public_key_hex(load_private_key(key))}")
+            console.print(f"origin public key {public_key_hex(_private_key(key))}")
         try:
             await asyncio.Event().wait()
         finally:
@@ -72,21 +97,25 @@ def publish_cmd(file: Annotated[Path, typer.Argument(help="Checkpoint file (e.g.
                 dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin directory.")] = None,
                 version: Annotated[Optional[int], typer.Option("--version", help="Version (training step).")] = None,
                 key: Annotated[Optional[Path], typer.Option("--key", help="Origin private key file.")] = None,
-                keep: Annotated[Optional[int], typer.Option("--keep")] = None,
+                keep: Annotated[Optional[int], typer.Option("--keep", help="Versions to keep in the origin "
+                                                            "directory; older ones are removed (default 5).")] = None,
                 config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Shard, sign and list FILE as a new version in the origin directory."""
     from swarmrl.shardcast.config import PublishConfig  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(PublishConfig, config, set_, opt("dir", dir) + opt("version", version) + opt("key", key)
                   + opt("keep", keep), print_config)
+    if not file.is_file():
+        fail(f"checkpoint file not found: {file} (give the path of an existing file to publish)")
+    if cfg.key and Path(cfg.key).exists():
+        _private_key(Path(cfg.key))
     from swarmrl.shardcast.origin import Origin  # noqa: PLC0415  # lazy: startup
 
     origin = Origin(cfg.dir, key=cfg.key, keep=cfg.keep, shard_size=cfg.shard_size)
     try:
         res = origin.publish_sync(file, cfg.version, move=cfg.move)
-    except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(1) from None
+    except (ValueError, FileNotFoundError) as e:  # a reused version number, a file gone meanwhile
+        fail(e)
     finally:
         origin.close()
     m = res.manifest
@@ -96,8 +125,9 @@ def publish_cmd(file: Annotated[Path, typer.Argument(help="Checkpoint file (e.g.
 
 @app.command("relay")
 def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream", help="Upstream URL (repeatable).")] = None,
-              dir: Annotated[Optional[Path], typer.Option("--dir")] = None,
-              port: Annotated[Optional[int], typer.Option("--port")] = None,
+              dir: Annotated[Optional[Path], typer.Option("--dir", help="Relay directory (mirrored versions).")] = None,
+              port: Annotated[Optional[int], typer.Option("--port", help="Port to listen on (default 8601; 0: any "
+                                                          "free port).")] = None,
               origin_pubkey: Annotated[Optional[str], typer.Option("--origin-pubkey", help="Hex key or file.")] = None,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Mirror signed versions from upstream servers and serve them (pipelined)."""
@@ -105,6 +135,8 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
 
     cfg = resolve(RelayConfig, config, set_, opt("upstream", upstream) + opt("dir", dir) + opt("port", port)
                   + opt("origin_pubkey", origin_pubkey), print_config)
+    _public_key(cfg.origin_pubkey)
+    check_port(cfg.host, cfg.port)
     import asyncio  # noqa: PLC0415  # lazy: startup
 
     from swarmrl.shardcast.relay import Relay  # noqa: PLC0415  # lazy: startup
@@ -129,7 +161,7 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
 
 @app.command("fetch")
 def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", help="Server URL (repeatable).")] = None,
-              out: Annotated[Optional[Path], typer.Option("--out", "-o")] = None,
+              out: Annotated[Optional[Path], typer.Option("--out", "-o", help="File to write the version to.")] = None,
               version: Annotated[Optional[str], typer.Option("--version", help="N or 'latest'.")] = None,
               origin_pubkey: Annotated[Optional[str], typer.Option("--origin-pubkey", help="Hex key or file.")] = None,
               wait: Annotated[Optional[float], typer.Option("--wait", help="Seconds to wait for the version.")] = None,
@@ -137,26 +169,33 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
     """Fetch and verify one version into --out."""
     from swarmrl.shardcast.config import FetchConfig  # noqa: PLC0415  # lazy: startup
 
+    if version is not None and not (version.isdigit() or version == "latest"):
+        fail(f"--version {version!r}: expected a version number (e.g. 12, no 'v') or 'latest'")
     cfg = resolve(FetchConfig, config, set_, opt("server", server) + opt("out", out) + opt("version", version)
                   + opt("origin_pubkey", origin_pubkey) + opt("wait_s", wait), print_config)
+    _public_key(cfg.origin_pubkey)
+    from contextlib import nullcontext  # noqa: PLC0415  # lazy: startup
+
     from rich.progress import Progress  # noqa: PLC0415  # lazy: startup
 
     from swarmrl.shardcast.client import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
-    with Progress(console=console, transient=True) as prog:
-        task = prog.add_task("fetching", total=None)
+    # a progress bar on a terminal only: piped or logged, nothing but the result line (or the error line)
+    bar = Progress(console=console, transient=True) if console.is_terminal else nullcontext(None)
+    try:
+        with bar as prog:
+            task = prog.add_task("fetching", total=None) if prog is not None else None
 
-        def on_shard(done: int, total: int) -> None:
-            prog.update(task, completed=done, total=total)
+            def on_shard(done: int, total: int) -> None:
+                if prog is not None:
+                    prog.update(task, completed=done, total=total)
 
-        try:
             res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, version=cfg.version, parallel=cfg.parallel,
                         max_attempts=cfg.max_attempts, max_server_failures=cfg.max_server_failures,
                         wait_s=cfg.wait_s, verify_whole=cfg.verify_whole, fsync=cfg.fsync, on_shard=on_shard,
                         stall_s=cfg.stall_s, min_bps=cfg.min_bps, window_s=cfg.window_s)
-        except (FetchError, ValueError) as e:
-            console.print(f"[red]fetch failed:[/red] {e}", highlight=False)
-            raise typer.Exit(1) from None
+    except (FetchError, ValueError) as e:
+        fail(e, 1, prefix="fetch failed")
     console.print(f"v{res.version} -> {res.path}: {res.size:,} bytes, blake3 {res.blake3}, "
                   f"{res.seconds:.2f}s ({res.mb_per_s:.1f} MB/s)", highlight=False)
     for url, why in res.excluded.items():

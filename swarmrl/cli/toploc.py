@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, console, fail, opt, resolve
 
-app = typer.Typer(help="TOPLOC inference proofs: calibrate thresholds, verify rollouts.", no_args_is_help=True)
+app = typer.Typer(help="TOPLOC inference proofs: calibrate thresholds, verify rollouts.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def __getattr__(name: str):  # VerifyFileConfig stays importable from here without importing torch up front
@@ -44,8 +44,7 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
     cfg = resolve(CalibrateConfig, config, set_, opt("model", model) + opt("out", out) + opt("write", write),
                   print_config)
     if not cfg.model:
-        console.print("[red]error:[/red] --model is required")
-        raise typer.Exit(2)
+        fail("--model is required")
     from rich.table import Table  # noqa: PLC0415  # lazy: startup
 
     from swarmrl.toploc.calibrate import run_calibration  # noqa: PLC0415  # lazy: startup
@@ -100,8 +99,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
 
     cfg = resolve(VerifyFileConfig, config, set_, opt("model", model) + opt("rollouts", rollouts), print_config)
     if not cfg.model or not cfg.rollouts:
-        console.print("[red]error:[/red] --model and --rollouts are required")
-        raise typer.Exit(2)
+        fail("--model and --rollouts are required")
     from swarmrl.models.io import load_model, load_tokenizer  # noqa: PLC0415  # lazy: startup
     from swarmrl.rl.rollouts import RolloutError, read_rollouts  # noqa: PLC0415  # lazy: startup
     from swarmrl.toploc.rollout import verify_rows  # noqa: PLC0415  # lazy: startup
@@ -109,8 +107,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
     try:
         rows = read_rollouts(cfg.rollouts)
     except RolloutError as e:
-        console.print(f"[red]rejected:[/red] {e}")
-        raise typer.Exit(1) from None
+        fail(f"{e}", 1, prefix="rejected")
     from swarmrl.toploc.calibration import CalibrationError, toploc_settings  # noqa: PLC0415  # lazy: startup
 
     try:  # thresholds set in the config > the model dir's calibration file > defaults
@@ -118,8 +115,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
                              {k: getattr(cfg.sampling, k) for k in cfg.sampling.model_fields_set},
                              use_file=cfg.calibration, chunk=cfg.chunk, k=cfg.k)
     except CalibrationError as e:
-        console.print(f"[red]error:[/red] {e} (or --set calibration=false)", markup=True, highlight=False)
-        raise typer.Exit(2) from None
+        fail(f"{e} (or --set calibration=false)")
     typer.echo(f"thresholds from {st.source}: {(st.thresholds or cfg.thresholds).model_dump()}")
     m = load_model(cfg.model, dtype=cfg.dtype)
     eos = load_tokenizer(cfg.model).eos_token_id
@@ -142,11 +138,9 @@ def _load_hidden(path: Path, key: str):
     try:
         tensors = load_file(str(path))
     except Exception as e:
-        console.print(f"[red]error:[/red] cannot read {path}: {e}")
-        raise typer.Exit(2) from None
+        fail(f"cannot read {path}: {e}")
     if key not in tensors or tensors[key].dim() != 2:
-        console.print(f"[red]error:[/red] {path} has no 2-D tensor {key!r} (found {sorted(tensors)})")
-        raise typer.Exit(2)
+        fail(f"{path} has no 2-D tensor {key!r} (found {sorted(tensors)})")
     return tensors[key]
 
 
@@ -154,7 +148,8 @@ def _load_hidden(path: Path, key: str):
 def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
           out: Annotated[Path, typer.Option("--out", "-o", help="Write one base64 proof per line here.")],
           key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
-          chunk: int = 32, k: int = 128) -> None:
+          chunk: Annotated[int, typer.Option(help="Positions per proof chunk.")] = 32,
+          k: Annotated[int, typer.Option(help="Top-k hidden values committed per chunk.")] = 128) -> None:
     """Build TOPLOC proofs for the last hidden states stored in a safetensors file."""
     from swarmrl.toploc.proof import build_proofs, proof_to_b64  # noqa: PLC0415  # lazy: startup
 
@@ -167,7 +162,8 @@ def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
 def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
           proofs: Annotated[Path, typer.Option("--proofs", help="One base64 proof per line.")],
           key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
-          chunk: int = 32, k: int = 128, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+          chunk: Annotated[int, typer.Option(help="Positions per proof chunk.")] = 32,
+          k: Annotated[int, typer.Option(help="Top-k hidden values committed per chunk.")] = 128, config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Check base64 proofs against hidden states (thresholds via --config/--set); exit 1 if a chunk fails."""
     from swarmrl.toploc.verify import Thresholds, verify_proofs  # noqa: PLC0415  # lazy: startup
 
@@ -176,8 +172,7 @@ def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
     try:
         lines = proofs.read_text(encoding="ascii", errors="replace").split()
     except OSError as e:
-        console.print(f"[red]error:[/red] cannot read {proofs}: {e}")
-        raise typer.Exit(2) from None
+        fail(f"cannot read {proofs}: {e}")
     from swarmrl.toploc.proof import ProofError, proof_from_b64  # noqa: PLC0415  # lazy: startup
 
     raw: list[object] = []

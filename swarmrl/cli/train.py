@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, fail, opt, resolve
 
 
 def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
@@ -34,22 +34,97 @@ def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     typer.echo(json.dumps(summary, indent=2))
 
 
+def _recorded(model: Path) -> tuple[Path, dict] | None:
+    """The task and evaluation settings recorded next to ``model``: the ``rl.toml`` of the run dir it belongs to
+    (``model`` = RUN, RUN/final_model or RUN/policy/vN) or the ``summary.json`` of the ``swarmrl sft`` output it
+    is the model of (OUT/model). Returns (the file, {task, chat_template, max_new_tokens}) or None."""
+    import tomllib  # noqa: PLC0415  # lazy: startup
+
+    for d in (model, model.parent, model.parent.parent):
+        rl, sft = d / "rl.toml", d / "summary.json"
+        try:
+            if rl.is_file():
+                data = tomllib.loads(rl.read_text(encoding="utf-8"))
+                if isinstance(data.get("task"), dict):
+                    return rl, {"task": data["task"], "chat_template": data.get("chat_template"),
+                                "max_new_tokens": (data.get("eval") or {}).get("max_new_tokens")}
+            if sft.is_file():
+                data = json.loads(sft.read_text(encoding="utf-8"))
+                if isinstance(data, dict) and isinstance(data.get("task"), dict):
+                    return sft, {"task": data["task"], "chat_template": data.get("chat_template")}
+        except (OSError, ValueError):  # unreadable or not TOML / JSON: nothing recorded
+            continue
+    return None
+
+
+def _model_of_run(model: Path) -> Path:
+    """A run dir given as --model stands for its final model (or its newest policy version)."""
+    if (model / "rl.toml").is_file() and not (model / "config.json").is_file():
+        if (model / "final_model" / "config.json").is_file():
+            return model / "final_model"
+        latest = model / "policy" / "LATEST"
+        if latest.is_file() and latest.read_text().strip().isdigit():
+            return model / "policy" / f"v{int(latest.read_text().strip()):06d}"
+    return model
+
+
+def apply_recorded(cfg, explicit_task: bool) -> str:  # noqa: ANN001
+    """Eval defaults from what ``cfg.model``'s run recorded: its task and params (unless the task name was given
+    and differs; explicit params always win), chat template and answer length, each unless set explicitly.
+    Updates ``cfg`` in place; returns the line saying which task is used and where it came from."""
+    from swarmrl.envs.config import TaskConfig  # noqa: PLC0415  # lazy: startup
+
+    model = _model_of_run(Path(cfg.model))
+    if str(model) != cfg.model:
+        cfg.model = str(model)
+    rec = _recorded(model)
+    t = cfg.task
+    name_set = explicit_task and "name" in t.model_fields_set
+    params_set = explicit_task and "params" in t.model_fields_set
+    if rec is None:
+        why = "as given" if name_set or params_set else "the default: no run or sft output around --model records one"
+        return f"eval: task {t.name} {json.dumps(t.params)} ({why})"
+    src, r = rec
+    rt = TaskConfig.model_validate(r["task"])
+    name = t.name if name_set else rt.name
+    params = t.params if params_set else rt.params if name == rt.name else t.params
+    cfg.task = TaskConfig(name=name, params=params)
+    for field in ("chat_template", "max_new_tokens"):
+        if r.get(field) is not None and field not in cfg.model_fields_set:
+            setattr(cfg, field, r[field])
+    if (name, params) == (rt.name, rt.params):
+        how = f"from {src}" + (" (--task/--set agree)" if name_set or params_set else "; --task/--set override it")
+    else:
+        how = f"as given; {src} records {rt.name} {json.dumps(rt.params)}"
+    return f"eval: task {name} {json.dumps(params)} {how}"
+
+
 def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
-          model: Annotated[Optional[str], typer.Option(help="HF model dir.")] = None,
-          task: Annotated[Optional[str], typer.Option(help="Task name.")] = None,
+          model: Annotated[Optional[str], typer.Option(help="HF model dir, or a run dir (its final model) or one of "
+                                                       "its policy versions.")] = None,
+          task: Annotated[Optional[str], typer.Option(help="Task name (default: the task the run or sft output "
+                                                      "around --model recorded, else mul_add).")] = None,
           n: Annotated[Optional[int], typer.Option(help="Number of held-out tasks.")] = None) -> None:
-    """Held-out accuracy (greedy, batched, through the inference backend: --set inference.backend=vllm), as JSON."""
+    """Held-out accuracy (greedy, batched, through the inference backend: --set inference.backend=vllm), as JSON.
+
+    When --model belongs to a run (RUN, RUN/final_model, RUN/policy/vN: RUN/rl.toml) or is an sft output's model
+    (OUT/model: OUT/summary.json), its task, params, chat template and answer length are the defaults; --task,
+    --set task.params.*=... and --config still win. Which task was used, and from where, goes to stderr."""
+    from swarmrl.config import dump_config  # noqa: PLC0415  # lazy: startup
     from swarmrl.eval.config import EvalConfig  # noqa: PLC0415  # lazy: startup
 
-    cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n), print_config)
+    cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n))
+    console.print(apply_recorded(cfg, explicit_task="task" in cfg.model_fields_set), highlight=False, soft_wrap=True)
+    if print_config:
+        typer.echo(dump_config(cfg))
+        raise typer.Exit(0)
     from swarmrl.eval.heldout import evaluate_path  # noqa: PLC0415  # lazy: startup
 
     try:
         with backend_errors():
             res = evaluate_path(cfg)
     except FileNotFoundError as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        fail(f"{e} (--model: an HF model dir, a run dir or one of its policy versions)")
     typer.echo(json.dumps(res))
 
 

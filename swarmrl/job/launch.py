@@ -158,4 +158,5 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
         sup.stop_all()
     if live is not None:
         live(snapshot(root, t0, swarm))
+    progress(f"training done; evaluating the initial and the final model on {cfg.final_eval_n} held-out tasks")
     return finish(cfg, root, time.monotonic() - t0, report)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -129,3 +130,81 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+# --- what `swarmrl run` prints when its output is not a terminal (piped, nohup, a log file) ---------------------
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def progress_line(s: dict, total_steps: int, swarm: bool) -> str:
+    """One plain line (under 80 columns) from a ``snapshot``: step, held-out acc if known, reward, accepted /
+    rejected (swarm mode), elapsed."""
+    parts = [f"step {s['step']:>{len(str(total_steps))}}/{total_steps}",
+             f"reward {'-' if s.get('reward') is None else format(s['reward'], '.3f')}"]
+    if s.get("heldout_acc") is not None:
+        parts.append(f"held-out acc {_pct(s['heldout_acc'])}")
+    if swarm:
+        parts.append(f"accepted {s.get('accepted', 0)} rejected {s.get('rejected', 0)}")
+        if s.get("slashed_nodes"):
+            parts.append(f"slashed {s['slashed_nodes']}")
+    elif s.get("lag") is not None:
+        parts.append(f"lag {s['lag']:.2f}")
+    parts.append(f"{s['elapsed_s']:.0f}s")
+    return "  ".join(parts)
+
+
+class PlainProgress:
+    """Feeds ``progress_line``s to ``emit``: the first step, then every ``every`` steps (default: 10 steps or
+    a tenth of the run, whichever is fewer), the last step, a new held-out accuracy, and a line after ``quiet_s``
+    without one (a warm-up or a slow step still shows the run is alive)."""
+
+    def __init__(self, total_steps: int, swarm: bool, emit: Callable[[str], None], every: int | None = None,
+                 quiet_s: float = 60.0) -> None:
+        self.total, self.swarm, self.emit = total_steps, swarm, emit
+        self.every = every or max(1, min(10, -(-total_steps // 10)))
+        self.quiet_s = quiet_s
+        self.last_step: int | None = None
+        self.last_acc: float | None = None
+        self.last_t: float | None = None  # from the first snapshot on (a warm start before it prints its own lines)
+
+    def __call__(self, s: dict) -> None:
+        step, now = s["step"], time.monotonic()
+        quiet = self.last_t is not None and now - self.last_t >= self.quiet_s
+        if self.last_t is None:
+            self.last_t = now
+        due = (self.last_step is None and step > 0) or (self.last_step is not None and (
+            step // self.every > self.last_step // self.every or (step >= self.total > self.last_step)))
+        due = due or (s.get("heldout_acc") is not None and s["heldout_acc"] != self.last_acc)
+        if due or quiet:
+            self.emit(progress_line(s, self.total, self.swarm))
+            self.last_step, self.last_acc, self.last_t = step, s.get("heldout_acc"), now
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The end of a run for a human, in under 80 columns (paths aside): steps and time, held-out accuracy,
+    the swarm's verdicts and each adversary's fate, where the model, the curves and the full ``summary.json``
+    are."""
+    w = 16
+    acc = f"{_pct(summary['heldout_acc_initial'])} -> {_pct(summary['heldout_acc_final'])}"
+    lines = [f"{'steps':<{w}}{summary['steps']} in {summary['wall_s']:.0f}s (async_level {summary['async_level']})",
+             f"{'held-out acc':<{w}}{acc} on {summary['heldout_n']} tasks",
+             f"{'trainer':<{w}}waited {100 * summary['trainer_wait_frac']:.0f}% of the time, mean policy lag "
+             f"{summary['mean_lag']:.2f}"]
+    sw = summary.get("swarm")
+    if sw:
+        t = sw["totals"]
+        slashed = t.get("slashed_nodes", 0)
+        lines.append(f"{'submissions':<{w}}{t.get('accepted', 0)} accepted, {t.get('rejected', 0)} rejected, "
+                     f"{slashed} node{'' if slashed == 1 else 's'} slashed")
+        for name, n in sw["nodes"].items():
+            if n.get("adversary"):
+                fate = "caught" if n.get("caught") else "NOT caught"
+                lines.append(f"{'adversary':<{w}}{name}: {fate} ({n['rejected']} rejected, slashed "
+                             f"{n['slashed']:g}, {n.get('status', '?')})")
+    root = Path(summary["run_dir"])
+    lines += [f"{'final model':<{w}}{summary['final_model']}", f"{'curves':<{w}}{summary['curves']}",
+              f"{'full summary':<{w}}{root / 'summary.json'}"]
+    return lines

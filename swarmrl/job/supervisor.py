@@ -22,8 +22,10 @@ class RoleFailed(RuntimeError):
 
 def spawn(argv: list[str], log: Path) -> subprocess.Popen:
     """``python -m swarmrl <argv>`` in its own session, output appended to ``log``, one OpenMP thread unless
-    the caller's environment says otherwise (roles set their torch threads from their configs)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    the caller's environment says otherwise (roles set their torch threads from their configs). A role that
+    fails leaves its traceback in its log (``SWARMRL_DEBUG=1``: the command line's ``--debug``)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               SWARMRL_DEBUG="1")
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "swarmrl", *argv], stdout=f, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)

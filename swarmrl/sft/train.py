@@ -102,6 +102,7 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
     model.eval()
     save_model(model, tok, out / "model")
     summary = {"model": str(out / "model"), "steps": step, "train_s": round(train_time, 1),
-               "wall_s": round(time.perf_counter() - t0, 1), "evals": results, "final_heldout_acc": final["accuracy"]}
+               "wall_s": round(time.perf_counter() - t0, 1), "evals": results, "final_heldout_acc": final["accuracy"],
+               "task": cfg.task.model_dump(), "chat_template": cfg.chat_template}  # `swarmrl eval` defaults to these
     (out / "summary.json").write_text(__import__("json").dumps(summary, indent=2))
     return summary

@@ -48,6 +48,7 @@ from swarmrl.shardcast.download import (  # noqa: F401  (re-exported)
 from swarmrl.shardcast.layout import Manifest, atomic_write
 from swarmrl.shardcast.pool import (  # noqa: F401  (re-exported)
     FetchError,
+    ManifestNotVerified,
     ServerPool,
     ServerState,
     discover,
@@ -58,7 +59,7 @@ from swarmrl.shardcast.pool import (  # noqa: F401  (re-exported)
 )
 from swarmrl.shardcast.signing import load_public_key
 
-__all__ = ["FetchError", "FetchResult", "ServerPool", "fetch", "fetch_async", "discover", "get_manifest",
+__all__ = ["FetchError", "FetchResult", "ManifestNotVerified", "ServerPool", "fetch", "fetch_async", "discover", "get_manifest",
            "download_shards", "ShardSink", "FileSink", "hash_file"]
 
 
@@ -114,6 +115,8 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                     last_err = e
             if manifest is None:
                 if time.monotonic() >= deadline:
+                    if isinstance(last_err, ManifestNotVerified):  # offered, but signed under another key
+                        raise last_err
                     what = f"v{want}" if want is not None else "any version"
                     detail = f" ({last_err})" if last_err else ""
                     raise FetchError(f"no server offers {what}{detail}; servers: {pool.report()}")

@@ -22,13 +22,18 @@ from swarmrl.shardcast.layout import (
     Manifest,
     parse_distribution,
 )
-from swarmrl.shardcast.signing import verify_manifest
+from swarmrl.shardcast.signing import SignatureError, verify_manifest
 
 _EMA = 0.3
 
 
 class FetchError(RuntimeError):
     """A fetch could not complete; the message says what each server did."""
+
+
+class ManifestNotVerified(FetchError):
+    """Every server that lists the version served a manifest whose signature does not verify under the given
+    origin public key: the key is wrong (or every server serves a forged manifest)."""
 
 
 @dataclass
@@ -188,6 +193,7 @@ async def get_manifest_raw(session: aiohttp.ClientSession, pool: ServerPool, ver
                            ) -> tuple[Manifest, bytes]:
     """Like get_manifest, also returning the verified envelope bytes (a relay stores them as-is)."""
     errors = []
+    unsigned = []  # servers whose manifest does not verify under ``pub``
     cands = [s for s in pool.healthy() if version in s.versions]
     random.shuffle(cands)
     for s in cands:
@@ -204,5 +210,11 @@ async def get_manifest_raw(session: aiohttp.ClientSession, pool: ServerPool, ver
         except LayoutError as e:  # includes SignatureError: a forged or altered manifest
             pool.exclude(s, f"invalid manifest for v{version}: {e}")
             errors.append(f"{s.url}: invalid manifest: {e}")
+            if isinstance(e, SignatureError):
+                unsigned.append(s.url)
+    if unsigned and len(unsigned) == len(errors):
+        where = f"server{'s' if len(unsigned) > 1 else ''} {', '.join(unsigned)}"
+        raise ManifestNotVerified(f"the manifest signature of v{version} did not verify with the given origin public "
+                                  f"key ({where}): the key is not the origin's, or the manifest is forged")
     raise FetchError(f"no server served a valid signed manifest for v{version}: " + ("; ".join(errors) or
                      "no server lists it"))
