@@ -102,7 +102,7 @@ class TrainerMetric(Base):
 
     __tablename__ = "trainer_metrics"
     version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    values: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    record: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # TrainerPoint fields but version
     updated_at: Mapped[float] = mapped_column(Float, nullable=False)
 
 

@@ -64,9 +64,9 @@ class StatsMixin:
             values = p.model_dump(exclude_none=True, exclude={"version"})
             row = s.get(TrainerMetric, p.version)
             if row is None:
-                s.add(TrainerMetric(version=p.version, values=values, updated_at=now))
+                s.add(TrainerMetric(version=p.version, record=values, updated_at=now))
             else:
-                row.values = {**row.values, **values}
+                row.record = {**row.record, **values}
                 row.updated_at = now
         s.flush()
         newest = max(p.version for p in points)
@@ -143,7 +143,7 @@ class StatsMixin:
     def _trainer(self, limit: int) -> TrainerCurves:
         with self.db.tx() as s:
             total = s.execute(select(func.count()).select_from(TrainerMetric)).scalar_one()
-            rows = s.execute(select(TrainerMetric.version, TrainerMetric.values)
+            rows = s.execute(select(TrainerMetric.version, TrainerMetric.record)
                              .order_by(TrainerMetric.version.desc()).limit(limit)).all()
         points = [TrainerPoint(version=v, **{k: x for k, x in (values or {}).items() if k in TrainerPoint.model_fields})
                   for v, values in reversed(rows)]
