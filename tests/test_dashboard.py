@@ -5,6 +5,7 @@ heartbeat, bounds, OpenAPI), the trainer's records kept per version, the run-dir
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -26,6 +27,8 @@ def test_orchestrator_serves_dashboard_and_live_stats(tmp_path):
         page = httpx.get(url + "/dashboard")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "<svg" in page.text and "v1/stats/overview" in page.text and "<script src" not in page.text
+        # self-contained: nothing loaded from elsewhere (the SVG namespace is a name, not a fetch)
+        assert re.findall(r"https?://[^\s\"']+", page.text) == ["http://www.w3.org/2000/svg"]
 
         o = httpx.get(url + "/v1/stats/overview").json()
         assert o["mode"] == "swarm" and o["step"] == STEPS and o["policy_version"] == STEPS
