@@ -82,6 +82,8 @@ class TrainerAdapter:
             return
         end = data.rfind(b"\n")
         if end < 0:
+            if len(data) == 1 << 20:  # a line over 1 MiB is no record of ours: skip it
+                self._trainer_offset += len(data)
             return
         self._trainer_offset += end + 1
         for line in data[:end].split(b"\n"):
