@@ -63,3 +63,5 @@ class RunConfig(StrictModel):
     max_worker_restarts: int = Field(5, ge=0)  # local mode: restarts of all workers together
     max_trainer_restarts: int = Field(3, ge=0)  # a crashed trainer resumes from its newest checkpoint
     final_eval_n: int = Field(512, ge=1)
+    # local mode: the dashboard's port on 127.0.0.1 (0: a free one); in swarm mode the orchestrator serves it
+    dashboard_port: int = Field(0, ge=0, le=65535)

@@ -1,12 +1,13 @@
 """``swarmrl run``: warm start if needed, derive every role's config from the ``RunConfig``, then supervise
 the role processes until the trainer finishes, and report.
 
-- local mode: the trainer (SHARDCAST origin when enabled, with relays under it) and N trusted workers;
+- local mode: the trainer (SHARDCAST origin when enabled, with relays under it) and N trusted workers; the
+  launcher serves the live dashboard from the run directory's metrics (``swarmrl.dashboard.server``);
 - swarm mode (the main job): the orchestrator (SQLite under the run dir; a stake authority key of the run
   deposits each member's stake before the nodes start), the trainer and its adapter,
   relays, the validator, honest nodes and one node per ``--adversary``, each with its own key; the
   orchestrator and relays come back on the same port (and database) if they die, so nothing is lost;
-  ejected adversaries stay out.
+  ejected adversaries stay out. The orchestrator serves the live dashboard (``/dashboard``).
 
 Roles talk only through the run directory and the orchestrator's API; the launcher only starts, watches
 and restarts processes and reads their metrics files.
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from swarmrl.dashboard.server import DashboardServer
 from swarmrl.job.config import RunConfig
 from swarmrl.job.derive import Identity, Plan, derive_local, derive_swarm, member_names, relay_roles
 from swarmrl.job.report import finish, snapshot, swarm_report
@@ -126,12 +128,16 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
         signal.signal(signal.SIGTERM, _term)
     t0 = time.monotonic()
     report: dict = {}
+    dash = None
     try:
         if swarm:
             sup.start(plan.role("orchestrator"))
             deposit_stakes(plan)
             progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
                      f"{', '.join(cfg.swarm.adversaries) or 'none'}")
+        else:
+            dash = DashboardServer(root, port=cfg.dashboard_port).start()
+        progress(f"dashboard: {dash.url if dash is not None else plan.url + '/dashboard'}")
         forget_origin(run)
         trainer = sup.start(plan.role("trainer"))
         if plan.rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the rest
@@ -156,6 +162,8 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     finally:
         run.done_flag.touch()
         sup.stop_all()
+        if dash is not None:
+            dash.stop()
     if live is not None:
         live(snapshot(root, t0, swarm))
     progress(f"training done; evaluating the initial and the final model on {cfg.final_eval_n} held-out tasks")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from swarmrl.dashboard.models import TrainerPoint
 from swarmrl.protocol.schemas import (
     AcceptedList,
     Balance,
@@ -158,8 +159,8 @@ class ValidatorClient(SignedClient):
 
 
 class TrainerClient(ValidatorClient):
-    def set_step(self, step: int, policy_version: int) -> StepReply:
-        req = StepRequest(step=step, policy_version=policy_version)
+    def set_step(self, step: int, policy_version: int, metrics: list[TrainerPoint] | None = None) -> StepReply:
+        req = StepRequest(step=step, policy_version=policy_version, metrics=metrics or [])
         return StepReply.model_validate_json(self.request("POST", "/v1/trainer/step", req).content)
 
     def set_weights(self, servers: list[str], public_key: str) -> WeightsReply:

@@ -95,6 +95,17 @@ class LedgerEntry(Base):
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class TrainerMetric(Base):
+    """The trainer's record of a policy version (loss, reward, held-out accuracy...), posted with its step
+    (``POST /v1/trainer/step``): what the dashboard's curves show. Kept for the newest ``MAX_TRAINER_METRICS``
+    versions."""
+
+    __tablename__ = "trainer_metrics"
+    version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    record: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # TrainerPoint fields but version
+    updated_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
 class State(Base):
     __tablename__ = "state"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)

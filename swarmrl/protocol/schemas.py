@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarmrl.contract import Budget, check_prompt_format
+from swarmrl.dashboard.models import TrainerPoint
 from swarmrl.utils.keys import public_key_problem
 
 DEFAULT_BUDGET_FORMAT = "[{target}]{prompt}"
@@ -191,9 +192,16 @@ class VerdictReply(Body):
     ejected: bool = False
 
 
+MAX_STEP_METRICS = 64
+
+
 class StepRequest(Body):
     step: int = Field(..., ge=0)
     policy_version: int = Field(..., ge=0)
+    metrics: list[TrainerPoint] = Field(default_factory=list, max_length=MAX_STEP_METRICS,
+                                        description="the trainer's records of recent policy versions (loss, reward, "
+                                        "held-out accuracy), shown by the dashboard; sent again, a version's "
+                                        "record is merged")
 
 
 _URL = r"^https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?$"

@@ -1,7 +1,8 @@
 """Trainer side of swarm mode: a small process beside the unchanged trainer.
 
 It tells the orchestrator the trainer's step (``set_step(n, n)`` whenever policy version n is
-committed), polls ``accepted(m)`` for the steps nodes may be working on (n .. n + async_level) and
+committed, with the trainer's new records from ``metrics/trainer.jsonl``: loss, reward, held-out accuracy, for
+the dashboard), polls ``accepted(m)`` for the steps nodes may be working on (n .. n + async_level) and
 downloads each accepted submission into ``run_dir/rollouts/step_m/`` under the ``RunDir`` name
 pattern ``s<submission>.<node>-<time_ns>-g<usable groups>.parquet``. With SHARDCAST on it also
 announces the weight servers (the launcher's relays, else the trainer's origin) and the origin's
@@ -13,6 +14,7 @@ restartable: files already fetched are not fetched again.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -23,7 +25,9 @@ from pydantic import Field
 
 from swarmrl.config import StrictModel
 from swarmrl.contract import AsyncWindow, GroupRule
+from swarmrl.dashboard.models import TrainerPoint, point_from_row
 from swarmrl.protocol.client import ApiError, TrainerClient
+from swarmrl.protocol.schemas import MAX_STEP_METRICS
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir
@@ -62,6 +66,34 @@ class TrainerAdapter:
                     self.fetched.add(int(m.group("sid")))
         self.metrics = MetricsWriter(self.run.metrics / "adapter.jsonl")
         self.weights_announced: dict | None = None
+        self._trainer_offset = 0  # bytes of metrics/trainer.jsonl read so far
+        self.unsent: list[TrainerPoint] = []  # trainer records not yet posted with set_step
+
+    def _read_trainer_points(self) -> None:
+        """Queue the trainer's new complete rows (steps, evaluations) as dashboard points."""
+        path = self.run.metrics / "trainer.jsonl"
+        try:
+            with open(path, "rb") as f:
+                if f.seek(0, 2) < self._trainer_offset:  # a new file (fresh run): read it from the start
+                    self._trainer_offset = 0
+                f.seek(self._trainer_offset)
+                data = f.read(1 << 20)
+        except OSError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) == 1 << 20:  # a line over 1 MiB is no record of ours: skip it
+                self._trainer_offset += len(data)
+            return
+        self._trainer_offset += end + 1
+        for line in data[:end].split(b"\n"):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            p = point_from_row(row) if isinstance(row, dict) else None
+            if p is not None:
+                self.unsent.append(p)
 
     def _announce_weights(self) -> None:
         """With SHARDCAST on, tell the orchestrator where nodes fetch weights: the relays the launcher started
@@ -86,14 +118,18 @@ class TrainerAdapter:
             return 0
         if self.weights_announced is None or latest != self.announced:
             self._announce_weights()
-        if latest != self.announced:
+        self._read_trainer_points()
+        if latest != self.announced or self.unsent:
+            batch = self.unsent[:MAX_STEP_METRICS]
             try:
-                self.client.set_step(latest, latest)
+                self.client.set_step(latest, latest, metrics=batch)
             except ApiError as e:
                 if e.status != 409:  # 409: the orchestrator is already there (adapter restart)
                     raise
-            self.announced = latest
-            self.metrics.write(event="step", step=latest)
+            del self.unsent[:len(batch)]
+            if latest != self.announced:
+                self.announced = latest
+                self.metrics.write(event="step", step=latest)
         n = 0
         for m in self.window.open_steps(latest):
             for it in self.client.accepted(m).items:

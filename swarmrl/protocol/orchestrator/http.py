@@ -18,11 +18,13 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
+from swarmrl.dashboard import page_html
+from swarmrl.dashboard.models import MAX_NODES, MAX_POINTS, NodeList, Overview, PolicyStats, TrainerCurves
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.orchestrator import guard
 from swarmrl.protocol.orchestrator.auth import RateLimiter
@@ -307,6 +309,35 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
              dependencies=public)
     def node_ledger(node_id: str) -> Balance:
         return orch.balance(node_id)
+
+    @app.get("/dashboard", response_class=HTMLResponse, tags=["public"], dependencies=public,
+             responses={429: {"model": ErrorBody}})
+    def dashboard() -> HTMLResponse:
+        """The live dashboard (one self-contained HTML page polling ``/v1/stats/...``; see docs/dashboard.md)."""
+        return HTMLResponse(page_html(), headers={"Cache-Control": "no-store"})
+
+    @app.get("/v1/stats/overview", response_model=Overview, responses=_ERRORS, tags=["stats"], dependencies=public)
+    def stats_overview() -> Overview:
+        """Step, policy version, worker nodes by status, the validation queue and verdict counts."""
+        return orch.stats_overview()
+
+    @app.get("/v1/stats/nodes", response_model=NodeList, responses=_ERRORS, tags=["stats"], dependencies=public)
+    def stats_nodes(limit: Annotated[int, Query(ge=1, le=MAX_NODES)] = MAX_NODES) -> NodeList:
+        """Worker nodes (at most ``limit``, active first, then by throughput) with stake, credits, verdicts,
+        slashes and the policy version of their latest assignment; ``total`` counts them all."""
+        return orch.stats_nodes(limit)
+
+    @app.get("/v1/stats/trainer", response_model=TrainerCurves, responses=_ERRORS, tags=["stats"],
+             dependencies=public)
+    def stats_trainer(limit: Annotated[int, Query(ge=1, le=MAX_POINTS)] = 500) -> TrainerCurves:
+        """The trainer's newest ``limit`` policy-version records (loss, reward, held-out accuracy), as it posts
+        them with its step."""
+        return orch.stats_trainer(limit)
+
+    @app.get("/v1/stats/policy", response_model=PolicyStats, responses=_ERRORS, tags=["stats"], dependencies=public)
+    def stats_policy() -> PolicyStats:
+        """The current policy version, the SHARDCAST servers announced to nodes and the nodes per version."""
+        return orch.stats_policy()
 
     @app.post("/v1/nodes/register", response_model=RegisterReply, responses=_ERRORS, tags=["node"], dependencies=joins)
     def register(body: RegisterRequest, request: Request,

@@ -1,7 +1,7 @@
 """The orchestrator service (no HTTP): ``Orchestrator`` holds the configuration, database, content store,
 rate limiter and in-memory state, and the run's state (step, policy version, weight servers); the rest of
 its behaviour comes from one mixin per responsibility (``auth``, ``membership``, ``assigning``,
-``submissions``, ``views``). Every state change is a database transaction."""
+``submissions``, ``views``, ``stats``: the dashboard's). Every state change is a database transaction."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from swarmrl.protocol.orchestrator.errors import ProtocolError
 from swarmrl.protocol.orchestrator.hot import BeatWriter, Mirror, NonceCache
 from swarmrl.protocol.orchestrator.membership import MembershipMixin
 from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
+from swarmrl.protocol.orchestrator.stats import StatsMixin
 from swarmrl.protocol.orchestrator.submissions import SubmissionsMixin
 from swarmrl.protocol.orchestrator.views import ViewsMixin
 from swarmrl.protocol.schemas import StepReply, StepRequest, WeightsReply, WeightsRequest
@@ -28,7 +29,7 @@ from swarmrl.protocol.signing import node_id_for
 from swarmrl.protocol.store import ContentStore
 
 
-class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin, ViewsMixin):
+class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin, ViewsMixin, StatsMixin):
     def __init__(self, cfg: OrchestratorConfig, db: Database | None = None) -> None:
         self.cfg = cfg
         self.window = AsyncWindow(cfg.async_window, last_step=cfg.last_step)
@@ -45,6 +46,7 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
         self.prom = OrchestratorMetrics(self.gauges)  # Prometheus, GET /metrics
         self._metrics = None
         self._last_metrics = 0.0
+        self._stats_cache: dict = {}  # the dashboard's stats answers, reused for a second (``stats``)
         self._install_principals()
         self._weights = self._load_weights()
         # the heartbeat hot path (``assigning.HotPathMixin``): in memory, rebuilt from the database on demand
@@ -134,5 +136,7 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
                 raise ProtocolError(409, f"step/policy version must not go back (now {step}/{pv})")
             s.get(State, "step").value = str(req.step)
             s.get(State, "policy_version").value = str(req.policy_version)
+            if req.metrics:
+                self.store_trainer_metrics(s, req.metrics)
         self._current = (req.step, req.policy_version)
         return StepReply(step=req.step, policy_version=req.policy_version)
