@@ -28,7 +28,17 @@ def test_honest_upload_is_stored_by_hash(setup):
     assert rep.status == "pending" and rep.n_rows == len(asg.tasks) * asg.group_size
     stored = srv.orch.store.path_for(rep.sha256)
     assert stored.read_bytes() == path.read_bytes()
-    # the assignment is now closed: a second upload (even of a different file) is refused
+    # the same file again (a retry after a lost reply: the orchestrator stopped after its commit) gets the same
+    # submission back, not a refusal, and stores nothing new
+    again = a.submit(asg.assignment_id, path)
+    assert (again.submission_id, again.sha256, again.status) == (rep.submission_id, rep.sha256, "pending")
+    assert [x.submission.submission_id for x in srv.orch.pending(16).items] == [rep.submission_id]
+    # ...but the node's file uploaded for another node's work, or another file for this one, is refused
+    b_asg = b.heartbeat().assignments[0]
+    with pytest.raises(ApiError) as e:
+        a.submit(b_asg.assignment_id, path)
+    assert e.value.status == 404
+    # the assignment is now closed: a second upload of a different file is refused
     path2 = write(rollouts_for(a.node_id, asg, correct=False), tmp / "a2.parquet")
     with pytest.raises(ApiError) as e:
         a.submit(asg.assignment_id, path2)

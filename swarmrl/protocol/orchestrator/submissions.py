@@ -64,8 +64,18 @@ class SubmissionsMixin:
 
     def precheck_upload(self, p: Principal, assignment_id: int) -> None:
         with self.db.tx() as s:
+            if self._resubmitted(s, p, assignment_id, p.content_sha256) is not None:
+                return  # a retry of an upload that was stored: answered with that submission once received
             self._uploadable(s, p, assignment_id)
             self._check_duplicate(s, p, p.content_sha256)
+
+    @staticmethod
+    def _resubmitted(s, p: Principal, assignment_id: int, sha: str) -> Submission | None:  # noqa: ANN001
+        """The node's own stored submission of this very file for this assignment: an upload retried because its
+        reply was lost (the orchestrator stopped after the commit, the connection broke) is answered with it
+        instead of a refusal."""
+        sub = s.execute(select(Submission).where(Submission.assignment_id == assignment_id)).scalars().first()
+        return sub if sub is not None and sub.node_id == p.node_id and sub.sha256 == sha else None
 
     def _uploadable(self, s, p: Principal, assignment_id: int, lock: bool = False) -> Assignment:  # noqa: ANN001
         """The assignment, if ``p`` may upload it: its holder, its row not closed, and its family (the same seeded
@@ -125,6 +135,11 @@ class SubmissionsMixin:
             if not rows:
                 raise ProtocolError(422, "invalid rollout file: no rows")
             with self.db.tx() as s:
+                again = self._resubmitted(s, p, assignment_id, sha)
+                if again is not None:
+                    log.info("submission %d from %s uploaded again (a retry): answered with it", again.id,
+                             p.node_id)
+                    return SubmitReply(submission_id=again.id, sha256=sha, n_rows=again.n_rows, status=again.status)
                 a = self._uploadable(s, p, assignment_id, lock=True)
                 bad = next((r for r in rows if r.worker_id != p.node_id or r.step != a.step), None)
                 if bad is not None:
