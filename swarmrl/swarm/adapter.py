@@ -39,6 +39,10 @@ class AdapterConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""  # trainer key (its public key is in the orchestrator's trainer_keys)
     poll_s: float = Field(0.2, gt=0)
+    # the trainer's current step is polled every round; the later steps nodes may work ahead on every
+    # ahead_every rounds and at each new step (their files are needed only once the trainer gets there: this
+    # takes two thirds of the adapter's requests, the orchestrator's most frequent ones, off it)
+    ahead_every: int = Field(3, ge=1)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
     threads: int = Field(1, ge=0)  # CPU threads (pyarrow's pool; it loads no torch); 0: the library default
@@ -62,6 +66,7 @@ class TrainerAdapter:
                     self.fetched.add(int(m.group("sid")))
         self.metrics = MetricsWriter(self.run.metrics / "adapter.jsonl")
         self.weights_announced: dict | None = None
+        self.rounds = 0
 
     def _announce_weights(self) -> None:
         """With SHARDCAST on, tell the orchestrator where nodes fetch weights: the relays the launcher started
@@ -86,7 +91,9 @@ class TrainerAdapter:
             return 0
         if self.weights_announced is None or latest != self.announced:
             self._announce_weights()
-        if latest != self.announced:
+        new_step = latest != self.announced
+        self.rounds += 1
+        if new_step:
             try:
                 self.client.set_step(latest, latest)
             except ApiError as e:
@@ -96,6 +103,8 @@ class TrainerAdapter:
             self.metrics.write(event="step", step=latest)
         n = 0
         for m in self.window.open_steps(latest):
+            if m != latest and not new_step and self.rounds % self.cfg.ahead_every:
+                continue
             for it in self.client.accepted(m).items:
                 if it.submission_id in self.fetched:
                     continue
