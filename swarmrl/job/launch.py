@@ -129,13 +129,15 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     t0 = time.monotonic()
     report: dict = {}
     try:
-        if swarm:
-            sup.start(plan.role("orchestrator"))
-            deposit_stakes(plan)
-            progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
-                     f"{', '.join(cfg.swarm.adversaries) or 'none'}")
+        # the trainer first: it needs nothing from the other roles (the adapter speaks for it), and its startup
+        # (imports, model load, origin) is on the run's critical path, so the orchestrator comes up beside it
         forget_origin(run)
         trainer = sup.start(plan.role("trainer"))
+        if swarm:
+            sup.start(plan.role("orchestrator"))
+            deposit_stakes(plan)  # before any node starts: only deposited stake can be locked at registration
+            progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
+                     f"{', '.join(cfg.swarm.adversaries) or 'none'}")
         # every other role starts now, while the trainer loads: none needs its origin to come up (workers and nodes
         # find the weight servers in the run dir or in heartbeats once they are announced, version 0 is the base
         # model they hold), so their startup (imports, model load, registration) overlaps the trainer's
