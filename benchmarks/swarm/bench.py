@@ -9,8 +9,10 @@ Passes, all in one invocation (ratios are only compared within one):
 1. ``local``: N local workers, ``--steps`` steps (the baseline);
 2. ``swarm``: N honest nodes, ``--steps`` steps: wall time, trainer idle fraction, held-out accuracy;
 3. ``swarm+adv`` (unless ``--no-adversaries``): N honest nodes plus one node per ``--adversary`` (default:
-   forge_rewards, edit_tokens, random_model, replay), ``--adversary-steps`` steps: were they caught (rejected
-   and slashed, at once or later by a challenge of an accepted submission), was any honest node slashed.
+   forge_rewards, edit_tokens, random_model, replay, late_edit_tokens), ``--adversary-steps`` steps: were they
+   caught (rejected and slashed, at once or later by a challenge of an accepted submission), was any honest node
+   slashed. ``late_edit_tokens`` is honest for its first 3 uploads (past the validator's always-full first 2),
+   then edits tokens: under sampled validation only the secret draw or an audit can catch it.
    A separate pass, so that the timing of pass 2 is not the 4 extra processes competing for the same cores.
 
 "Same held-out accuracy" here means: the same number of steps, and the final held-out accuracies (``--eval-n``
@@ -41,7 +43,7 @@ from swarmrl.config import load_config
 from swarmrl.job import RunConfig
 from swarmrl.job.launch import launch
 
-DEFAULT_ADVERSARIES = ["forge_rewards", "edit_tokens", "random_model", "replay"]
+DEFAULT_ADVERSARIES = ["forge_rewards", "edit_tokens", "random_model", "replay", "late_edit_tokens"]
 
 
 def one(name: str, mode: str, model: Path, out: Path, a: argparse.Namespace, steps: int,
