@@ -15,7 +15,7 @@ from swarmrl.toploc import (
     proof_to_b64,
     verify_proofs,
 )
-from swarmrl.toploc.proof import P, evaluate, find_modulus, interpolate, topk_indices
+from swarmrl.toploc.proof import P, build_proofs_many, evaluate, find_modulus, interpolate, topk_indices
 
 torch.set_num_threads(1)
 
@@ -199,3 +199,16 @@ def test_batch_verification_equals_one_at_a_time():
     alone = [verify_proofs(h, p) for h, p in items]
     assert batched == alone
     assert [all(c.passed for c in r) for r in batched] == [True, False, True, True, False, False, False]
+
+
+def test_batched_proofs_are_byte_identical_to_per_tensor():
+    # what nodes attach (one call per rollout batch) must be exactly the per-completion proofs: mixed lengths
+    # (empty, short chunk only, full chunks plus a short one, full chunks only), mixed widths, k > short chunk
+    hs = [_rand_hidden(n, d, seed=20 + i) for i, (n, d) in
+          enumerate([(6, 128), (0, 128), (6, 128), (1, 64), (70, 128), (64, 128), (5, 128), (3, 16)])]
+    hs.append(hs[0].clone())  # duplicates are proved independently
+    want = [build_proofs(h) if h.shape[0] else [] for h in hs]
+    got = build_proofs_many(hs)
+    assert got == want
+    assert [len(p) for p in got] == [1, 0, 1, 1, 3, 2, 1, 1, 1]
+    assert build_proofs_many(hs, chunk=4, k=3) == [build_proofs(h, chunk=4, k=3) if h.shape[0] else [] for h in hs]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.rl.config import RLConfig
@@ -31,6 +31,15 @@ class SwarmSection(StrictModel):
     dead_after_missed: int = Field(20, ge=1)
     validator_poll_s: float = Field(0.2, gt=0)
     logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
+    # sampled validation (swarmrl.protocol.sampling, docs/protocol.md): the validator's model checks (logprobs,
+    # TOPLOC, sampling) run before the verdict on each node's first full_check_first submissions, then on this
+    # share of them drawn with the validator's secret; the cheap checks (schema, seed, tasks, policy, proof shape,
+    # rewards) always run; audit_rate of the sampled-out, accepted ones are judged in full later and a finding
+    # slashes them as a challenge. Under 1, the run is refused unless the stake makes cheating a loss
+    # (p (S + G) >= (1 - p) G, S = slashed stake, G = one submission's credit).
+    full_check_rate: float = Field(1.0, ge=0, le=1)
+    full_check_first: int = Field(2, ge=0)
+    audit_rate: float = Field(0.25, ge=0, le=1)
     proofs: bool = True  # nodes attach TOPLOC proofs (swarmrl.toploc) and the validator verifies them
     require_proofs: bool = False  # reject submissions whose TOPLOC check cannot run
     # TOPLOC sampling check: flag a token only below this logprob. Honest T=1 sampling picks some token of
@@ -65,3 +74,23 @@ class RunConfig(StrictModel):
     final_eval_n: int = Field(512, ge=1)
     # local mode: the dashboard's port on 127.0.0.1 (0: a free one); in swarm mode the orchestrator serves it
     dashboard_port: int = Field(0, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _sampling_pays(self) -> RunConfig:
+        """Sampled validation must leave cheating a loss in expectation (``swarmrl.protocol.sampling``)."""
+        sw = self.swarm
+        if self.mode != "swarm" or sw.full_check_rate >= 1.0:
+            return self
+        from swarmrl.protocol.config import OrchestratorConfig  # noqa: PLC0415
+        from swarmrl.protocol.sampling import cheating_margin, min_stake  # noqa: PLC0415
+
+        o = OrchestratorConfig.model_fields
+        slash, per_row = o["slash_fraction"].default, o["credit_per_sample"].default
+        credit = per_row * (sw.tasks_per_node or self.rl.workers.prompts_per_batch) * self.rl.group_size
+        if cheating_margin(sw.full_check_rate, sw.stake, slash, credit) < 1.0:
+            raise ValueError(
+                f"swarm.full_check_rate = {sw.full_check_rate:g} with swarm.stake = {sw.stake:g} does not make cheating "
+                f"a loss: a submission credits G = {credit:g}, a caught node loses S = {slash:g} x stake, and "
+                f"p (S + G) >= (1 - p) G needs a stake of at least "
+                f"{min_stake(sw.full_check_rate, slash, credit):.0f} (or a higher full_check_rate)")
+        return self

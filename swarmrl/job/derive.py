@@ -139,7 +139,9 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
                            poll_interval_s=sw.validator_poll_s, work_dir=str(root / "validator"),
                            logprob_rows=sw.logprob_rows, require_proofs=sw.require_proofs,
                            sampling_thresholds={"min_token_logprob": sw.min_token_logprob},
-                           reject_late_steps=False, threads=sw.validator_threads)
+                           reject_late_steps=False, threads=sw.validator_threads,
+                           full_check_rate=sw.full_check_rate, full_check_first=sw.full_check_first,
+                           audit_rate=sw.audit_rate)
     rl_path, opath, vpath = (str(root / n) for n in ("rl.toml", "orchestrator.toml", "validator.toml"))
 
     def node(name: str) -> RoleSpec:

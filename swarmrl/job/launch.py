@@ -61,8 +61,10 @@ def run_secret(root: Path) -> str:
 
 
 def forget_origin(run: RunDir) -> None:
-    """Before (re)starting a trainer: a resumed run's ``origin.json`` names the previous trainer's port."""
+    """Before (re)starting a trainer: a resumed run's ``origin.json`` and ``relays.json`` name the previous
+    trainer's and relays' ports (roles that start before the new ones are up must not read them)."""
     (run.shardcast / "origin.json").unlink(missing_ok=True)
+    (run.shardcast / "relays.json").unlink(missing_ok=True)
 
 
 def wait_for_origin(run: RunDir, trainer: subprocess.Popen, logs: Path, timeout_s: float = 180.0) -> dict:
@@ -130,16 +132,24 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     report: dict = {}
     dash = None
     try:
+        # the trainer first: it needs nothing from the other roles (the adapter speaks for it), and its startup
+        # (imports, model load, origin) is on the run's critical path, so the orchestrator comes up beside it
+        forget_origin(run)
+        trainer = sup.start(plan.role("trainer"))
         if swarm:
             sup.start(plan.role("orchestrator"))
-            deposit_stakes(plan)
+            deposit_stakes(plan)  # before any node starts: only deposited stake can be locked at registration
             progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
                      f"{', '.join(cfg.swarm.adversaries) or 'none'}")
         else:
             dash = DashboardServer(root, port=cfg.dashboard_port).start()
         progress(f"dashboard: {dash.url if dash is not None else plan.url + '/dashboard'}")
-        forget_origin(run)
-        trainer = sup.start(plan.role("trainer"))
+        # every other role starts now, while the trainer loads: none needs its origin to come up (workers and nodes
+        # find the weight servers in the run dir or in heartbeats once they are announced, version 0 is the base
+        # model they hold), so their startup (imports, model load, registration) overlaps the trainer's
+        for spec in plan.roles:
+            if spec.name not in sup.procs:
+                sup.start(spec)
         if plan.rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the rest
             origin = wait_for_origin(run, trainer, sup.logs)
             n = plan.rl.shardcast.relays
@@ -151,9 +161,6 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
             if swarm:
                 progress(f"SHARDCAST: origin {origin['url']}, relays {', '.join(urls) or 'none'} "
                          "(announced to nodes in heartbeats)")
-        for spec in plan.roles:
-            if spec.name not in sup.procs:
-                sup.start(spec)
         code = sup.watch("trainer", run.is_done, (lambda: live(snapshot(root, t0, swarm))) if live else None)
         if code != 0:
             raise RoleFailed(f"trainer failed with exit code {code}; see {sup.log('trainer')}")

@@ -206,6 +206,16 @@ class ValidatorConfig(StrictModel):
     # work is harmless (the trainer never uses it).
     reject_late_steps: bool = False
     require_proofs: bool = False  # when true, rows without TOPLOC proofs are rejected (and the check must be able to run)
+    # sampled validation (swarmrl.protocol.sampling): the model checks (logprobs, toploc, sampling) run before the
+    # verdict on a node's first full_check_first submissions and then on a full_check_rate share drawn with a
+    # secret the node does not know (sample_key, hex; "" = random per process); the cheap checks always run. A
+    # sampled-out submission is audited in full later (idle time, inside its challenge window) with probability
+    # audit_rate, and a finding then slashes it as a challenge. 1.0 (the default): every submission in full.
+    full_check_rate: float = Field(1.0, ge=0, le=1)
+    full_check_first: int = Field(2, ge=0)
+    audit_rate: float = Field(1.0, ge=0, le=1)
+    audit_queue: int = Field(4096, ge=0)  # audits waiting at most; beyond it the oldest are dropped (counted)
+    sample_key: str = Field("", pattern=r"^([0-9a-fA-F]{2})*$")
     max_batches: int = Field(0, ge=0)  # 0: run forever
     timeout_s: float = Field(30.0, gt=0)
     threads: int = Field(1, ge=0)  # torch threads: 1 beside other roles on one host; 0: torch's default (all cores)

@@ -13,6 +13,11 @@ and logged as such. Each internal error is logged with its traceback, written to
 (``event = "internal_error"``) and counted in ``validator_internal_errors`` (every metrics row, the log, the
 summary ``swarmrl validator run`` prints, ``Validator.health()``).
 
+Sampled validation (``swarmrl.protocol.sampling``; off at ``full_check_rate = 1``): the model checks run before
+the verdict on a node's first submissions and on a secret random share of the rest; a sampled-out submission
+passing the cheap checks is accepted and may be queued for an audit (``audit_once``, run when nothing is
+pending), whose finding is posted as a challenge of the accepted submission.
+
 A configuration whose checks cannot work (a ``module:function`` that does not import or does not take the
 arguments it is called with, ``require_proofs`` without a model) is refused at startup
 (``config_problems``, used by the CLI).
@@ -24,10 +29,12 @@ import inspect
 import json
 import logging
 import os
+import secrets
 import tempfile
 import threading
 import time
 import traceback
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +65,7 @@ from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' h
 )
 from swarmrl.protocol.client import ApiError, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
+from swarmrl.protocol.sampling import SAMPLED_CHECKS, draw
 from swarmrl.protocol.schemas import CheckResult, PendingSubmission, VerdictRequest
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
 from swarmrl.toploc.calibration import (
@@ -86,9 +94,11 @@ class Verdict:
 
 def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks: list[tuple[str, Check]],
           tokenizer: Any = None, model_loader: Callable[[int], Any] | None = None,
-          vocab_size: int | None = None, settings_loader: Callable[[int], ToplocSettings] | None = None) -> Verdict:
+          vocab_size: int | None = None, settings_loader: Callable[[int], ToplocSettings] | None = None,
+          sampled_out: str = "") -> Verdict:
     """Run ``checks`` in order over one file: the first finding rejects; a check that raises anything but
-    ``SkipCheck`` ends the judgement with ``internal_error`` set (no verdict)."""
+    ``SkipCheck`` ends the judgement with ``internal_error`` set (no verdict). ``sampled_out`` (a reason): the
+    model checks (``SAMPLED_CHECKS``) are not run now, recorded as skipped with that reason; every other check is."""
     results: list[CheckResult] = []
     secs: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -103,6 +113,9 @@ def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks
     ctx = CheckContext(rows=rows, item=item, cfg=cfg, tokenizer=tokenizer, model_loader=model_loader,
                        vocab_size=vocab_size, settings_loader=settings_loader)
     for name, check in checks:
+        if sampled_out and name in SAMPLED_CHECKS:
+            results.append(CheckResult(name=name, ok=True, reason=f"skipped: {sampled_out}", skipped=True))
+            continue
         t0 = time.perf_counter()
         try:
             ok, reason = check(ctx)
@@ -122,7 +135,7 @@ def judge(rows_path: Path, item: PendingSubmission, cfg: ValidatorConfig, checks
         results.append(CheckResult(name=name, ok=ok, reason=reason[:1000]))
         if not ok:
             return Verdict(False, f"{name}: {reason}"[:4000], results, secs)
-    return Verdict(True, "all checks passed", results, secs)
+    return Verdict(True, f"cheap checks passed ({sampled_out})" if sampled_out else "all checks passed", results, secs)
 
 
 def _describe(where: str, e: BaseException) -> str:
@@ -199,6 +212,12 @@ class Validator:
         self._retries: dict[int, _Retry] = {}  # submission id -> its retry state after internal errors
         self._clock: Callable[[], float] = time.monotonic
         self.metrics = MetricsWriter(self.work / "metrics.jsonl")
+        # sampled validation (swarmrl.protocol.sampling)
+        self._sample_key = bytes.fromhex(cfg.sample_key) if cfg.sample_key else secrets.token_bytes(32)
+        self._seen: Counter[str] = Counter()  # node -> verdicts posted on its submissions (by this process)
+        self._audits: deque[PendingSubmission] = deque()  # accepted after the cheap checks, to be judged in full
+        self.sampling = {"full": 0, "sampled_out": 0, "audited": 0, "challenged": 0, "audit_dropped": 0,
+                         "audit_errors": 0}
 
     def _load_model(self, policy_version: int) -> Any:
         """The policy that generated a row, held by one ``PolicyHolder`` (swapped in place; the last two versions'
@@ -243,9 +262,20 @@ class Validator:
     def health(self) -> dict[str, Any]:
         return {"judged": self.judged, "validator_internal_errors": self.internal_errors,
                 "retrying": sorted(s for s in self._retries if s not in set(self.left_pending)),
-                "left_pending": self.left_pending}
+                "left_pending": self.left_pending, "audits_waiting": len(self._audits), **self.sampling}
 
-    def _judge_item(self, item: PendingSubmission) -> Verdict:
+    def sampled_out(self, item: PendingSubmission) -> str:
+        """Why this submission's model checks are NOT run before its verdict ("" = they are): a node's first
+        ``full_check_first`` submissions are always checked in full, the others with probability
+        ``full_check_rate`` by a draw keyed with this validator's secret."""
+        cfg, sub = self.cfg, item.submission
+        if cfg.full_check_rate >= 1.0 or self._seen[sub.node_id] < cfg.full_check_first:
+            return ""
+        if draw(self._sample_key, "full", sub.submission_id, sub.sha256) < cfg.full_check_rate:
+            return ""
+        return f"sampled out (full_check_rate {cfg.full_check_rate:g})"
+
+    def _judge_item(self, item: PendingSubmission, sampled_out: str = "") -> Verdict:
         sid = item.submission.submission_id
         try:
             with tempfile.TemporaryDirectory(dir=self.work) as d:
@@ -257,7 +287,7 @@ class Validator:
                     why = f"download: the file's sha256 {sha[:16]}.. is not the recorded {item.submission.sha256[:16]}.."
                     return Verdict(False, why, [], internal_error=why)
                 return judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model, self.vocab_size,
-                             self._toploc_settings)
+                             self._toploc_settings, sampled_out=sampled_out)
         except Exception as e:  # noqa: BLE001 - download or disk trouble: ours
             log.exception("submission %d: could not be judged", sid)
             return Verdict(False, f"internal error: {e}", [], internal_error=_describe("download", e))
@@ -296,7 +326,8 @@ class Validator:
                                       or self._clock() < retry.next_at):
                 continue
             t0 = time.perf_counter()
-            v = self._judge_item(item)
+            why = self.sampled_out(item)
+            v = self._judge_item(item, why)
             if v.internal_error is not None:
                 self._defer(item, v, time.perf_counter() - t0)
                 continue
@@ -310,11 +341,14 @@ class Validator:
                 self._retries.pop(sid, None)
                 continue
             self._retries.pop(sid, None)
+            self._seen[item.submission.node_id] += 1
+            self.sampling["sampled_out" if why else "full"] += 1
+            audit = bool(why) and v.accepted and self._queue_audit(item)
             self.metrics.write(event="verdict", submission_id=sid, node_id=item.submission.node_id,
                                step=item.submission.step, rows=item.submission.n_rows, accepted=v.accepted,
                                reason=v.reason[:300], seconds=time.perf_counter() - t0,
                                check_s={k: round(x, 4) for k, x in v.seconds.items()},
-                               skipped=[c.name for c in v.checks if c.skipped],
+                               skipped=[c.name for c in v.checks if c.skipped], full=not why, audit=audit,
                                validator_internal_errors=self.internal_errors)
             log.info("submission %d from %s: %s (%s)", sid, item.submission.node_id,
                      "accepted" if v.accepted else "REJECTED", v.reason)
@@ -322,12 +356,67 @@ class Validator:
             out.append((sid, v))
         return out
 
+    def _queue_audit(self, item: PendingSubmission) -> bool:
+        """After a sampled-out acceptance: queue a full judgement with probability ``audit_rate`` (its own draw)."""
+        sub = item.submission
+        if self.cfg.audit_queue == 0 or draw(self._sample_key, "audit", sub.submission_id, sub.sha256) >= self.cfg.audit_rate:
+            return False
+        if len(self._audits) >= self.cfg.audit_queue:
+            old = self._audits.popleft()
+            self.sampling["audit_dropped"] += 1
+            log.warning("audit queue full (%d): submission %d dropped unaudited", self.cfg.audit_queue,
+                        old.submission.submission_id)
+        self._audits.append(item)
+        return True
+
+    def audit_once(self) -> list[tuple[int, Verdict]]:
+        """Judge the oldest queued audit in full (every check). A finding is posted as a challenge of the accepted
+        submission (slash, revoke the node's credits in their window, eject); 409 means its window closed or it was
+        rejected meanwhile. An internal error drops the audit (counted in ``audit_errors``; e.g. its policy version
+        is gone): nothing is posted against the node."""
+        if not self._audits:
+            return []
+        item = self._audits.popleft()
+        sid = item.submission.submission_id
+        t0 = time.perf_counter()
+        v = self._judge_item(item)
+        self.sampling["audited"] += 1
+        if v.internal_error is not None:
+            self.sampling["audit_errors"] += 1
+            self.internal_errors += 1
+            log.error("audit of submission %d: INTERNAL ERROR, dropped (validator_internal_errors=%d): %s", sid,
+                      self.internal_errors, v.internal_error)
+            self.metrics.write(event="internal_error", submission_id=sid, node_id=item.submission.node_id,
+                               step=item.submission.step, error=v.internal_error[:1000], audit=True,
+                               validator_internal_errors=self.internal_errors)
+            return []
+        posted = False
+        if not v.accepted:
+            try:
+                self.client.verdict(VerdictRequest(submission_id=sid, accepted=False, reason=f"audit: {v.reason}",
+                                                   checks=v.checks))
+                posted = True
+                self.sampling["challenged"] += 1
+                log.warning("audit of accepted submission %d from %s: CHALLENGED (%s)", sid,
+                            item.submission.node_id, v.reason)
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+                log.info("audit of submission %d found %s, but it cannot be challenged: %s", sid, v.reason, e.detail)
+        self.metrics.write(event="audit", submission_id=sid, node_id=item.submission.node_id,
+                           step=item.submission.step, accepted=v.accepted, challenged=posted, reason=v.reason[:300],
+                           seconds=time.perf_counter() - t0, check_s={k: round(x, 4) for k, x in v.seconds.items()},
+                           validator_internal_errors=self.internal_errors)
+        return [(sid, v)]
+
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
         batches = 0
         while not stop.is_set():
             try:
                 done = self.run_once()
+                if not done:  # nothing pending: audit accepted, sampled-out work
+                    done = self.audit_once()
             except Exception as e:  # noqa: BLE001 - orchestrator down or hiccup: keep polling
                 log.warning("validator poll failed: %s", e)
                 done = []

@@ -34,7 +34,7 @@ from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicy
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.store import RunDir
-from swarmrl.toploc import proofs_for_sample
+from swarmrl.toploc import proofs_for_samples
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
 
@@ -69,7 +69,7 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=cfg.group_size, prompt_ids=out.prompt_ids,
                           completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
                           decode=lambda ids: decode_completion(tokenizer, ids),
-                          proofs=[proofs_for_sample(h) for h in out.hidden] if proofs else None,
+                          proofs=proofs_for_samples(out.hidden) if proofs else None,
                           worker_id=worker_id, step=step, policy_version=policy_version, seed=seed,
                           temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std)
     rows = scored.rows

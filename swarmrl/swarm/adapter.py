@@ -43,6 +43,13 @@ class AdapterConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""  # trainer key (its public key is in the orchestrator's trainer_keys)
     poll_s: float = Field(0.2, gt=0)
+    # the trainer's current and next steps are polled every round; the steps beyond every ahead_every rounds and
+    # at each new step (their files are needed only once the trainer gets there): a third of the adapter's
+    # requests, the orchestrator's most frequent ones, off it
+    ahead_every: int = Field(3, ge=1)
+    # the trainer's newest version is looked at this often (a file read, no request): a new step is announced
+    # and its work fetched at once instead of at the next poll (the trainer waits for that work)
+    watch_s: float = Field(0.02, gt=0)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
     threads: int = Field(1, ge=0)  # CPU threads (pyarrow's pool; it loads no torch); 0: the library default
@@ -68,6 +75,7 @@ class TrainerAdapter:
         self.weights_announced: dict | None = None
         self._trainer_offset = 0  # bytes of metrics/trainer.jsonl read so far
         self.unsent: list[TrainerPoint] = []  # trainer records not yet posted with set_step
+        self.rounds = 0
 
     def _read_trainer_points(self) -> None:
         """Queue the trainer's new complete rows (steps, evaluations) as dashboard points."""
@@ -119,7 +127,9 @@ class TrainerAdapter:
         if self.weights_announced is None or latest != self.announced:
             self._announce_weights()
         self._read_trainer_points()
-        if latest != self.announced or self.unsent:
+        new_step = latest != self.announced
+        self.rounds += 1
+        if new_step or self.unsent:
             batch = self.unsent[:MAX_STEP_METRICS]
             try:
                 self.client.set_step(latest, latest, metrics=batch)
@@ -132,6 +142,8 @@ class TrainerAdapter:
                 self.metrics.write(event="step", step=latest)
         n = 0
         for m in self.window.open_steps(latest):
+            if m > latest + 1 and not new_step and self.rounds % self.cfg.ahead_every:
+                continue
             for it in self.client.accepted(m).items:
                 if it.submission_id in self.fetched:
                     continue
@@ -162,15 +174,17 @@ class TrainerAdapter:
 
     def run_forever(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
+        next_poll = 0.0
         try:
             while not stop.is_set() and not self.run.is_done():
-                try:
-                    got = self.poll_once()
-                except Exception as e:  # orchestrator restarting or a hiccup: keep polling
-                    log.warning("adapter poll failed: %s", e)
-                    got = 0
-                if not got:
-                    stop.wait(self.cfg.poll_s)
+                if time.monotonic() >= next_poll or self.run.latest_version() != self.announced:
+                    try:
+                        got = self.poll_once()
+                    except Exception as e:  # orchestrator restarting or a hiccup: keep polling
+                        log.warning("adapter poll failed: %s", e)
+                        got = 0
+                    next_poll = time.monotonic() + (0.0 if got else self.cfg.poll_s)
+                stop.wait(self.cfg.watch_s)
         finally:
             self.metrics.close()
 

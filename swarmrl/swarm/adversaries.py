@@ -6,6 +6,8 @@ kind              what it does                                                 c
 ================  ===========================================================  ======================
 random_model      samples from a freshly initialised model, not the policy     logprobs / toploc
 edit_tokens       replaces wrong completions with correct answers              logprobs / toploc
+late_edit_tokens  honest for its first honest_first uploads, then edit_tokens  sampled logprobs/toploc,
+                                                                               audits (challenge)
 forge_rewards     claims reward 1 for every completion                         rewards
 replay            uploads another node's rollouts as its own                   schema (seed)
 stale_policy      never updates: keeps sampling with policy version 0          policy
@@ -91,6 +93,18 @@ class EditTokens(SwarmNode):
             for r, adv in zip(g, group_advantages([x.reward for x in g], use_std=rl.loss.use_std)):
                 r.advantage = adv
         return rows
+
+
+class LateEditTokens(EditTokens):
+    """Works honestly for its first ``honest_first`` submissions (past the validator's ``full_check_first``, which
+    are always checked in full), then edits tokens like ``edit_tokens``: against sampled validation only the
+    secret per-submission draw and the audits of accepted work can catch it."""
+
+    def tamper(self, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+               a: AssignmentSpec) -> list[Rollout]:
+        if self.stats["submitted"] < self.cfg.honest_first:
+            return rows
+        return super().tamper(rows, tasks, env, rl, a)
 
 
 class ForgeRewards(SwarmNode):
@@ -270,6 +284,7 @@ ADVERSARIES: dict[str, type[SwarmNode]] = {
     "random_model": RandomModel, "edit_tokens": EditTokens, "forge_rewards": ForgeRewards, "replay": Replay,
     "stale_policy": StalePolicy, "own_tasks": OwnTasks, "malformed": Malformed, "oversized": Oversized,
     "wrong_key": WrongKey, "bomb": Bomb, "flood": Flood, "idle_connections": IdleConnections,
+    "late_edit_tokens": LateEditTokens,
 }
 assert tuple(ADVERSARIES) == ADVERSARY_KINDS, "swarm.config.ADVERSARY_KINDS must name every adversary"
 

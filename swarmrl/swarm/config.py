@@ -10,7 +10,7 @@ from swarmrl.protocol.config import NodeConfig
 
 ADVERSARY_KINDS: tuple[str, ...] = ("random_model", "edit_tokens", "forge_rewards", "replay", "stale_policy",
                                     "own_tasks", "malformed", "oversized", "wrong_key", "bomb", "flood",
-                                    "idle_connections")
+                                    "idle_connections", "late_edit_tokens")
 
 
 class SwarmNodeConfig(NodeConfig):
@@ -30,6 +30,7 @@ class AdversaryConfig(SwarmNodeConfig):
     """A cheating node (demos and tests): an honest node's settings plus what its cheat needs."""
 
     adversary: str
+    honest_first: int = Field(3, ge=0)  # late_edit_tokens: honest submissions before it starts cheating
     replay_from: str = ""  # replay: dir whose */*.parquet it steals ("" = <run_dir>/nodes)
     oversize_bytes: int = Field(5 << 20, gt=0)  # oversized: size of the file it uploads
     bomb_bytes: int = Field(512 << 20, gt=0)  # bomb: what its (few-kilobyte) file decodes to (8x max_decoded_bytes)

@@ -17,6 +17,7 @@ from swarmrl.toploc.proof import (
     proof_len,
     proof_to_b64,
     proofs_for_sample,
+    proofs_for_samples,
     proofs_from_b64,
     proofs_to_b64,
 )
@@ -33,7 +34,7 @@ from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs
 
 __all__ = [
     "P", "ProofError", "build_proofs", "decode_proof", "encode_proof", "proof_from_b64", "proof_len", "proof_to_b64",
-    "proofs_for_sample", "proofs_from_b64", "proofs_to_b64", "ChunkCheck", "Thresholds", "verify_proofs", "RolloutCheck", "verify_rollout",
+    "proofs_for_sample", "proofs_for_samples", "proofs_from_b64", "proofs_to_b64", "ChunkCheck", "Thresholds", "verify_proofs", "RolloutCheck", "verify_rollout",
     "verify_rollouts", "verify_rows", "recompute", "claim_from_rollout", "SamplingClaim", "SamplingThresholds", "SamplingCheck", "check_sampling",
 ]
 
