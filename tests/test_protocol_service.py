@@ -186,3 +186,28 @@ def test_service_imports_no_http_stack():
             "import swarmrl.protocol.orchestrator as o; assert callable(o.create_app) and 'fastapi' in sys.modules")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_demand_mode_counts_open_work_at_the_usable_share_uploads_showed(tmp_path):
+    """Open work is expected to yield the share of usable (not tied) groups recent uploads had, so a step whose
+    uploads tie often hands out more work at once instead of waiting for each upload to come short."""
+    import dataclasses
+
+    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=6, overassign=1.0, tasks_per_node=3, group_size=2)
+    orch = Orchestrator(cfg)
+    try:
+        first = join(orch)
+        a = orch.heartbeat(first, HeartbeatRequest()).assignments[0]
+        rows = rollouts_for(first.node_id, a)  # all correct: every group's rewards tie
+        rows[1] = dataclasses.replace(rows[1], reward=0.0, task_reward=0.0)  # ...but group 0's
+        path = write(rows, tmp_path / "one-usable.parquet")
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        p = dataclasses.replace(first, content_sha256=sha)
+        assert orch.accept_upload(p, a.assignment_id, path, sha, len(data)).status == "pending"
+        # 1 usable group of 3: open work now counts 1 group per assignment, so 5 more nodes get work for step 0
+        # (counting 3 per assignment, as before, only 2 would: 1 + 2 x 3 >= 6)
+        got = [len(orch.heartbeat(join(orch), HeartbeatRequest()).assignments) for _ in range(7)]
+        assert got == [1, 1, 1, 1, 1, 0, 0], got
+    finally:
+        orch.close()

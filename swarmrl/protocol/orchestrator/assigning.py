@@ -322,14 +322,26 @@ class AssigningMixin:
     def _step_in_need(self, s, step: int, pv: int) -> int | None:  # noqa: ANN001
         """Demand mode: the lowest step policy ``pv`` may serve (``AsyncWindow.steps_for_version``: from ``step``,
         at most ``lookahead`` ahead, never past last_step) whose usable groups, counting open work as
-        tasks_per_node each, are short."""
+        tasks_per_node each times the share of groups recent uploads made usable, are short."""
         cfg = self.cfg
         need = cfg.groups_per_step * cfg.overassign
+        per_assignment = cfg.tasks_per_node * self._usable_share(s)
         for m in self.window.steps_for_version(pv, step, cfg.lookahead):
             have = s.execute(select(func.coalesce(func.sum(Submission.informative), 0)).where(
                 Submission.step == m, Submission.status.in_(("pending", "accepted")))).scalar_one()
             held = s.execute(select(func.count()).select_from(Assignment).where(
                 Assignment.step == m, Assignment.status.in_(("open", "orphaned")))).scalar_one()
-            if int(have) + int(held) * cfg.tasks_per_node < need:
+            if int(have) + int(held) * per_assignment < need:
                 return m
         return None
+
+    def _usable_share(self, s, recent: int = 64) -> float:  # noqa: ANN001
+        """Usable groups per assigned task over the last ``recent`` uploads (groups whose rewards all tie are
+        filtered by the trainer): open work is expected to yield that share, not all of its tasks. 1.0 until
+        uploads say otherwise; never below 0.1 (a swarm of failing uploads must not get unbounded work)."""
+        rows = s.execute(select(Submission.informative, Submission.n_rows).where(
+            Submission.status.in_(("pending", "accepted"))).order_by(Submission.id.desc()).limit(recent)).all()
+        groups = sum(n for _, n in rows) / max(1, self.cfg.group_size)
+        if groups < self.cfg.tasks_per_node:
+            return 1.0
+        return min(1.0, max(0.1, sum(i for i, _ in rows) / groups))
