@@ -15,7 +15,7 @@ class _Client:
         self.polled: list[int] = []
         self.steps: list[int] = []
 
-    def set_step(self, step: int, version: int) -> None:
+    def set_step(self, step: int, version: int, metrics: list | None = None) -> None:
         self.steps.append(step)
 
     def accepted(self, step: int):  # noqa: ANN201
