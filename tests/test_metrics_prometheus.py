@@ -62,8 +62,9 @@ def test_orchestrator_metrics_follow_real_traffic(tmp_path):
         with pytest.raises(ApiError) as e:
             b.submit(asg_b.assignment_id, junk)  # received in full, then refused (422)
         assert e.value.status == 422
-        with pytest.raises(ApiError) as e:
-            a.submit(asg_a.assignment_id, good)  # refused before a byte is read (409: already submitted)
+        other = write(rollouts_for(a.node_id, asg_a, correct=False), tmp_path / "a2.parquet")
+        with pytest.raises(ApiError) as e:  # another file for done work: refused before a byte is read (409)
+            a.submit(asg_a.assignment_id, other)
         assert e.value.status == 409
         wrong = write(rollouts_for(b.node_id, asg_b, correct=False), tmp_path / "b.parquet")
         sub_b = b.submit(asg_b.assignment_id, wrong)

@@ -24,7 +24,7 @@ def _spawn(args, log):
 
 @pytest.mark.timeout(420)
 def test_kill_and_resume(tiny_model_dir, tmp_path):
-    steps = 8
+    steps = 24  # room to kill the trainer mid-run (8 could all be trained between two polls of the wait)
     cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), task=TaskConfig(name="add", params={"digits": 2}),
                    steps=steps, async_level=1, keep_versions=3, prompts_per_step=4, group_size=2,
                    filter_ties=False, eval=EvalSection(every_steps=0, n=16),
@@ -40,6 +40,7 @@ def test_kill_and_resume(tiny_model_dir, tmp_path):
         os.killpg(trainer.pid, signal.SIGKILL)
         trainer.wait()
         killed_at = run.latest_version()
+        assert killed_at < steps, f"the trainer finished all {steps} steps before it was killed"
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
         assert not run.is_done()
