@@ -64,6 +64,7 @@ class AssigningMixin:
     _state: Callable[[Any], tuple[int, int]]
     _verify: Callable[..., SignedHeaders]
     _admit: Callable[..., Principal]
+    _remember_nonce: Callable[[SignedHeaders], float]
     mirror: Mirror
     nonces: NonceCache
     beat_writer: BeatWriter
@@ -129,7 +130,7 @@ class AssigningMixin:
         cfg = self.cfg
         step, _pv = self._current
         demand = cfg.groups_per_step > 0
-        lo = step if demand else self.window.earliest_useful_step(step)
+        lo = self._useful_from(step)
         epoch = self.mirror.generation("")[0]
         with self.db.tx() as s:
             nodes = s.execute(select(Node.id, Node.public_key, Node.last_heartbeat).where(
@@ -171,23 +172,15 @@ class AssigningMixin:
             HeartbeatRequest.model_validate_json(body)
         except ValueError:
             return h, None, b""  # the full path answers with the validation errors
-        seen = self.nonces.add(h.public_key, h.nonce, h.timestamp + cfg.max_clock_skew_s + 1.0)
-        if seen is False:
-            raise ProtocolError(401, "replayed nonce")
-        if seen is None:
-            raise ProtocolError(503, f"{len(self.nonces)} unexpired nonces in memory; retry later", retry_after=5)
+        expires = self._remember_nonce(h)
         key = (step, pv, self._weights)
         if hot.specs is None:  # mirrored at start-up: the assignments' tasks are derived on first use
             hot.specs, hot.rows = [self._spec(a) for a in hot.rows], []
         if hot.reply_key != key:
-            hot.reply = HeartbeatReply(
-                node_id=h.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
-                heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
-                weight_pubkey=self._weights[1], assignments=hot.specs).model_dump_json().encode()
+            hot.reply = self._reply(h.node_id, step, pv, hot.specs).model_dump_json().encode()
             hot.reply_key = key
         try:
-            fut = self.beat_writer.submit(Beat(h.node_id, h.public_key, h.nonce, h.timestamp + cfg.max_clock_skew_s
-                                               + 1.0, now))
+            fut = self.beat_writer.submit(Beat(h.node_id, h.public_key, h.nonce, expires, now))
         except Overloaded as e:
             raise ProtocolError(503, f"orchestrator overloaded: {e}; retry later", retry_after=1) from None
         self.counters["heartbeats"] += 1
@@ -249,8 +242,7 @@ class AssigningMixin:
             s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned")
                       .values(status="open", created_at=now))
         step, pv = self._state(s)
-        # demand mode: work for steps the trainer has finished is of no use any more
-        lo = step if demand else self.window.earliest_useful_step(step)
+        lo = self._useful_from(step)
         mine = s.execute(select(Assignment).where(Assignment.node_id == node.id, Assignment.step >= lo)
                          .order_by(Assignment.id)).scalars().all()
         if demand:
@@ -274,17 +266,25 @@ class AssigningMixin:
             mine.extend(a for a in taken if a not in mine)
         s.flush()
         specs = [self._spec(a) for a in mine if a.status == "open"]
-        reply = HeartbeatReply(node_id=p.node_id, step=step, policy_version=pv, async_window=cfg.async_window,
-                               heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
-                               weight_pubkey=self._weights[1], assignments=specs)
+        reply = self._reply(p.node_id, step, pv, specs)
         hot = HotNode(p.public_key, now, step, specs) if node.status == "active" and node.role == "worker" else None
         return reply, hot
+
+    def _useful_from(self, step: int) -> int:
+        """The oldest step whose work is still of use at ``step`` (demand mode: none the trainer has finished)."""
+        return step if self.cfg.groups_per_step else self.window.earliest_useful_step(step)
+
+    def _reply(self, node_id: str, step: int, pv: int, specs: list[AssignmentSpec]) -> HeartbeatReply:
+        cfg = self.cfg
+        return HeartbeatReply(node_id=node_id, step=step, policy_version=pv, async_window=cfg.async_window,
+                              heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
+                              weight_pubkey=self._weights[1], assignments=specs)
 
     def _orphans_exist(self, s) -> bool:  # noqa: ANN001
         """Is any orphaned work still useful (what ``_take_orphans`` could hand out)?"""
         step, _ = self._state(s)
-        lo = step if self.cfg.groups_per_step else self.window.earliest_useful_step(step)
-        return s.execute(select(Assignment.id).where(Assignment.status == "orphaned", Assignment.step >= lo)
+        return s.execute(select(Assignment.id).where(Assignment.status == "orphaned",
+                                                     Assignment.step >= self._useful_from(step))
                          .limit(1)).first() is not None
 
     def _take_orphans(self, s, node: Node, lo: int, pv: int, now: float, limit: int) -> list[Assignment]:  # noqa: ANN001

@@ -84,14 +84,20 @@ class AuthMixin:
             raise ProtocolError(403, f"role {role!r} may not call this endpoint")
         # the primary key (public_key, nonce) makes a reused nonce fail the insert; the in-memory copy lets the
         # heartbeat hot path refuse a replay of any signed request without a database read
+        expires = self._remember_nonce(h)
+        s.execute(Nonce.__table__.insert().values(public_key=h.public_key, nonce=h.nonce, expires_at=expires))
+        return Principal(nid, h.public_key, role, h.content_sha256)
+
+    def _remember_nonce(self, h: SignedHeaders) -> float:
+        """Record ``h``'s nonce in memory (every signed path does, before its own write of it); returns when it
+        expires. 401 if seen before, 503 when the memory of unexpired nonces is full."""
         expires = h.timestamp + self.cfg.max_clock_skew_s + 1.0
         seen = self.nonces.add(h.public_key, h.nonce, expires)
         if seen is False:
             raise ProtocolError(401, "replayed nonce")
         if seen is None:
             raise ProtocolError(503, f"{len(self.nonces)} unexpired nonces in memory; retry later", retry_after=5)
-        s.execute(Nonce.__table__.insert().values(public_key=h.public_key, nonce=h.nonce, expires_at=expires))
-        return Principal(nid, h.public_key, role, h.content_sha256)
+        return expires
 
     def authenticate(self, method: str, path: str, headers: Any, actual_sha256: str | None,
                      roles: tuple[str, ...], allow_unregistered: bool = False, now: float | None = None) -> Principal:
