@@ -205,3 +205,16 @@ def test_contract_imports_no_heavy_library():
             "'sqlalchemy', 'aiohttp') if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_group_rule_puts_fresh_carried_groups_first_and_drops_stale_ones():
+    """carry_surplus: an earlier step's extra usable groups train this step while the window serves their version."""
+    rule = GroupRule(group_size=2)
+    fresh = [_row("c", "old", 0.0, step=4, version=3), _row("c", "old", 1.0, step=4, version=3)]
+    stale = [_row("c", "older", 0.0, step=4, version=2), _row("c", "older", 1.0, step=4, version=2)]  # 6 - 2 > 3
+    rows = [_row("a", "i", 0.0, step=6, version=5), _row("a", "i", 1.0, step=6, version=5)]
+    usable, stats = rule.select([("f", rows)], 6, AsyncWindow(3), carried=[stale, fresh])
+    assert [g[0].group_id for g in usable] == ["old", "i"]
+    assert stats["carried_groups"] == 1 and stats["stale_carried"] == 1 and stats["usable_groups"] == 2
+    usable, stats = rule.select([("f", rows)], 6, AsyncWindow(3))
+    assert [g[0].group_id for g in usable] == ["i"] and stats["carried_groups"] == 0

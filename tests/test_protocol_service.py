@@ -211,3 +211,4 @@ def test_demand_mode_counts_open_work_at_the_usable_share_uploads_showed(tmp_pat
         assert got == [1, 1, 1, 1, 1, 0, 0], got
     finally:
         orch.close()
+

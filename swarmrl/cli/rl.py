@@ -46,7 +46,10 @@ def worker(worker_id: Annotated[str, typer.Option("--id", help="Worker id (lette
 @rl_app.command("adapter")
 def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")],
             key: Annotated[Path, typer.Option(help="Trainer private key file.")],
-            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
+            config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+            long_poll_s: Annotated[float, typer.Option(
+                min=0.0, max=10.0, help="Wait for verdicts in long polls of this many seconds (0: poll).")] = 5.0,
+            ) -> None:
     """Swarm mode, trainer side: announce the trainer's step (and, with SHARDCAST on, its weight servers) to
     the orchestrator and fetch accepted rollout files into the run directory (the trainer runs unchanged)."""
     import logging  # noqa: PLC0415  # lazy: startup
@@ -57,7 +60,7 @@ def adapter(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from swarmrl.swarm.adapter import AdapterConfig, run_adapter  # noqa: PLC0415  # lazy: startup
 
-    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key)))
+    run_adapter(cfg, AdapterConfig(orchestrator=orchestrator, key=str(key), long_poll_s=long_poll_s))
 
 
 def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,

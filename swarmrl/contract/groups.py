@@ -66,9 +66,15 @@ class GroupRule:
         """Usable groups among ``rows`` (what a worker announces and the orchestrator counts)."""
         return sum(1 for g in self.group(rows).values() if self.usable([r.reward for r in g]))
 
-    def select(self, rows_by_file: list[tuple[str, list]], step: int, window: AsyncWindow) -> tuple[list[list], dict]:
+    def select(self, rows_by_file: list[tuple[str, list]], step: int, window: AsyncWindow,
+               carried: Sequence[list] = ()) -> tuple[list[list], dict]:
         """The trainer's choice for ``step``: rows of that step from versions inside the window, grouped;
-        the usable groups in the files' order, and counts of what was dropped and why."""
+        the usable groups in the files' order, and counts of what was dropped and why.
+
+        ``carried``: usable groups an earlier step had beyond its need (``carry_surplus``). Those whose policy
+        version the window still serves at ``step`` come first (they are the ones that go stale soonest); the
+        others are dropped (``stale_carried``)."""
+        fresh = [g for g in carried if all(window.serves(r.policy_version, step) for r in g)]
         stale = wrong_step = 0
         kept = []
         for _name, rows in rows_by_file:
@@ -84,5 +90,6 @@ class GroupRule:
         usable = [g for g in complete if self.usable([r.reward for r in g])]
         tied = sum(1 for g in complete if not is_informative([r.reward for r in g]))
         stats = {"stale_rows": stale, "wrong_step_rows": wrong_step, "incomplete_groups": len(groups) - len(complete),
-                 "tied_groups": tied, "usable_groups": len(usable)}
-        return usable, stats
+                 "tied_groups": tied, "usable_groups": len(usable) + len(fresh), "carried_groups": len(fresh),
+                 "stale_carried": len(carried) - len(fresh)}
+        return list(fresh) + usable, stats

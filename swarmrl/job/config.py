@@ -30,6 +30,8 @@ class SwarmSection(StrictModel):
     heartbeat_interval_s: float = Field(0.5, gt=0)
     dead_after_missed: int = Field(20, ge=1)
     validator_poll_s: float = Field(0.2, gt=0)
+    # the validator waits for uploads and the trainer's adapter for verdicts in long polls this long (0: they poll)
+    long_poll_s: float = Field(5.0, ge=0, le=10.0)
     logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
     # sampled validation (swarmrl.protocol.sampling, docs/protocol.md): the validator's model checks (logprobs,
     # TOPLOC, sampling) run before the verdict on each node's first full_check_first submissions, then on this

@@ -136,7 +136,7 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
         optimistic=sw.optimistic, assignment_timeout_s=sw.assignment_timeout_s, metrics_interval_s=1.0)
     vcfg = ValidatorConfig(orchestrator=url, key=validator.key, model_dir=rl.model,
                            model_dir_template=str(root / "policy" / "v{policy_version:06d}"), run_secret=secret,
-                           poll_interval_s=sw.validator_poll_s, work_dir=str(root / "validator"),
+                           poll_interval_s=sw.validator_poll_s, long_poll_s=sw.long_poll_s, work_dir=str(root / "validator"),
                            logprob_rows=sw.logprob_rows, require_proofs=sw.require_proofs,
                            sampling_thresholds={"min_token_logprob": sw.min_token_logprob},
                            reject_late_steps=False, threads=sw.validator_threads,
@@ -158,7 +158,8 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
         RoleSpec("orchestrator", ["orchestrator", "serve", "--config", opath], wait_up=True, stop_last=True,
                  stop_term_s=5.0, **always),
         _trainer(cfg, rl_path, 1.0),
-        RoleSpec("adapter", ["rl", "adapter", "--config", rl_path, "--orchestrator", url, "--key", trainer.key],
+        RoleSpec("adapter", ["rl", "adapter", "--config", rl_path, "--orchestrator", url, "--key", trainer.key,
+                            "--long-poll-s", str(sw.long_poll_s)],
                  **always),
         RoleSpec("validator", ["validator", "run", "--config", vpath], **always),
         *(node(name) for name in kinds),

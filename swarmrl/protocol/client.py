@@ -21,6 +21,7 @@ from swarmrl.dashboard.models import TrainerPoint
 from swarmrl.protocol.schemas import (
     AcceptedList,
     Balance,
+    ChangesReply,
     DepositReply,
     DepositRequest,
     HeartbeatReply,
@@ -79,8 +80,16 @@ class SignedClient:
                            float(retry) if retry.isdigit() else None)
         return r
 
-    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
-                ) -> httpx.Response:
+    def changes(self, kind: str, since: int = -1, wait: float = 0.0) -> int:
+        """The orchestrator's ``kind`` change counter ("uploads" or "verdicts"), once it is no longer ``since``
+        or after ``wait`` seconds (a long poll: see ``swarmrl.protocol.orchestrator.changes``)."""
+        read = self.http.timeout.read
+        r = self.request("GET", "/v1/changes", params={"kind": kind, "since": since, "wait": wait},
+                         timeout=None if read is None else wait + read)
+        return int(getattr(ChangesReply.model_validate_json(r.content), kind))
+
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None,
+                timeout: float | None = None) -> httpx.Response:
         """Sign and send; ``path`` plus the encoded query is what gets signed."""
         data = b"" if body is None else (body.model_dump_json().encode() if hasattr(body, "model_dump_json")
                                          else json.dumps(body).encode())
@@ -89,7 +98,8 @@ class SignedClient:
         headers = sign_request(self.key, method, signed_path, data)
         if data:
             headers["Content-Type"] = "application/json"
-        return self._check(self.http.request(method, signed_path, content=data, headers=headers))
+        extra = {} if timeout is None else {"timeout": timeout}
+        return self._check(self.http.request(method, signed_path, content=data, headers=headers, **extra))
 
 
 class NodeClient(SignedClient):

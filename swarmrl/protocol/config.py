@@ -182,6 +182,9 @@ class ValidatorConfig(StrictModel):
     model_dir: str = ""  # HF model dir of the policy in use: its tokenizer decodes completions
     run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # must match the orchestrator's (re-derives task seeds)
     poll_interval_s: float = Field(2.0, gt=0)
+    # with nothing to do, wait for the next upload in one long poll of GET /v1/changes up to this long (it
+    # answers as soon as one comes) instead of listing pending work every poll_interval_s (0: plain polling)
+    long_poll_s: float = Field(5.0, ge=0, le=10.0)
     work_dir: str = "runs/validator"
     reward_tolerance: float = Field(1e-4, ge=0)
     model_dir_template: str = ""  # e.g. "runs/ckpt/v{policy_version}": the policy per version for TOPLOC

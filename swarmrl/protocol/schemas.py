@@ -240,6 +240,12 @@ class StepReply(Body):
     policy_version: int
 
 
+class ChangesReply(Body):
+    """Change counters (``GET /v1/changes``): uploads (validators' work) and verdicts (the trainer's)."""
+    uploads: int
+    verdicts: int
+
+
 class AcceptedList(Body):
     step: int
     optimistic: bool

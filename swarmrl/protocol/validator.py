@@ -412,16 +412,33 @@ class Validator:
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
         batches = 0
+        seen = -1  # the orchestrator's upload counter, read before listing pending work (long polls)
         while not stop.is_set():
+            if self.cfg.long_poll_s and seen < 0:
+                try:
+                    seen = self.client.changes("uploads")
+                except Exception as e:  # noqa: BLE001 - an orchestrator without /v1/changes, or down: poll
+                    log.info("no long polls of uploads (%s): polling every %.1f s", e, self.cfg.poll_interval_s)
+                    seen = -2
             try:
                 done = self.run_once()
                 if not done:  # nothing pending: audit accepted, sampled-out work
                     done = self.audit_once()
             except Exception as e:  # noqa: BLE001 - orchestrator down or hiccup: keep polling
                 log.warning("validator poll failed: %s", e)
-                done = []
+                done, seen = [], -2
             batches += 1
             if self.cfg.max_batches and batches >= self.cfg.max_batches:
                 return
-            if not done:
+            if done:
+                continue
+            if seen < 0:  # plain polling (long polls off, or the last request failed: try them again next round)
+                seen = -1
+                stop.wait(self.cfg.poll_interval_s)
+                continue
+            try:  # an upload after ``seen`` was read (before the listing) answers at once
+                seen = self.client.changes("uploads", since=seen, wait=self.cfg.long_poll_s)
+            except Exception as e:  # noqa: BLE001 - an orchestrator without /v1/changes, or down: poll
+                log.info("long poll of uploads failed (%s): polling every %.1f s", e, self.cfg.poll_interval_s)
+                seen = -1
                 stop.wait(self.cfg.poll_interval_s)

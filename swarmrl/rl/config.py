@@ -78,6 +78,9 @@ class RLConfig(StrictModel):
     prompts_per_step: int = Field(32, ge=1)  # informative groups the trainer uses per step
     group_size: int = Field(8, ge=2)
     filter_ties: bool = True
+    # usable groups a step got beyond prompts_per_step train the next step while its window still serves their
+    # policy version, instead of being dropped (work comes in whole assignments, so a step usually gets more)
+    carry_surplus: bool = True
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=8, temperature=1.0))
     inference: InferenceConfig = Field(default_factory=InferenceConfig)  # workers' and nodes' sampling backend
     budget: BudgetConfig = Field(default_factory=BudgetConfig)

@@ -64,6 +64,7 @@ class Trainer:
         self.run = RunDir(cfg.run_dir)
         self.window = AsyncWindow(cfg.async_level, last_step=cfg.steps - 1)
         self.rule = GroupRule(cfg.group_size, cfg.filter_ties)
+        self._carry: list[list] = []  # usable groups of the previous step beyond its need (cfg.carry_surplus)
         self.tokenizer = load_tokenizer(cfg.model)
         self.env = cfg.task.build()
         self.metrics = MetricsWriter(self.run.metrics / "trainer.jsonl") if self.rank == 0 else None
@@ -182,7 +183,7 @@ class Trainer:
                     except RolloutError as e:
                         rejected_files.append(f.name)
                         self._log_event("rejected_file", file=f.name, reason=str(e))
-            usable, stats = self.rule.select(list(cache.items()), step, self.window)
+            usable, stats = self.rule.select(list(cache.items()), step, self.window, self._carry)
             if len(usable) >= cfg.prompts_per_step:
                 break
             announced = sum(announced_groups(f) for f in files)
@@ -201,6 +202,8 @@ class Trainer:
         chosen = usable[: cfg.prompts_per_step]
         stats["workers"] = sorted({g[0].worker_id for g in chosen})
         stats["surplus_groups"] = len(usable) - len(chosen)
+        # kept in memory only: a restarted trainer starts with none (those groups are lost, never used twice)
+        self._carry = usable[cfg.prompts_per_step:] if cfg.carry_surplus else []
         return Batch(chosen, sorted(cache), time.perf_counter() - t0, stats)
 
     def _log_event(self, kind: str, **kw) -> None:

@@ -50,6 +50,11 @@ class AdapterConfig(StrictModel):
     # the trainer's newest version is looked at this often (a file read, no request): a new step is announced
     # and its work fetched at once instead of at the next poll (the trainer waits for that work)
     watch_s: float = Field(0.02, gt=0)
+    # a thread long-polls the orchestrator's verdict counter (GET /v1/changes) up to this long per request and
+    # the accepted lists are read when it moves (and every idle_poll_s regardless) instead of every poll_s;
+    # 0, or an orchestrator without /v1/changes: plain polling every poll_s
+    long_poll_s: float = Field(5.0, ge=0, le=10.0)
+    idle_poll_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(30.0, gt=0)
     max_file_bytes: int = Field(64 << 20, gt=0)
     threads: int = Field(1, ge=0)  # CPU threads (pyarrow's pool; it loads no torch); 0: the library default
@@ -76,6 +81,9 @@ class TrainerAdapter:
         self._trainer_offset = 0  # bytes of metrics/trainer.jsonl read so far
         self.unsent: list[TrainerPoint] = []  # trainer records not yet posted with set_step
         self.rounds = 0
+        self._changed = threading.Event()  # the watcher saw the orchestrator's verdicts (or uploads) move
+        self._watching = False  # the watcher's last long poll answered
+        self._optimistic = False  # the orchestrator lists pending work too: uploads matter, not only verdicts
 
     def _read_trainer_points(self) -> None:
         """Queue the trainer's new complete rows (steps, evaluations) as dashboard points."""
@@ -144,7 +152,9 @@ class TrainerAdapter:
         for m in self.window.open_steps(latest):
             if m > latest + 1 and not new_step and self.rounds % self.cfg.ahead_every:
                 continue
-            for it in self.client.accepted(m).items:
+            got = self.client.accepted(m)
+            self._optimistic = bool(getattr(got, "optimistic", False))
+            for it in got.items:
                 if it.submission_id in self.fetched:
                     continue
                 self._fetch(m, it)
@@ -172,20 +182,49 @@ class TrainerAdapter:
         self.metrics.write(event="fetched", submission_id=it.submission_id, node_id=it.node_id, step=step,
                            status=it.status, rows=it.n_rows, usable_groups=g)
 
+    def _watch(self, stop: threading.Event) -> None:
+        """Long-poll the orchestrator's verdict (optimistic: upload) counter; set ``_changed`` when it moves."""
+        seen, kind = -1, "verdicts"
+        with TrainerClient(self.cfg.orchestrator, self.cfg.key, timeout=self.cfg.timeout_s) as c:
+            while not stop.is_set():
+                want = "uploads" if self._optimistic else "verdicts"
+                if want != kind:
+                    seen, kind = -1, want
+                try:
+                    now = c.changes(kind, since=seen, wait=self.cfg.long_poll_s if seen >= 0 else 0.0)
+                except Exception as e:  # noqa: BLE001 - no /v1/changes, or the orchestrator restarting: poll
+                    if self._watching:
+                        log.info("long poll of %s failed (%s): polling every %.1f s", kind, e, self.cfg.poll_s)
+                    self._watching = False
+                    seen = -1
+                    stop.wait(self.cfg.idle_poll_s)
+                    continue
+                self._watching = True
+                if now != seen:
+                    seen = now
+                    self._changed.set()
+
     def run_forever(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
         next_poll = 0.0
+        halt = threading.Event()  # ends the watcher (within one long poll; a daemon thread) when this returns
+        if self.cfg.long_poll_s and self.cfg.key:
+            threading.Thread(target=self._watch, args=(halt,), name="changes", daemon=True).start()
         try:
             while not stop.is_set() and not self.run.is_done():
-                if time.monotonic() >= next_poll or self.run.latest_version() != self.announced:
+                if (self._changed.is_set() or time.monotonic() >= next_poll
+                        or self.run.latest_version() != self.announced):
+                    self._changed.clear()  # before reading: a verdict during the read sets it again
                     try:
                         got = self.poll_once()
                     except Exception as e:  # orchestrator restarting or a hiccup: keep polling
                         log.warning("adapter poll failed: %s", e)
                         got = 0
-                    next_poll = time.monotonic() + (0.0 if got else self.cfg.poll_s)
+                    idle = self.cfg.idle_poll_s if self._watching else self.cfg.poll_s
+                    next_poll = time.monotonic() + (0.0 if got else idle)
                 stop.wait(self.cfg.watch_s)
         finally:
+            halt.set()
             self.metrics.close()
 
 

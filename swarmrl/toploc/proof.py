@@ -334,22 +334,29 @@ def build_proofs_many(hiddens: list[torch.Tensor], chunk: int = 32, k: int = 128
             by_width.setdefault(bits.shape[1], []).append((t, counts[t], bits))
             counts[t] += bits.shape[0]
     out: list[list[bytes]] = [[b""] * c for c in counts]
+    # top-k per chunk width; then one modulus search and one interpolation per number of points ke = min(k, width):
+    # with hidden >= k every width has ke = k, so a batch of completions of many lengths is interpolated in one call
+    by_ke: dict[int, list[tuple[np.ndarray, np.ndarray, list[tuple[int, int, torch.Tensor]]]]] = {}
     for n, parts in by_width.items():
         bits = np.concatenate([b.numpy() for _, _, b in parts], axis=0)
-        c = bits.shape[0]
         ke = min(k, n)
         x = topk_indices(bits, ke)
         y = np.take_along_axis(bits, x, axis=1).astype(np.int64) & 0xFFFF
+        by_ke.setdefault(ke, []).append((x, y, parts))
+    for ke, groups in by_ke.items():
+        x = np.concatenate([g[0] for g in groups], axis=0)
+        y = np.concatenate([g[1] for g in groups], axis=0)
         m = find_modulus(x)
         coeffs = interpolate(x % m[:, None], y % P)
         if ke < k:
-            coeffs = np.concatenate([coeffs, np.zeros((c, k - ke), dtype=np.int64)], axis=1)
+            coeffs = np.concatenate([coeffs, np.zeros((x.shape[0], k - ke), dtype=np.int64)], axis=1)
         enc = encode_many(m, coeffs)
         row = 0
-        for t, first, b in parts:
-            for j in range(b.shape[0]):
-                out[t][first + j] = enc[row]
-                row += 1
+        for _, _, parts in groups:
+            for t, first, b in parts:
+                for j in range(b.shape[0]):
+                    out[t][first + j] = enc[row]
+                    row += 1
     return out
 
 

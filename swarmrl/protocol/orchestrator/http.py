@@ -12,7 +12,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
@@ -33,6 +33,7 @@ from swarmrl.protocol.orchestrator.service import Orchestrator
 from swarmrl.protocol.schemas import (
     AcceptedList,
     Balance,
+    ChangesReply,
     DepositReply,
     DepositRequest,
     ErrorBody,
@@ -60,6 +61,7 @@ log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the w
 
 UPLOAD_PREFIX = "/v1/submissions/upload/"
 MAX_ID = 2**62
+MAX_CHANGES_WAIT_S = 10.0  # a long poll of /v1/changes holds a server thread at most this long
 IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 
@@ -402,6 +404,16 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         path = orch.submission_path(submission_id)
         orch.prom.file_bytes.inc(path.stat().st_size)
         return FileResponse(path, media_type="application/octet-stream")
+
+    @app.get("/v1/changes", response_model=ChangesReply, responses=_ERRORS, tags=["validator", "trainer"])
+    def changes(kind: Annotated[Literal["uploads", "verdicts"], Query()] = "uploads",
+                since: Annotated[int, Query(ge=-1, le=MAX_ID)] = -1,
+                wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
+                p: Principal = Depends(signed("validator", "trainer"))) -> ChangesReply:
+        """Long poll: answers when the ``kind`` counter is no longer ``since``, or after ``wait`` seconds (a
+        validator waits for uploads, the trainer's adapter for verdicts, instead of listing their work often)."""
+        orch.changes.wait(kind, since, wait)
+        return ChangesReply(uploads=orch.changes.generation("uploads"), verdicts=orch.changes.generation("verdicts"))
 
     @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
     def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16, p: Principal = Depends(signed("validator"))) -> PendingList:

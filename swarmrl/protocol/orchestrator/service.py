@@ -17,6 +17,7 @@ from swarmrl.protocol.db import Database, sqlite_url
 from swarmrl.protocol.models import Node, Nonce, State
 from swarmrl.protocol.orchestrator.assigning import AssigningMixin
 from swarmrl.protocol.orchestrator.auth import AuthMixin, RateLimiter
+from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import ProtocolError
 from swarmrl.protocol.orchestrator.hot import BeatWriter, Mirror, NonceCache
 from swarmrl.protocol.orchestrator.membership import MembershipMixin
@@ -53,6 +54,7 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
         self.mirror = Mirror()
         self.nonces = NonceCache(cfg.max_nonces)
         self.beat_writer = BeatWriter(self._write_beats, cfg.max_heartbeat_queue)
+        self.changes = Changes()  # long-polled by validators (uploads) and the trainer's adapter (verdicts)
         self.fast_heartbeats = cfg.fast_heartbeats and cfg.workers == 1  # the mirror needs the only writer
         self.db.after_commit = self._after_commit
         self._current = self.current()

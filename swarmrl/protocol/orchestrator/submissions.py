@@ -168,6 +168,7 @@ class SubmissionsMixin:
             self.store.discard(tmp)
         self.counters["uploads"] += 1
         self.prom.submissions.labels("uploaded").inc()
+        self.changes.bump("uploads")
         log.info("submission %d from %s: %d rows, %s", reply.submission_id, p.node_id, reply.n_rows, sha[:12])
         return reply
 
@@ -246,6 +247,7 @@ class SubmissionsMixin:
         if first is not None:
             self.prom.validation_latency.observe(max(first, 0.0))
         self.prom.submissions.labels(reply.status if first is not None else "challenged").inc()
+        self.changes.bump("verdicts")
         if not req.accepted:
             log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,
                         node_id, req.reason, reply.slashed, reply.revoked)

@@ -1,0 +1,60 @@
+"""Long polls of GET /v1/changes: the validator waits for uploads and the trainer's adapter for verdicts."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from protocol_support import make_cfg, rollouts_for, running, write
+
+from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
+from swarmrl.protocol.orchestrator.changes import Changes
+from swarmrl.protocol.schemas import VerdictRequest
+from swarmrl.protocol.signing import generate_key
+
+
+def test_wait_answers_at_once_when_the_counter_moved_and_wakes_on_a_bump():
+    c = Changes()
+    assert c.wait("uploads", since=-1, timeout=10.0) == 0  # unknown -> the counter, at once
+    assert c.wait("uploads", since=0, timeout=0.01) == 0  # nothing happened: the timeout
+    c.bump("uploads")
+    assert c.wait("uploads", since=0, timeout=10.0) == 1  # moved before the wait: at once
+    assert c.generation("verdicts") == 0
+    got = []
+    t = threading.Thread(target=lambda: got.append(c.wait("verdicts", since=0, timeout=30.0)))
+    t.start()
+    c.bump("verdicts")
+    t.join(timeout=60)
+    assert got == [1]  # woken by the bump (a missed wake-up would have answered 0 after 30 s)
+
+
+def test_too_many_waiters_answer_at_once():
+    c = Changes(max_waiters=0)
+    assert c.wait("uploads", since=0, timeout=30.0) == 0
+
+
+def test_changes_endpoint_counts_uploads_and_verdicts_and_is_for_validators_and_trainers(tmp_path):
+    cfg, keys = make_cfg(tmp_path)
+    with running(cfg, run_sweeper=False) as srv:
+        node = NodeClient(srv.url, generate_key())
+        node.register(throughput=10.0, stake=100.0)
+        v = ValidatorClient(srv.url, keys["validator"])
+        t = TrainerClient(srv.url, keys["trainer"])
+        up0, ver0 = v.changes("uploads"), t.changes("verdicts")
+        a = node.heartbeat().assignments[0]
+        path = write(rollouts_for(node.node_id, a), tmp_path / "r.parquet")
+        waited = []
+        th = threading.Thread(target=lambda: waited.append(v.changes("uploads", since=up0, wait=10.0)))
+        th.start()
+        sub = node.submit(a.assignment_id, path)
+        th.join(timeout=60)
+        assert waited == [up0 + 1]
+        assert t.changes("verdicts", since=ver0, wait=0.05) == ver0  # no verdict yet: the wait ran out
+        v.verdict(VerdictRequest(submission_id=sub.submission_id, accepted=True, reason="", checks=[]))
+        assert t.changes("verdicts", since=ver0, wait=10.0) == ver0 + 1
+        with pytest.raises(ApiError) as e:  # a node may not hold a server thread in a long poll
+            node.changes("uploads", since=0, wait=1.0)
+        assert e.value.status == 403
+        with pytest.raises(ApiError) as e:  # the wait is bounded
+            v.changes("uploads", since=0, wait=60.0)
+        assert e.value.status == 422
