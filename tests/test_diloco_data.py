@@ -33,3 +33,26 @@ def test_eval_loss_is_finite_and_keeps_mode():
     model.train()
     loss = eval_loss(model, c.eval_batch(4))
     assert 0 < loss < 20 and model.training
+
+
+def test_answer_mask_marks_answers_and_their_newline():
+    from swarmrl.diloco.data import answer_mask
+
+    # tokens: 1 2 = 3 4 \n 5 = 6 \n 7   (= is 9, \n is 8)
+    batch = torch.tensor([[1, 2, 9, 3, 4, 8, 5, 9, 6, 8, 7]])
+    m = answer_mask(batch, sep_id=9, eol_id=8)
+    assert m[0].tolist() == [False, False, False, True, True, True, False, False, True, True, False]
+
+
+def test_masked_eval_loss_over_every_target_equals_eval_loss():
+    from swarmrl.diloco.data import answer_mask, masked_eval_loss
+
+    model, tok = init_model(ModelInitConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    c = PackedCorpus(TaskConfig(name="mul_add").build(), tok, seq_len=16)
+    ev = c.eval_batch(4)
+    full = masked_eval_loss(model, ev, torch.ones_like(ev, dtype=torch.bool))
+    assert abs(full - eval_loss(model, ev)) < 1e-4
+    sep, eol = tok.encode("=", add_special_tokens=False)[0], tok.encode("\n", add_special_tokens=False)[0]
+    m = answer_mask(ev, sep, eol)
+    assert 0 < int(m.sum()) < m.numel()
+    assert masked_eval_loss(model, ev, m) != full

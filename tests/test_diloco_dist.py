@@ -70,3 +70,84 @@ def test_failing_worker_is_reported(tmp_path):
     cfg.task.name = "no_such_task"
     with pytest.raises(WorkerFailed, match="worker 0"):
         run(cfg)
+
+
+def test_int8_workers_identical_and_bytes_counted(tmp_path):
+    from swarmrl.diloco.outer import wire_bytes
+
+    cfg = _tiny(tmp_path, wire="int8", int8_chunk=4096)
+    s = run(cfg)
+    out = tmp_path / "run"
+    logs = [[r for r in read_metrics(out / f"worker{k}.jsonl") if "round" in r and "final" not in r] for k in (0, 1)]
+    assert [r["round"] for r in logs[0]] == [1, 2, 3]
+    assert all(a["digest"] == b["digest"] for a, b in zip(*logs))  # both dequantize the same int8 sum
+    assert s["identical_params"] and s["sync_calls_per_worker"] == 3
+    # per round: one int8 code per parameter plus one fp32 scale per 4096-element chunk
+    assert s["bytes_sent_per_worker"] == 3 * wire_bytes(s["params"], "int8", 4096)
+    assert s["bytes_sent_per_worker"] == 3 * (s["params"] + 4 * -(-s["params"] // 4096))
+    assert s["final_eval_loss"] < s["evals"][0]["eval_loss"]
+
+
+def test_overlapped_outer_step_keeps_anchors_identical(tmp_path):
+    # the all-reduce of each round lands 2 inner steps later; the last round is waited for at the end
+    cfg = _tiny(tmp_path, wire="int8", overlap_steps=2)
+    s = run(cfg)
+    out = tmp_path / "run"
+    logs = [[r for r in read_metrics(out / f"worker{k}.jsonl") if "round" in r and "final" not in r] for k in (0, 1)]
+    assert [r["round"] for r in logs[0]] == [1, 2, 3] == [r["round"] for r in logs[1]]
+    assert [r["step"] for r in logs[0]] == [6, 10, 12]  # rounds sent at 4 and 8 land 2 steps later
+    assert all(a["digest"] == b["digest"] for a, b in zip(*logs))  # identical anchors every round
+    assert s["identical_params"]  # after the final (blocking) round both hold the anchor
+    assert s["final_eval_loss"] < s["evals"][0]["eval_loss"]
+
+
+def test_ddp_baseline_defaults_to_fp32_wire():
+    assert DilocoConfig().wire == "int8"  # the DiLoCo default: int8 pseudo-gradients
+    assert DilocoConfig(mode="ddp").wire == "fp32"
+    assert DilocoConfig(mode="ddp", wire="fp16").wire == "fp16"  # an explicit choice is kept
+
+
+def test_config_rejects_overlap_longer_than_a_round():
+    with pytest.raises(ConfigError, match="overlap_steps"):
+        load_config(DilocoConfig, overrides=["inner_steps=4", "overlap_steps=5"])
+
+
+_AVG_SCRIPT = """
+import sys, torch
+from swarmrl.diloco.comm import TorchDistributedAverager
+rank, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+g = torch.Generator().manual_seed(rank)
+x = torch.randn(5000, generator=g) * (10.0 ** -rank)  # different magnitudes per worker
+x[:100] *= 1e-3  # a quiet first chunk keeps its own scale
+av = TorchDistributedAverager(rank, 2, "127.0.0.1", port, wire="int8", int8_chunk=100, error_feedback=True)
+first = av.average(x).tensor
+second = av.average(torch.zeros(5000)).tensor  # only the carried residuals are sent now
+torch.save({"x": x, "first": first, "second": second, "bytes": av.bytes_sent}, f"{out}/avg{rank}.pt")
+av.close()
+"""
+
+
+def test_torch_int8_average_is_the_mean_within_half_a_step(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from swarmrl.utils.procs import free_port
+
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _AVG_SCRIPT, str(r), str(port), str(tmp_path)], env=env)
+             for r in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    a, b = (torch.load(tmp_path / f"avg{r}.pt") for r in (0, 1))
+    assert torch.equal(a["first"], b["first"]) and torch.equal(a["second"], b["second"])
+    exact = (a["x"] + b["x"]) / 2
+    amax = torch.maximum(a["x"].abs(), b["x"].abs()).view(50, 100).amax(1)
+    half_step = (amax / 63 / 2).repeat_interleave(100)
+    assert bool(((a["first"] - exact).abs() <= half_step * (1 + 1e-5)).all())
+    # the quiet chunk keeps its own scale: far finer than one scale for the whole vector would give
+    assert float((a["first"][:100] - exact[:100]).abs().max()) < 0.01 * float(amax.max()) / 126
+    # error feedback: the residual goes out next round, so the two rounds together are closer to the truth
+    two = a["first"] + a["second"]
+    assert float((two - exact).abs().max()) < float((a["first"] - exact).abs().max())
+    assert a["bytes"] == 2 * (5000 + 4 * 50)

@@ -84,3 +84,18 @@ def test_worker_leaves_and_another_joins_without_stalling(tmp_path):
     assert any(r["group_size"] == 2 for r in ra if r["round"] > joined["round"])
     pa, pc = torch.load(out / "worker0.params.pt"), torch.load(out / "worker2.params.pt")
     assert (pa - pc).abs().max() < 1e-2 * pa.abs().max()
+
+
+def test_hivemind_int8_averages_with_codebook_bytes(tmp_path):
+    from swarmrl.diloco import run
+
+    s = run(_cfg(tmp_path / "run", wire="int8"))
+    out = tmp_path / "run"
+    r0, r1 = _rounds(out, 0), _rounds(out, 1)
+    assert [r["round"] for r in r0] == [1, 2, 3, 4] == [r["round"] for r in r1]
+    assert all(r["group_size"] == 2 for r in r0 + r1)
+    p0, p1 = (torch.load(out / f"worker{k}.params.pt") for k in (0, 1))
+    assert (p0 - p1).abs().max() < 1e-2 * p0.abs().max()  # 8-bit deltas: close, not bit-equal
+    # 4 rounds of one 8-bit code per parameter plus, per part (one per peer here), a length and a codebook
+    assert s["bytes_sent_per_worker"] == 4 * (s["params"] + 2 * (8 + 256 * 4))
+    assert s["final_eval_loss"] < s["evals"][0]["eval_loss"]

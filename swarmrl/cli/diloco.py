@@ -18,7 +18,7 @@ def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt
            inner_steps: Annotated[Optional[int], typer.Option("--inner-steps", "-H", help="Inner steps per round.")] = None,
            steps: Annotated[Optional[int], typer.Option(help="Inner steps per worker in total.")] = None,
            backend: Annotated[Optional[str], typer.Option(help="torch (fixed group) or hivemind (elastic).")] = None,
-           wire: Annotated[Optional[str], typer.Option(help="All-reduce dtype: fp32, fp16 or bf16.")] = None,
+           wire: Annotated[Optional[str], typer.Option(help="All-reduce dtype: fp32, fp16, bf16 or int8 (chunk-scaled).")] = None,
            out: Annotated[Optional[Path], typer.Option(help="Output directory.")] = None) -> None:
     """Train a small LM with DiLoCo (H inner AdamW steps, outer Nesterov on averaged pseudo-gradients).
 
@@ -28,7 +28,8 @@ def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt
 
     extra = (opt("workers", workers) + opt("inner_steps", inner_steps) + opt("total_steps", steps)
              + opt("backend", backend) + opt("wire", wire) + opt("out", out)
-             + (["mode=\"ddp\""] if ddp else []))
+             + (["mode=\"ddp\""] if ddp else [])
+             + (["wire=\"fp32\""] if ddp and wire is None else []))  # the baseline: fp32 gradients
     cfg = resolve(DilocoConfig, config, set_, extra, print_config)
     from swarmrl.diloco.launch import WorkerFailed, run  # noqa: PLC0415  # lazy: startup
 

@@ -13,7 +13,13 @@
   with fp16 the difference is of the order of fp16 rounding of the delta.
 
 Both count ``bytes_sent``: the bytes this worker hands to the all-reduce (numel x wire element size
-per round). The real wire traffic of a ring/butterfly all-reduce is about 2(W-1)/W times that.
+per round; int8 adds the fp32 per-chunk scales). The real wire traffic of a ring/butterfly
+all-reduce is about 2(W-1)/W times that, for DDP and DiLoCo alike.
+
+Wire int8: over torch.distributed, ``Int8Chunked`` with group-shared chunk scales (a MAX all-reduce
+of the chunk absmax, then an int8 SUM all-reduce with ``127 // W`` levels per side) and optional
+error feedback; over hivemind, hivemind's own ``Uniform8BitQuantization`` (8-bit codes plus a
+256-entry fp32 codebook per part, no error feedback).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from swarmrl.diloco.outer import WireDtype, compress, decompress, wire_bytes
+from swarmrl.diloco.outer import Int8Chunked, WireDtype, compress, decompress, int8_levels, wire_bytes
 
 __all__ = ["AverageResult", "Averager", "TorchDistributedAverager", "HivemindAverager", "hivemind_available",
            "HIVEMIND_MISSING"]
@@ -66,7 +72,7 @@ class TorchDistributedAverager:
 
     def __init__(self, rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
                  backend: str = "auto", wire: WireDtype = "fp32", timeout_s: float = 120.0,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", int8_chunk: int = 4096, error_feedback: bool = True) -> None:
         if backend == "auto":
             backend = "nccl" if device.startswith("cuda") else "gloo"
         self.rank, self.world_size, self.backend, self.wire = rank, world_size, backend, wire
@@ -74,16 +80,39 @@ class TorchDistributedAverager:
         self.bytes_sent = 0
         self.rounds = 0
         self._dist = dist
+        self._int8 = Int8Chunked(int8_chunk)
+        self.error_feedback = error_feedback
+        self.residual: torch.Tensor | None = None  # int8 rounding left over from the last round
         dist.init_process_group(backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
 
     def average(self, flat: torch.Tensor) -> AverageResult:
+        if self.wire == "int8":
+            return self._average_int8(flat)
         # divide first, then SUM: the wire dtype never holds W times the value (fp16 range)
         t = compress(flat.float() / self.world_size, self.wire).to(self.device)
         self.bytes_sent += t.numel() * t.element_size()
         self._dist.all_reduce(t, op=self._dist.ReduceOp.SUM)
         self.rounds += 1
         return AverageResult(decompress(t.cpu()), self.world_size)
+
+    def _average_int8(self, flat: torch.Tensor) -> AverageResult:
+        x = flat.float()
+        if self.error_feedback and self.residual is not None:
+            x = x + self.residual
+        levels = int8_levels(self.world_size)
+        absmax = self._int8.absmax(x).to(self.device)
+        self._dist.all_reduce(absmax, op=self._dist.ReduceOp.MAX)  # the group's shared chunk scales
+        absmax = absmax.cpu()
+        q = self._int8.quantize(x, absmax, levels)
+        if self.error_feedback:
+            self.residual = x - self._int8.dequantize(q, absmax, levels)
+        qd = q.to(self.device)
+        self._dist.all_reduce(qd, op=self._dist.ReduceOp.SUM)  # |sum| <= W * levels <= 127: no overflow
+        self.bytes_sent += q.numel() * q.element_size() + absmax.numel() * absmax.element_size()
+        self.rounds += 1
+        return AverageResult(self._int8.dequantize(qd.cpu(), absmax, levels, divisor=self.world_size),
+                             self.world_size)
 
     def broadcast(self, flat: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Everyone gets ``src``'s fp32 vector (start-of-run sync; not counted as round traffic)."""
@@ -113,7 +142,11 @@ class HivemindAverager:
                  host: str = "127.0.0.1") -> None:
         try:
             import hivemind  # noqa: PLC0415  # lazy: optional
-            from hivemind.compression import Float16Compression, NoCompression  # noqa: PLC0415  # lazy: optional
+            from hivemind.compression import (  # noqa: PLC0415  # lazy: optional
+                Float16Compression,
+                NoCompression,
+                Uniform8BitQuantization,
+            )
         except ImportError as e:
             raise RuntimeError(HIVEMIND_MISSING) from e
 
@@ -125,8 +158,10 @@ class HivemindAverager:
             compression = Float16Compression()
         elif wire == "fp32":
             compression = NoCompression()
+        elif wire == "int8":
+            compression = Uniform8BitQuantization()
         else:
-            raise ValueError(f"hivemind backend supports wire fp32 or fp16, not {wire!r}")
+            raise ValueError(f"hivemind backend supports wire fp32, fp16 or int8, not {wire!r}")
         self.wire, self.round_timeout = wire, round_timeout
         self.bytes_sent = 0
         self.rounds = 0
@@ -169,11 +204,20 @@ class HivemindAverager:
         if not group or len(group) < 2:
             self.solo_rounds += 1
             return AverageResult(flat.float().clone(), 1)
-        self.bytes_sent += wire_bytes(flat.numel(), self.wire)
+        self.bytes_sent += self._payload_bytes(flat.numel(), len(group))
         with self._avg.get_tensors() as ts:
             out = ts[0].clone()
         rounds = [int(v) for v in group.values() if isinstance(v, int)]
         return AverageResult(out, len(group), rounds)
+
+    def _payload_bytes(self, numel: int, group_size: int) -> int:
+        if self.wire != "int8":
+            return wire_bytes(numel, self.wire)
+        # hivemind splits the vector among the group's peers and into parts of at most
+        # DEFAULT_PART_SIZE_BYTES (2**19 int8 values); each part goes as 8-bit codes plus an int64
+        # codebook length and a 256-entry fp32 codebook (an upper bound on the part count)
+        n_parts = group_size + numel // 2**19
+        return numel + n_parts * (8 + 256 * 4)
 
     def load_state_from_peers(self, timeout: float = 30.0) -> tuple[Any, list[torch.Tensor]] | None:
         res = self._avg.load_state_from_peers(timeout=timeout)

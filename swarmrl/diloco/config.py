@@ -38,7 +38,7 @@ class DilocoConfig(StrictModel):
     device: str = "cpu"
     # inner optimisation (per worker), as in OpenDiLoCo
     total_steps: int = Field(2000, ge=1)  # inner steps per worker
-    inner_steps: int = Field(500, ge=1)  # H: inner steps between outer syncs
+    inner_steps: int = Field(50, ge=1)  # H: inner steps between outer syncs (benchmarks/diloco/RESULTS.md)
     batch_size: int = Field(16, ge=1)  # sequences per worker per step
     seq_len: int = Field(64, ge=8)
     inner_lr: float = Field(4e-4, gt=0)
@@ -48,9 +48,15 @@ class DilocoConfig(StrictModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     grad_clip: float = Field(1.0, gt=0)
     # outer optimisation
+    # lr 0.7 with Nesterov momentum 0.5: OpenDiLoCo's 0.9 overshoots in runs of tens of outer steps
     outer_lr: float = Field(0.7, gt=0)
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
-    wire: Literal["fp32", "fp16", "bf16"] = "fp32"  # dtype of what is all-reduced
+    outer_momentum: float = Field(0.5, ge=0, lt=1)
+    wire: Literal["fp32", "fp16", "bf16", "int8"] = "int8"  # what is all-reduced (int8: chunk-scaled)
+    int8_chunk: int = Field(4096, ge=64)  # elements per shared int8 scale (torch backend)
+    error_feedback: bool = True  # int8 (torch backend): carry the rounding residual into the next round
+    # overlap: the outer all-reduce runs in the background during the next tau inner steps; then the
+    # worker moves to the new anchor plus its progress meanwhile (0: classic blocking DiLoCo)
+    overlap_steps: int = Field(0, ge=0)
     # evaluation / logging
     eval_every: int | None = Field(None, ge=1)  # steps; None: at every outer sync (every H steps)
     eval_seqs: int = Field(32, ge=1)
@@ -63,6 +69,15 @@ class DilocoConfig(StrictModel):
     timeout_s: float = Field(600.0, gt=0)  # whole-run limit for the launcher
     hivemind: HivemindConfig = Field(default_factory=HivemindConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ddp_wire(cls, data: object) -> object:
+        # the int8 default is for pseudo-gradients: the DDP baseline all-reduces fp32 gradients
+        # unless a wire is given explicitly
+        if isinstance(data, dict) and data.get("mode") == "ddp" and "wire" not in data:
+            return {**data, "wire": "fp32"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> DilocoConfig:
         if self.mode == "ddp" and self.backend != "torch":
@@ -70,7 +85,9 @@ class DilocoConfig(StrictModel):
         if self.init.max_position_embeddings < self.seq_len:
             raise ValueError("init.max_position_embeddings must be >= seq_len")
         if self.backend == "hivemind" and self.wire == "bf16":
-            raise ValueError("the hivemind backend supports wire fp32 or fp16")
+            raise ValueError("the hivemind backend supports wire fp32, fp16 or int8")
+        if self.overlap_steps > self.inner_steps:
+            raise ValueError("overlap_steps must be <= inner_steps (one round of delay at most)")
         return self
 
     @property

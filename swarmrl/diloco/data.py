@@ -47,6 +47,45 @@ class PackedCorpus:
         return self._pack(lambda n, a: _lines(self.env, 12345 + self.seed + a, n, "heldout"), n_seq)
 
 
+def answer_mask(batch: torch.Tensor, sep_id: int, eol_id: int) -> torch.Tensor:
+    """True where a token is part of an answer: after a ``sep`` ('=') up to and including the ``eol``.
+
+    Answers are determined by their prompt, unlike the random operands that make up most tokens,
+    so the loss on them shows what the model learned without the operands' fixed entropy floor.
+    """
+    mask = torch.zeros_like(batch, dtype=torch.bool)
+    for r in range(batch.shape[0]):
+        inside = False
+        for j, t in enumerate(batch[r].tolist()):
+            if inside:
+                mask[r, j] = True
+                if t == eol_id:
+                    inside = False
+            elif t == sep_id:
+                inside = True
+    return mask
+
+
+@torch.no_grad()
+def masked_eval_loss(model, batch: torch.Tensor, mask: torch.Tensor, chunk: int = 16) -> float:
+    """Mean next-token cross-entropy over the target positions where ``mask`` is True."""
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    total, count = 0.0, 0
+    for i in range(0, batch.shape[0], chunk):
+        x = batch[i: i + chunk].to(dev)
+        logits = model(input_ids=x).logits[:, :-1].float()
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                               reduction="none")
+        m = mask[i: i + chunk, 1:].reshape(-1).to(dev)
+        total += float(ce[m].sum())
+        count += int(m.sum())
+    if was_training:
+        model.train()
+    return total / max(1, count)
+
+
 @torch.no_grad()
 def eval_loss(model, batch: torch.Tensor, chunk: int = 16) -> float:
     """Mean next-token cross-entropy over ``batch`` (model put back in its previous mode)."""

@@ -106,7 +106,7 @@ def summarize(cfg: DilocoConfig, workers: list[dict], wall_s: float) -> dict:
         "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire, "workers": cfg.workers,
         "total_steps": cfg.total_steps, "inner_steps": cfg.inner_steps if cfg.mode == "diloco" else 1,
         "params": w0["params"], "tokens_per_worker": w0["tokens"],
-        "final_eval_loss": w0["final_eval_loss"],
+        "final_eval_loss": w0["final_eval_loss"], "final_answer_loss": w0.get("final_answer_loss"),
         "bytes_sent_per_worker": max(w["bytes_sent"] for w in workers),
         "sync_calls_per_worker": w0["sync_calls"],
         "bytes_per_sync": (w0["bytes_sent"] // w0["sync_calls"]) if w0["sync_calls"] else 0,

@@ -13,7 +13,16 @@ momentum (the PyTorch ``SGD(nesterov=True)`` convention, dampening 0):
     theta = theta - lr * (g + mu * buf)
 
 The anchor parameters and the momentum buffer are kept as flat fp32 CPU tensors ("outer state
-off the accelerator"). What is all-reduced may be cast to fp16/bf16 (``compress``) and cast back.
+off the accelerator"). What is all-reduced may be cast to fp16/bf16 (``compress``) and cast back,
+or quantized to int8 with one scale per chunk shared by the group (``Int8Chunked``): the scales
+are the group-wide per-chunk absolute maximum (a tiny MAX all-reduce first), and each worker's
+value is rounded to ``levels = 127 // W`` steps per side, so the int8 SUM of W workers never
+overflows and a plain all-reduce adds them. With error feedback the rounding residual is kept and
+added to the next round's pseudo-gradient (nothing is lost, only delayed).
+
+``apply_delayed`` is the overlapped (streaming-DiLoCo style) outer step: the all-reduce of round
+k runs while the workers take the next ``tau`` inner steps; when it lands, the worker moves to the
+new anchor plus the progress it made meanwhile.
 """
 
 from __future__ import annotations
@@ -27,14 +36,16 @@ import torch
 
 __all__ = [
     "WireDtype", "flatten", "unflatten_into", "pseudo_gradient", "OuterNesterov", "compress", "decompress",
-    "wire_bytes", "warmup_cosine", "params_digest",
+    "wire_bytes", "warmup_cosine", "params_digest", "Int8Chunked", "int8_levels", "apply_delayed",
 ]
 
-WireDtype = Literal["fp32", "fp16", "bf16"]
+WireDtype = Literal["fp32", "fp16", "bf16", "int8"]
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def wire_dtype(name: WireDtype) -> torch.dtype:
+    if name == "int8":
+        raise ValueError("int8 is not a cast: use Int8Chunked (scaled quantization)")
     try:
         return _DTYPES[name]
     except KeyError:
@@ -78,8 +89,77 @@ def decompress(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32)
 
 
-def wire_bytes(numel: int, dtype: WireDtype) -> int:
+def wire_bytes(numel: int, dtype: WireDtype, chunk: int = 4096) -> int:
+    """Bytes one worker hands to the collectives per round (int8: the values plus fp32 chunk scales)."""
+    if dtype == "int8":
+        return numel + 4 * Int8Chunked(chunk).n_chunks(numel)
     return numel * torch.empty((), dtype=wire_dtype(dtype)).element_size()
+
+
+def int8_levels(world: int) -> int:
+    """Quantization steps per side so that the int8 sum of ``world`` values cannot overflow."""
+    if world < 1 or world > 127:
+        raise ValueError("int8 all-reduce supports 1..127 workers")
+    return 127 // world
+
+
+class Int8Chunked:
+    """Symmetric int8 quantization with one scale per ``chunk`` consecutive elements.
+
+    ``scale_c = absmax_c / levels``; ``q = round(x / scale_c)`` clamped to ``[-levels, levels]``.
+    If ``absmax`` bounds ``|x|`` chunk-wise, the round-trip error is at most ``scale_c / 2``.
+    """
+
+    def __init__(self, chunk: int = 4096) -> None:
+        if chunk < 1:
+            raise ValueError("chunk must be >= 1")
+        self.chunk = chunk
+
+    def n_chunks(self, numel: int) -> int:
+        return -(-numel // self.chunk)
+
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel()
+        pad = self.n_chunks(n) * self.chunk - n
+        flat = x.reshape(-1).float()
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        return flat.view(-1, self.chunk)
+
+    def absmax(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-chunk max |x| (fp32, ``n_chunks`` long)."""
+        if x.numel() == 0:
+            return torch.zeros(0)
+        return self._padded(x).abs().amax(dim=1)
+
+    def scales(self, absmax: torch.Tensor, levels: int) -> torch.Tensor:
+        s = absmax.float() / levels
+        return torch.where(s > 0, s, torch.ones_like(s))  # all-zero chunk: any scale, q = 0
+
+    def quantize(self, x: torch.Tensor, absmax: torch.Tensor, levels: int) -> torch.Tensor:
+        if not 1 <= levels <= 127:
+            raise ValueError("levels must be in 1..127")
+        if absmax.numel() != self.n_chunks(x.numel()):
+            raise ValueError("absmax has the wrong number of chunks")
+        q = torch.round(self._padded(x) / self.scales(absmax, levels)[:, None]).clamp_(-levels, levels)
+        return q.reshape(-1)[: x.numel()].to(torch.int8)
+
+    def dequantize(self, q: torch.Tensor, absmax: torch.Tensor, levels: int, divisor: float = 1.0) -> torch.Tensor:
+        """``q * scale / divisor`` in fp32 (``q`` may be the int8 sum over the group; divisor W gives the mean)."""
+        n = q.numel()
+        scale = self.scales(absmax, levels) / divisor
+        return (self._padded(q.float()) * scale[:, None]).reshape(-1)[:n]
+
+
+def apply_delayed(new_anchor: torch.Tensor, sent_from: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """Overlapped outer step: the new anchor plus the local progress made since the pseudo-gradient was sent.
+
+    ``sent_from`` is the worker's parameters when it computed the pseudo-gradient, ``current`` its
+    parameters now (``tau`` inner steps later). With ``tau = 0`` this is just ``new_anchor``.
+    """
+    if not new_anchor.shape == sent_from.shape == current.shape:
+        raise ValueError("anchor, sent and current parameters differ in shape")
+    return new_anchor.float() + (current.float() - sent_from.float())
 
 
 class OuterNesterov:

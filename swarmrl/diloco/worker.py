@@ -12,14 +12,24 @@ import json
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from swarmrl.diloco.comm import HivemindAverager, TorchDistributedAverager
+from swarmrl.diloco.comm import AverageResult, HivemindAverager, TorchDistributedAverager
 from swarmrl.diloco.config import DilocoConfig
-from swarmrl.diloco.data import PackedCorpus, eval_loss
-from swarmrl.diloco.outer import OuterNesterov, flatten, params_digest, pseudo_gradient, unflatten_into, warmup_cosine
+from swarmrl.diloco.data import PackedCorpus, answer_mask, eval_loss, masked_eval_loss
+from swarmrl.diloco.outer import (
+    OuterNesterov,
+    apply_delayed,
+    flatten,
+    params_digest,
+    pseudo_gradient,
+    unflatten_into,
+    warmup_cosine,
+)
 from swarmrl.models.io import save_model
 from swarmrl.models.tiny import init_model
 from swarmrl.utils.metrics import MetricsWriter
@@ -79,6 +89,15 @@ def _catch_up(averager, outer: OuterNesterov, want_round: int, timeout: float) -
     return None
 
 
+@dataclass
+class _Pending:
+    """An outer all-reduce in flight: its result, the parameters it was computed from, when it is due."""
+
+    result: Future[AverageResult]
+    sent_from: torch.Tensor
+    due_step: int
+
+
 def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
@@ -106,7 +125,8 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
         if cfg.backend == "torch":
             port = int(os.environ.get("MASTER_PORT", cfg.master_port or 29500))
             averager = TorchDistributedAverager(rank, world, os.environ.get("MASTER_ADDR", cfg.master_addr), port,
-                                                backend=cfg.dist_backend, wire=cfg.wire, device=cfg.device)
+                                                backend=cfg.dist_backend, wire=cfg.wire, device=cfg.device,
+                                                int8_chunk=cfg.int8_chunk, error_feedback=cfg.error_feedback)
             synced = averager.broadcast(outer.anchor, src=0)
             outer.anchor = synced
             unflatten_into(synced, params)
@@ -167,6 +187,54 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
         evals.append({"step": 0, "eval_loss": ev})
         metrics.write(step=0, eval_loss=ev)
     sync_time = 0.0
+    pending: _Pending | None = None
+    executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if cfg.overlap_steps and averager else None
+
+    def average(pg: torch.Tensor, round_no: int) -> AverageResult:
+        if averager is None:
+            return AverageResult(pg, 1)
+        return averager.average(pg, round_no) if cfg.backend == "hivemind" else averager.average(pg)
+
+    def submit_average(pg: torch.Tensor, round_no: int) -> Future[AverageResult]:
+        if executor is not None:
+            return executor.submit(average, pg, round_no)  # overlapped with the next inner steps
+        done: Future[AverageResult] = Future()
+        done.set_result(average(pg, round_no))
+        return done
+
+    def finish_round(p: _Pending) -> dict:
+        """Wait for the averaged pseudo-gradient, take the outer step, move the worker's parameters."""
+        nonlocal rnd, sync_time
+        ta = time.perf_counter()
+        res = p.result.result()
+        pg, group = res.tensor, res.group_size
+        behind_of = max(res.peer_rounds) if res.peer_rounds and max(res.peer_rounds) > rnd else None
+        lock = getattr(averager, "lock", None)
+        if lock is not None:
+            with lock:
+                outer.step(pg)
+                rnd += 1
+                state["round"] = rnd
+        else:
+            outer.step(pg)
+            rnd += 1
+        if behind_of is not None:  # a peer is ahead: catch up from its state
+            caught = _catch_up(averager, outer, behind_of + 1, cfg.hivemind.round_timeout)
+            if caught is not None:
+                with averager.lock:
+                    rnd = caught
+                    state["round"] = rnd
+                metrics.write(event="caught_up", round=rnd, step=step)
+        if cfg.overlap_steps:
+            unflatten_into(apply_delayed(outer.anchor, p.sent_from, flatten(params)), params)
+        else:
+            unflatten_into(outer.anchor, params)
+        sync_time += time.perf_counter() - ta
+        r = {"round": rnd, "group_size": group, "digest": params_digest(outer.anchor),
+             "bytes_sent": averager.bytes_sent if averager else 0}
+        round_rows.append({"round": rnd, "step": step, **r})
+        return r
+
     while step < cfg.total_steps:
         ts = time.perf_counter()
         x = corpus.train_batch(rank, step, cfg.batch_size).to(device)
@@ -190,37 +258,19 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
             raise FloatingPointError(f"worker {rank}: loss became {lv} at step {step}")
         losses.append(lv)
         row: dict = {}
-        if cfg.mode == "diloco" and (step % cfg.inner_steps == 0 or step == cfg.total_steps):
-            ta = time.perf_counter()
-            pg = pseudo_gradient(outer.anchor, flatten(params))
-            group = 1
-            behind_of: int | None = None
-            if averager is not None:
-                res = averager.average(pg, rnd) if cfg.backend == "hivemind" else averager.average(pg)
-                pg, group = res.tensor, res.group_size
-                if res.peer_rounds and max(res.peer_rounds) > rnd:
-                    behind_of = max(res.peer_rounds)  # a peer is ahead: catch up from its state below
-            lock = getattr(averager, "lock", None)
-            if lock is not None:
-                with lock:
-                    outer.step(pg)
-                    rnd += 1
-                    state["round"] = rnd
-            else:
-                outer.step(pg)
-                rnd += 1
-            if behind_of is not None:
-                caught = _catch_up(averager, outer, behind_of + 1, cfg.hivemind.round_timeout)
-                if caught is not None:
-                    with averager.lock:
-                        rnd = caught
-                        state["round"] = rnd
-                    metrics.write(event="caught_up", round=rnd, step=step)
-            unflatten_into(outer.anchor, params)
-            sync_time += time.perf_counter() - ta
-            row = {"round": rnd, "group_size": group, "digest": params_digest(outer.anchor),
-                   "bytes_sent": averager.bytes_sent if averager else 0}
-            round_rows.append({"round": rnd, "step": step, **row})
+        if cfg.mode == "diloco":
+            if pending is not None and (step >= pending.due_step or step == cfg.total_steps):
+                row = finish_round(pending)
+                pending = None
+            if step % cfg.inner_steps == 0 or step == cfg.total_steps:
+                ta = time.perf_counter()
+                current = flatten(params)
+                pg = pseudo_gradient(outer.anchor, current)
+                pending = _Pending(submit_average(pg, rnd), current, step + cfg.overlap_steps)
+                sync_time += time.perf_counter() - ta
+                if cfg.overlap_steps == 0 or step == cfg.total_steps:
+                    row = finish_round(pending)
+                    pending = None
         train_s += time.perf_counter() - ts
         if step % cfg.eval_interval == 0 or step == cfg.total_steps:
             if evaluates:
@@ -235,7 +285,14 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
             left = True
             metrics.write(event="left", round=rnd, step=step)
             break
+    if pending is not None:  # left early (hivemind leave_after_rounds) with a round in flight
+        finish_round(pending)
+    if executor is not None:
+        executor.shutdown(wait=True)
     final_eval = eval_loss(model, eval_batch)
+    sep, eol = (tok.encode(c, add_special_tokens=False) for c in ("=", "\n"))
+    final_answer = (masked_eval_loss(model, eval_batch, answer_mask(eval_batch, sep[0], eol[0]))
+                    if len(sep) == 1 and len(eol) == 1 else None)
     flat = flatten(params)
     summary = {
         "rank": rank, "world": world, "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire,
@@ -243,7 +300,7 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
         "params": numel, "bytes_sent": averager.bytes_sent if averager else 0,
         "sync_calls": averager.rounds if averager else 0,
         "solo_rounds": getattr(averager, "solo_rounds", 0),
-        "final_eval_loss": final_eval, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "final_eval_loss": final_eval, "final_answer_loss": final_answer, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
         "digest": params_digest(flat), "train_s": round(train_s, 2), "sync_s": round(sync_time, 2),
         "wall_s": round(time.perf_counter() - t0, 2), "tokens": (step - start_step) * cfg.batch_size * cfg.seq_len,
         "evals": evals, "round_log": round_rows, "left": left, "joined_from": joined_from,
