@@ -33,28 +33,34 @@ def test_too_many_waiters_answer_at_once():
     assert c.wait("uploads", since=0, timeout=30.0) == 0
 
 
-def test_changes_endpoint_counts_uploads_and_verdicts_and_is_for_validators_and_trainers(tmp_path):
-    cfg, keys = make_cfg(tmp_path)
+def test_pending_and_accepted_long_polls_answer_when_an_upload_or_a_verdict_comes(tmp_path):
+    cfg, keys = make_cfg(tmp_path, async_window=2)
     with running(cfg, run_sweeper=False) as srv:
         node = NodeClient(srv.url, generate_key())
         node.register(throughput=10.0, stake=100.0)
         v = ValidatorClient(srv.url, keys["validator"])
         t = TrainerClient(srv.url, keys["trainer"])
-        up0, ver0 = v.changes("uploads"), t.changes("verdicts")
+        first = t.accepted_window()
+        assert first.items == [] and first.changes == 0 and first.step == 0
+        assert v.pending(wait=0.05).items == []  # nothing came: the wait ran out
         a = node.heartbeat().assignments[0]
         path = write(rollouts_for(node.node_id, a), tmp_path / "r.parquet")
-        waited = []
-        th = threading.Thread(target=lambda: waited.append(v.changes("uploads", since=up0, wait=10.0)))
+        listed = []
+        th = threading.Thread(target=lambda: listed.append(v.pending(wait=10.0)))
         th.start()
         sub = node.submit(a.assignment_id, path)
         th.join(timeout=60)
-        assert waited == [up0 + 1]
-        assert t.changes("verdicts", since=ver0, wait=0.05) == ver0  # no verdict yet: the wait ran out
+        assert [it.submission.submission_id for it in listed[0].items] == [sub.submission_id]
+        assert t.accepted_window(since=first.changes, wait=0.05).items == []  # no verdict yet
+        got = []
+        th = threading.Thread(target=lambda: got.append(t.accepted_window(since=first.changes, wait=10.0)))
+        th.start()
         v.verdict(VerdictRequest(submission_id=sub.submission_id, accepted=True, reason="", checks=[]))
-        assert t.changes("verdicts", since=ver0, wait=10.0) == ver0 + 1
+        th.join(timeout=60)
+        assert [it.submission_id for it in got[0].items] == [sub.submission_id] and got[0].changes == 1
         with pytest.raises(ApiError) as e:  # a node may not hold a server thread in a long poll
-            node.changes("uploads", since=0, wait=1.0)
+            node.request("GET", "/v1/trainer/accepted", params={"since": 0, "wait": 1.0})
         assert e.value.status == 403
         with pytest.raises(ApiError) as e:  # the wait is bounded
-            v.changes("uploads", since=0, wait=60.0)
+            v.pending(wait=60.0)
         assert e.value.status == 422

@@ -21,7 +21,6 @@ from swarmrl.dashboard.models import TrainerPoint
 from swarmrl.protocol.schemas import (
     AcceptedList,
     Balance,
-    ChangesReply,
     DepositReply,
     DepositRequest,
     HeartbeatReply,
@@ -80,14 +79,6 @@ class SignedClient:
                            float(retry) if retry.isdigit() else None)
         return r
 
-    def changes(self, kind: str, since: int = -1, wait: float = 0.0) -> int:
-        """The orchestrator's ``kind`` change counter ("uploads" or "verdicts"), once it is no longer ``since``
-        or after ``wait`` seconds (a long poll: see ``swarmrl.protocol.orchestrator.changes``)."""
-        read = self.http.timeout.read
-        r = self.request("GET", "/v1/changes", params={"kind": kind, "since": since, "wait": wait},
-                         timeout=None if read is None else wait + read)
-        return int(getattr(ChangesReply.model_validate_json(r.content), kind))
-
     def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None,
                 timeout: float | None = None) -> httpx.Response:
         """Sign and send; ``path`` plus the encoded query is what gets signed."""
@@ -141,9 +132,15 @@ class NodeClient(SignedClient):
 
 
 class ValidatorClient(SignedClient):
-    def pending(self, limit: int = 16) -> PendingList:
-        return PendingList.model_validate_json(self.request("GET", "/v1/validator/pending",
-                                                            params={"limit": limit}).content)
+    def pending(self, limit: int = 16, wait: float = 0.0) -> PendingList:
+        """Pending submissions; with ``wait``, an empty answer comes only after an upload or ``wait`` seconds."""
+        params: dict[str, Any] = {"limit": limit}
+        if wait:
+            params["wait"] = wait
+        read = self.http.timeout.read
+        return PendingList.model_validate_json(self.request(
+            "GET", "/v1/validator/pending", params=params,
+            timeout=None if not wait or read is None else wait + read).content)
 
     def download(self, submission_id: int, out: str | Path, max_bytes: int = 256 << 20) -> str:
         """Fetch a submission's file to ``out``; returns its sha256."""
@@ -176,6 +173,14 @@ class TrainerClient(ValidatorClient):
     def set_weights(self, servers: list[str], public_key: str) -> WeightsReply:
         req = WeightsRequest(servers=servers, public_key=public_key)
         return WeightsReply.model_validate_json(self.request("POST", "/v1/trainer/weights", req).content)
+
+    def accepted_window(self, since: int = -1, wait: float = 0.0) -> AcceptedList:
+        """Accepted submissions of the trainer's current step and its async window, once the verdict counter is no
+        longer ``since`` or after ``wait`` seconds (pass the answer's ``changes`` as the next ``since``)."""
+        read = self.http.timeout.read
+        return AcceptedList.model_validate_json(self.request(
+            "GET", "/v1/trainer/accepted", params={"since": since, "wait": wait},
+            timeout=None if read is None else wait + read).content)
 
     def accepted(self, step: int) -> AcceptedList:
         return AcceptedList.model_validate_json(

@@ -240,16 +240,11 @@ class StepReply(Body):
     policy_version: int
 
 
-class ChangesReply(Body):
-    """Change counters (``GET /v1/changes``): uploads (validators' work) and verdicts (the trainer's)."""
-    uploads: int
-    verdicts: int
-
-
 class AcceptedList(Body):
     step: int
     optimistic: bool
     items: list[SubmissionInfo]
+    changes: int = -1  # GET /v1/trainer/accepted: the counter (verdicts; optimistic: uploads) read before listing
 
 
 class LedgerRow(Body):

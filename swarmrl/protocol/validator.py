@@ -210,6 +210,7 @@ class Validator:
         self.judged = 0
         self.internal_errors = 0  # health counter: judgements that failed on our side (none posted)
         self._retries: dict[int, _Retry] = {}  # submission id -> its retry state after internal errors
+        self._listed, self._waited = 0, True  # the last listing's size, and whether its long poll waited
         self._clock: Callable[[], float] = time.monotonic
         self.metrics = MetricsWriter(self.work / "metrics.jsonl")
         # sampled validation (swarmrl.protocol.sampling)
@@ -312,10 +313,15 @@ class Validator:
             log.error("submission %d: INTERNAL ERROR (attempt %d), no verdict posted, retry in %.1f s "
                       "(validator_internal_errors=%d): %s", sid, r.attempts, delay, self.internal_errors, r.error)
 
-    def run_once(self) -> list[tuple[int, Verdict]]:
+    def run_once(self, wait: float = 0.0) -> list[tuple[int, Verdict]]:
+        """Judge the pending submissions listed (with ``wait``: an empty listing waits that long for an upload)."""
         out = []
         limit = min(256, PENDING_PAGE + len(self._retries))
-        items = self.client.pending(limit=limit).items
+        t0 = time.monotonic()
+        items = self.client.pending(limit=limit, wait=wait).items
+        self._listed = len(items)
+        # an empty answer well before ``wait``: an orchestrator that does not wait (or a race): do not spin
+        self._waited = not wait or bool(items) or time.monotonic() - t0 >= 0.5 * wait
         if len(items) < limit:  # every pending submission is listed: forget retries of ones decided elsewhere
             listed = {it.submission.submission_id for it in items}
             self._retries = {sid: r for sid, r in self._retries.items() if sid in listed}
@@ -412,33 +418,23 @@ class Validator:
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
         batches = 0
-        seen = -1  # the orchestrator's upload counter, read before listing pending work (long polls)
+        wait = 0.0  # the next listing's long poll: after a round that found nothing pending
         while not stop.is_set():
-            if self.cfg.long_poll_s and seen < 0:
-                try:
-                    seen = self.client.changes("uploads")
-                except Exception as e:  # noqa: BLE001 - an orchestrator without /v1/changes, or down: poll
-                    log.info("no long polls of uploads (%s): polling every %.1f s", e, self.cfg.poll_interval_s)
-                    seen = -2
+            failed = False
             try:
-                done = self.run_once()
+                done = self.run_once(wait)
                 if not done:  # nothing pending: audit accepted, sampled-out work
                     done = self.audit_once()
             except Exception as e:  # noqa: BLE001 - orchestrator down or hiccup: keep polling
                 log.warning("validator poll failed: %s", e)
-                done, seen = [], -2
+                done, failed = [], True
             batches += 1
             if self.cfg.max_batches and batches >= self.cfg.max_batches:
                 return
             if done:
-                continue
-            if seen < 0:  # plain polling (long polls off, or the last request failed: try them again next round)
-                seen = -1
-                stop.wait(self.cfg.poll_interval_s)
-                continue
-            try:  # an upload after ``seen`` was read (before the listing) answers at once
-                seen = self.client.changes("uploads", since=seen, wait=self.cfg.long_poll_s)
-            except Exception as e:  # noqa: BLE001 - an orchestrator without /v1/changes, or down: poll
-                log.info("long poll of uploads failed (%s): polling every %.1f s", e, self.cfg.poll_interval_s)
-                seen = -1
+                wait = 0.0
+            elif self.cfg.long_poll_s and not failed and self._listed == 0 and self._waited:
+                wait = self.cfg.long_poll_s  # the orchestrator answers when an upload comes
+            else:  # deferred retries only, long polls off, a failure, or an orchestrator that did not wait
+                wait = 0.0
                 stop.wait(self.cfg.poll_interval_s)

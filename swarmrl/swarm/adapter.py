@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
 import threading
 import time
@@ -50,9 +51,9 @@ class AdapterConfig(StrictModel):
     # the trainer's newest version is looked at this often (a file read, no request): a new step is announced
     # and its work fetched at once instead of at the next poll (the trainer waits for that work)
     watch_s: float = Field(0.02, gt=0)
-    # a thread long-polls the orchestrator's verdict counter (GET /v1/changes) up to this long per request and
-    # the accepted lists are read when it moves (and every idle_poll_s regardless) instead of every poll_s;
-    # 0, or an orchestrator without /v1/changes: plain polling every poll_s
+    # a thread long-polls the accepted work of the trainer's window (GET /v1/trainer/accepted: answered when a
+    # verdict comes) up to this long per request instead of listing each open step every poll_s; 0, or an
+    # orchestrator without that endpoint: plain polling every poll_s
     long_poll_s: float = Field(5.0, ge=0, le=10.0)
     idle_poll_s: float = Field(2.0, gt=0)
     timeout_s: float = Field(30.0, gt=0)
@@ -81,9 +82,8 @@ class TrainerAdapter:
         self._trainer_offset = 0  # bytes of metrics/trainer.jsonl read so far
         self.unsent: list[TrainerPoint] = []  # trainer records not yet posted with set_step
         self.rounds = 0
-        self._changed = threading.Event()  # the watcher saw the orchestrator's verdicts (or uploads) move
+        self._inbox: queue.Queue = queue.Queue()  # accepted work the watcher's long polls found (lists of items)
         self._watching = False  # the watcher's last long poll answered
-        self._optimistic = False  # the orchestrator lists pending work too: uploads matter, not only verdicts
 
     def _read_trainer_points(self) -> None:
         """Queue the trainer's new complete rows (steps, evaluations) as dashboard points."""
@@ -126,8 +126,9 @@ class TrainerAdapter:
             self.weights_announced = want
             self.metrics.write(event="weights", **want)
 
-    def poll_once(self) -> int:
-        """One round: announce the step, fetch newly accepted files; returns the number fetched."""
+    def poll_once(self, fetch: bool = True) -> int:
+        """One round: announce the step, fetch newly accepted files (unless ``fetch`` is false: the watcher hands
+        them over); returns the number fetched."""
 
         latest = self.run.latest_version()
         if latest is None:
@@ -149,12 +150,12 @@ class TrainerAdapter:
                 self.announced = latest
                 self.metrics.write(event="step", step=latest)
         n = 0
+        if not fetch:
+            return n
         for m in self.window.open_steps(latest):
             if m > latest + 1 and not new_step and self.rounds % self.cfg.ahead_every:
                 continue
-            got = self.client.accepted(m)
-            self._optimistic = bool(getattr(got, "optimistic", False))
-            for it in got.items:
+            for it in self.client.accepted(m).items:
                 if it.submission_id in self.fetched:
                     continue
                 self._fetch(m, it)
@@ -182,46 +183,58 @@ class TrainerAdapter:
         self.metrics.write(event="fetched", submission_id=it.submission_id, node_id=it.node_id, step=step,
                            status=it.status, rows=it.n_rows, usable_groups=g)
 
-    def _watch(self, stop: threading.Event) -> None:
-        """Long-poll the orchestrator's verdict (optimistic: upload) counter; set ``_changed`` when it moves."""
-        seen, kind = -1, "verdicts"
+    def _watch(self, halt: threading.Event) -> None:
+        """Long-poll the accepted submissions of the trainer's window (``GET /v1/trainer/accepted``: answered when
+        a verdict comes, optimistic: an upload) and hand each answer's items to the main loop's ``_inbox``."""
+        seen = -1
         with TrainerClient(self.cfg.orchestrator, self.cfg.key, timeout=self.cfg.timeout_s) as c:
-            while not stop.is_set():
-                want = "uploads" if self._optimistic else "verdicts"
-                if want != kind:
-                    seen, kind = -1, want
+            while not halt.is_set():
                 try:
-                    now = c.changes(kind, since=seen, wait=self.cfg.long_poll_s if seen >= 0 else 0.0)
-                except Exception as e:  # noqa: BLE001 - no /v1/changes, or the orchestrator restarting: poll
+                    got = c.accepted_window(since=seen, wait=self.cfg.long_poll_s if seen >= 0 else 0.0)
+                except Exception as e:  # noqa: BLE001 - an orchestrator without it, or restarting: poll meanwhile
                     if self._watching:
-                        log.info("long poll of %s failed (%s): polling every %.1f s", kind, e, self.cfg.poll_s)
-                    self._watching = False
-                    seen = -1
-                    stop.wait(self.cfg.idle_poll_s)
+                        log.info("long poll of accepted work failed (%s): polling every %.1f s", e, self.cfg.poll_s)
+                    self._watching, seen = False, -1
+                    halt.wait(self.cfg.idle_poll_s)
                     continue
                 self._watching = True
-                if now != seen:
-                    seen = now
-                    self._changed.set()
+                seen = got.changes
+                self._inbox.put(got.items)
+
+    def _take_inbox(self) -> int:
+        """Fetch what the watcher handed over (the steps the trainer has not passed yet); returns how many."""
+        n = 0
+        while True:
+            try:
+                items = self._inbox.get_nowait()
+            except queue.Empty:
+                return n
+            for it in items:
+                if it.submission_id not in self.fetched and it.step >= self.announced:
+                    self._fetch(it.step, it)
+                    n += 1
 
     def run_forever(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()
         next_poll = 0.0
         halt = threading.Event()  # ends the watcher (within one long poll; a daemon thread) when this returns
         if self.cfg.long_poll_s and self.cfg.key:
-            threading.Thread(target=self._watch, args=(halt,), name="changes", daemon=True).start()
+            threading.Thread(target=self._watch, args=(halt,), name="accepted", daemon=True).start()
         try:
             while not stop.is_set() and not self.run.is_done():
-                if (self._changed.is_set() or time.monotonic() >= next_poll
-                        or self.run.latest_version() != self.announced):
-                    self._changed.clear()  # before reading: a verdict during the read sets it again
-                    try:
-                        got = self.poll_once()
+                watching = self._watching
+                if time.monotonic() >= next_poll or self.run.latest_version() != self.announced:
+                    try:  # announce a new step; list the steps' work too unless the watcher hands it over
+                        got = self.poll_once(fetch=not watching)
                     except Exception as e:  # orchestrator restarting or a hiccup: keep polling
                         log.warning("adapter poll failed: %s", e)
                         got = 0
-                    idle = self.cfg.idle_poll_s if self._watching else self.cfg.poll_s
+                    idle = self.cfg.idle_poll_s if watching else self.cfg.poll_s
                     next_poll = time.monotonic() + (0.0 if got else idle)
+                try:
+                    self._take_inbox()
+                except Exception as e:  # noqa: BLE001 - a hiccup fetching: the next answer lists it again
+                    log.warning("adapter fetch failed: %s", e)
                 stop.wait(self.cfg.watch_s)
         finally:
             halt.set()

@@ -1,9 +1,10 @@
-"""Change counters that the validator and the trainer's adapter long-poll instead of polling their lists.
+"""Change counters behind the long polls of validators (``GET /v1/validator/pending?wait=S``) and the trainer's
+adapter (``GET /v1/trainer/accepted?since=G&wait=S``), instead of them listing their work every fraction of a second.
 
 ``uploads`` moves when a submission is uploaded (new work for validators), ``verdicts`` when one is accepted,
-rejected or challenged (new work for the trainer). ``GET /v1/changes?kind=K&since=G&wait=S`` answers at once
-when the counter is no longer ``G``, else when it moves or after ``S`` seconds: a client that read ``G`` before
-listing its work cannot miss an event that came after that read."""
+rejected or challenged (new work for the trainer). A wait answers at once when the counter is no longer the one
+read, else when it moves or after its timeout: a counter read before listing means no event after the listing is
+missed."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
@@ -33,7 +33,6 @@ from swarmrl.protocol.orchestrator.service import Orchestrator
 from swarmrl.protocol.schemas import (
     AcceptedList,
     Balance,
-    ChangesReply,
     DepositReply,
     DepositRequest,
     ErrorBody,
@@ -61,7 +60,7 @@ log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the w
 
 UPLOAD_PREFIX = "/v1/submissions/upload/"
 MAX_ID = 2**62
-MAX_CHANGES_WAIT_S = 10.0  # a long poll of /v1/changes holds a server thread at most this long
+MAX_CHANGES_WAIT_S = 10.0  # a long poll (pending work, accepted work) holds a server thread at most this long
 IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 
@@ -405,18 +404,18 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         orch.prom.file_bytes.inc(path.stat().st_size)
         return FileResponse(path, media_type="application/octet-stream")
 
-    @app.get("/v1/changes", response_model=ChangesReply, responses=_ERRORS, tags=["validator", "trainer"])
-    def changes(kind: Annotated[Literal["uploads", "verdicts"], Query()] = "uploads",
-                since: Annotated[int, Query(ge=-1, le=MAX_ID)] = -1,
-                wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
-                p: Principal = Depends(signed("validator", "trainer"))) -> ChangesReply:
-        """Long poll: answers when the ``kind`` counter is no longer ``since``, or after ``wait`` seconds (a
-        validator waits for uploads, the trainer's adapter for verdicts, instead of listing their work often)."""
-        orch.changes.wait(kind, since, wait)
-        return ChangesReply(uploads=orch.changes.generation("uploads"), verdicts=orch.changes.generation("verdicts"))
-
     @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
-    def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16, p: Principal = Depends(signed("validator"))) -> PendingList:
+    def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16,
+                wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
+                p: Principal = Depends(signed("validator"))) -> PendingList:
+        """Pending submissions; with ``wait``, an empty list is answered only once an upload came or ``wait``
+        seconds passed (a long poll)."""
+        seen = orch.changes.generation("uploads")  # before listing: an upload after the listing ends the wait
+        got = orch.pending(limit)
+        if got.items or not wait:
+            return got
+        if orch.changes.wait("uploads", seen, wait) == seen:
+            return got
         return orch.pending(limit)
 
     @app.post("/v1/validator/verdicts", response_model=VerdictReply, responses=_ERRORS, tags=["validator"])
@@ -433,6 +432,20 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     def set_weights(body: WeightsRequest, p: Principal = Depends(signed("trainer"))) -> WeightsReply:
         """Announce the SHARDCAST servers (relays) and manifest-signing key; heartbeats hand them to nodes."""
         return orch.set_weights(body)
+
+    @app.get("/v1/trainer/accepted", response_model=AcceptedList, responses=_ERRORS, tags=["trainer"])
+    def accepted_window(since: Annotated[int, Query(ge=-1, le=MAX_ID)] = -1,
+                        wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
+                        p: Principal = Depends(signed("trainer"))) -> AcceptedList:
+        """Accepted submissions of the trainer's current step and the async window after it, once the verdict
+        counter (optimistic: the upload counter) is no longer ``since`` or after ``wait`` seconds (a long poll;
+        ``changes`` in the answer is the counter to pass next)."""
+        kind = "uploads" if orch.cfg.optimistic else "verdicts"
+        orch.changes.wait(kind, since, wait)
+        seen = orch.changes.generation(kind)  # before listing
+        got = orch.accepted_window()
+        got.changes = seen
+        return got
 
     @app.get("/v1/trainer/steps/{step}/submissions", response_model=AcceptedList, responses=_ERRORS,
              tags=["trainer"])

@@ -276,6 +276,17 @@ class SubmissionsMixin:
         self.prom.stake_slashed.inc(max(res.slashed, 0.0))
         self.prom.submissions.labels("ejected").inc(len(others))
 
+    def accepted_window(self) -> AcceptedList:
+        """Accepted (optimistic: and pending) submissions of the steps the trainer may still use: its current step
+        and the ``async_window`` after it (``step`` of the answer is the current step)."""
+        statuses = ("accepted", "pending") if self.cfg.optimistic else ("accepted",)
+        with self.db.tx() as s:
+            step, _ = self._state(s)
+            subs = s.execute(select(Submission).where(
+                Submission.step >= step, Submission.step <= step + self.cfg.async_window,
+                Submission.status.in_(statuses)).order_by(Submission.id)).scalars().all()
+            return AcceptedList(step=step, optimistic=self.cfg.optimistic, items=[self._info(x) for x in subs])
+
     def accepted(self, step: int) -> AcceptedList:
         statuses = ("accepted", "pending") if self.cfg.optimistic else ("accepted",)
         with self.db.tx() as s:
