@@ -212,3 +212,58 @@ def test_batched_proofs_are_byte_identical_to_per_tensor():
     assert got == want
     assert [len(p) for p in got] == [1, 0, 1, 1, 3, 2, 1, 1, 1]
     assert build_proofs_many(hs, chunk=4, k=3) == [build_proofs(h, chunk=4, k=3) if h.shape[0] else [] for h in hs]
+
+
+@pytest.mark.parametrize("k", [1, 2, 15, 16, 17, 100, 128, 130])
+def test_evaluate_equals_horner_for_any_degree(k):
+    """The baby-step giant-step evaluation must give exactly Horner's P(x) mod p, blocks of any fill."""
+    rng = np.random.default_rng(k)
+    co = rng.integers(0, P, size=(3, k))
+    co[0] = P - 1  # largest coefficients: the float64 inner sums are at their maximum
+    x = rng.integers(0, 1 << 17, size=(3, 9))  # points above p are reduced first
+    x[0, :2] = [P - 1, 0]
+    want = np.zeros_like(x)
+    for r in range(3):
+        for j in range(x.shape[1]):
+            acc = 0
+            for c in reversed(co[r].tolist()):
+                acc = (acc * (int(x[r, j]) % P) + c) % P
+            want[r, j] = acc
+    assert (evaluate(co, x) == want).all()
+
+
+@pytest.mark.parametrize("n", [131072, 100003])
+def test_topk_prefilter_matches_exact_on_any_bit_pattern(n):
+    """Rows of arbitrary int16 patterns (NaN / inf / -0.0 / all one sign) through the prefilter path."""
+    rng = np.random.default_rng(n)
+    rows = [
+        rng.integers(-(1 << 15), 1 << 15, size=n),  # any pattern, both signs
+        rng.integers(-(1 << 15), 0, size=n),  # sign bit set everywhere: no group has a positive
+        rng.integers(0, 1 << 15, size=n),  # sign bit clear everywhere
+        np.where(rng.random(n) < 0.5, 0, -(1 << 15)),  # only +0.0 / -0.0: every magnitude ties
+        np.where(rng.random(n) < 0.001, rng.integers(-(1 << 15), 1 << 15, size=n), 0),  # mostly zeros
+    ]
+    bits = np.stack(rows).astype(np.int16)
+    idx = topk_indices(bits, 128)
+    mag = bits.astype(np.int32) & 0x7FFF
+    for r in range(bits.shape[0]):
+        want = np.lexsort((np.arange(n), -mag[r]))[:128]
+        assert sorted(idx[r].tolist()) == sorted(want.tolist())
+
+
+def test_batch_verification_on_wide_chunks_equals_one_at_a_time():
+    """Full 32 x 4096 chunks (the prefilter path): a sequence compared in place, two sharing a width, and one
+    with a rejected proof in the middle give what each gets alone."""
+    from swarmrl.toploc.verify import verify_proofs_batch
+
+    hs = [_rand_hidden(96, 4096, seed=40 + i) for i in range(3)]
+    items = [(h, build_proofs(h)) for h in hs]
+    tampered = list(items[2][1])
+    tampered[1] = b"\x00" * len(tampered[1])  # null proof in the middle
+    items[2] = (hs[2], tampered)
+    alone = [verify_proofs(h, p) for h, p in items]
+    assert [[c.passed for c in r] for r in alone] == [[True] * 3, [True] * 3, [True, False, True]]
+    assert verify_proofs_batch(items) == alone
+    assert verify_proofs_batch(items[2:]) == alone[2:]
+    assert verify_proofs_batch([(hs[0], items[1][1])])[0] == verify_proofs(hs[0], items[1][1])
+    assert not any(c.passed for c in verify_proofs(hs[0], items[1][1]))

@@ -5,9 +5,10 @@ Pure math on tensors/arrays (no model code, no servers). The byte format is the 
 
     u16 big-endian m, then k x u16 big-endian coefficients c_0..c_{k-1} (ascending powers)
 
-Everything is vectorised over chunks: top-k uses a block-max prefilter (one pass over the data),
+Everything is vectorised over chunks: top-k uses a group-max prefilter (two read-only reductions),
 the interpolation is Newton's divided differences done for all chunks at once with int64 numpy
-ops and a precomputed table of inverses mod p, and evaluation is Horner over [chunks, k] arrays.
+ops and a precomputed table of inverses mod p, and evaluation is baby-step giant-step
+over [chunks, k] arrays (a batched float64 matmul between two short loops of modular products).
 
 Top-k tie rule (documented, deterministic): the k flat indices with the largest |value|, where
 |value| is ordered by the bf16 bit pattern with the sign cleared (so NaN > inf > finite); among
@@ -35,7 +36,8 @@ __all__ = [
 
 P = 65497  # the prime field modulus
 M_MAX = 65497  # largest index modulus
-_BLOCK = 64  # block size of the top-k prefilter
+_BLOCK = 32  # values per group of the top-k prefilter
+_BABY = 16  # baby steps of the polynomial evaluation
 
 
 class ProofError(ValueError):
@@ -119,36 +121,47 @@ def _exact_topk(mag: np.ndarray, k: int) -> np.ndarray:
 def topk_indices(bits: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
     """Indices [C, k] (int64, unordered) of the k largest magnitudes per row of bf16 bit patterns [C, N].
 
-    Prefilter: split each row into nb strided groups g_j = {i * nb + j} and take each group's max.
-    The k-th largest group max B_k is a lower bound of the k-th largest value (k distinct elements
-    reach it), so the top-k lies among the elements >= B_k of the groups whose max is >= B_k: typically
-    a few hundred per row. Those are ranked exactly (magnitude, then lower index) with one lexsort for
-    all rows. Single-threaded numpy: one memory-bound pass, immune to thread oversubscription.
+    Prefilter: split each row into nb strided groups g_j = {i * nb + j} and take each group's largest
+    magnitude. The k-th largest group max B_k is a lower bound of the k-th largest value (k distinct
+    elements reach it), so the top-k lies among the elements >= B_k of the groups whose max is >= B_k:
+    typically a few hundred per row. Those are ranked exactly (magnitude, then lower index) with one sort
+    for all rows. The group maxima need no magnitude array: the largest signed int16 of a group is its
+    largest magnitude with the sign bit clear (negative if there is none), the largest uint16 with the top
+    bit flipped is its largest magnitude with the sign bit set (negative as int16 if there is none), so two
+    read-only reductions replace a masking pass. Single-threaded numpy: memory-bound, immune to thread
+    oversubscription.
     """
     b = bits.numpy() if isinstance(bits, torch.Tensor) else np.asarray(bits)
     c, n = b.shape
     if k > n:
         raise ValueError(f"k={k} > {n} values")
-    mag = np.bitwise_and(b, 0x7FFF)
     if n <= 8 * _BLOCK * k or c == 0:
-        return _exact_topk(mag, k)
+        return _exact_topk(np.bitwise_and(b, 0x7FFF), k)
+    if b.dtype != np.int16:
+        b = b.astype(np.int16)
     nb = -(-n // _BLOCK)
-    padded = mag
-    if nb * _BLOCK != n:
-        padded = np.concatenate([mag, np.full((c, nb * _BLOCK - n), -1, dtype=mag.dtype)], axis=1)
-    groups = padded.reshape(c, _BLOCK, nb)  # groups[:, g, j] is flat index g * nb + j
-    gmax = np.maximum.reduce(groups, axis=1)  # [C, nb]: elementwise max of G contiguous rows
-    bk = np.partition(gmax, nb - k, axis=1)[:, nb - k]  # k-th largest group max per row
-    gr, gj = np.nonzero(gmax >= bk[:, None])  # the groups that can hold top-k elements (~k per row)
     width = nb * _BLOCK
-    flat = (gr * width + gj)[:, None] + np.arange(_BLOCK, dtype=np.int64) * nb  # [groups, G] flat positions
-    vals = padded.reshape(-1)[flat]
-    keep = vals >= bk[gr][:, None]
-    pos = flat[keep]
-    rr, ii = pos // width, pos % width
+    if width != n:  # pad with +0.0: magnitude 0 at indices above every real one, so never preferred to one
+        b = np.concatenate([b, np.zeros((c, width - n), dtype=np.int16)], axis=1)
+    groups = b.reshape(c, _BLOCK, nb)  # groups[:, g, j] is flat index g * nb + j
+    pos_max = np.maximum.reduce(groups, axis=1)  # [C, nb]
+    neg_max = (np.maximum.reduce(groups.view(np.uint16), axis=1) ^ 0x8000).view(np.int16)
+    gmax = np.maximum(pos_max, neg_max)  # largest magnitude of each group (>= 0)
+    bk = np.partition(gmax, nb - k, axis=1)[:, nb - k]  # k-th largest group max per row
+    sel = np.flatnonzero(gmax >= bk[:, None])  # the groups that can hold top-k elements (~k per row)
+    gr, gj = np.divmod(sel, nb)
+    vals = groups[gr, :, gj] & 0x7FFF  # [groups, G] magnitudes
+    hit = np.flatnonzero(vals >= bk[gr][:, None])
+    gi, gg = np.divmod(hit, _BLOCK)
+    rr = gr[gi]
+    ii = gg * nb + gj[gi]  # flat index within the row
     shift = max(1, int(width).bit_length())
-    key = (vals[keep].astype(np.int64) << shift) | (width - 1 - ii)
-    order = np.lexsort((-key, rr))  # by row, then key descending
+    key = (vals.reshape(-1)[hit].astype(np.int64) << shift) | (width - 1 - ii)  # unique per row, larger = better
+    kbits = 15 + shift
+    if int(c).bit_length() + kbits < 63:
+        order = np.argsort((rr << kbits) | ((1 << kbits) - 1 - key))  # by row, then key descending
+    else:
+        order = np.lexsort((-key, rr))
     counts = np.bincount(rr, minlength=c)
     starts = np.cumsum(counts) - counts
     return ii[order][starts[:, None] + np.arange(k)].astype(np.int64)
@@ -214,13 +227,40 @@ def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """P(x) mod p by Horner. coeffs: [C, k] ascending, x: [C, n] -> [C, n]."""
+    """P(x) mod p for ascending coeffs [C, k] at points x [C, n] -> [C, n] int64 in [0, p).
+
+    Baby-step giant-step instead of k Horner steps: the powers x^0..x^(B-1) mod p (B - 1 modular
+    products), then the k / B inner polynomials of B coefficients as one batched float64 matmul (each a
+    sum of B products < p^2, so < 2^36: exact in a double), then Horner in y = x^B over the k / B inner
+    values. About 2 sqrt(k) modular passes over [C, n] instead of k.
+    """
     coeffs = np.asarray(coeffs, dtype=np.int64)
     x = np.asarray(x, dtype=np.int64) % P
-    acc = np.zeros(x.shape, dtype=np.int64)
-    for i in range(coeffs.shape[1] - 1, -1, -1):
-        np.multiply(acc, x, out=acc)
-        acc += coeffs[:, i: i + 1]
+    c, k = coeffs.shape
+    n = x.shape[1]
+    if k == 0:
+        return np.zeros((c, n), dtype=np.int64)
+    bs = max(1, min(_BABY, k))
+    nblk = -(-k // bs)
+    if nblk * bs != k:
+        coeffs = np.concatenate([coeffs, np.zeros((c, nblk * bs - k), dtype=np.int64)], axis=1)
+    pw = np.empty((bs, c, n), dtype=np.int64)  # pw[i] = x^i mod p
+    pw[0] = 1
+    if bs > 1:
+        pw[1] = x
+    for i in range(2, bs):
+        np.multiply(pw[i - 1], x, out=pw[i])
+        np.remainder(pw[i], P, out=pw[i])
+    inner = np.matmul(pw.astype(np.float64).transpose(1, 2, 0),  # [C, n, B]
+                      coeffs.reshape(c, nblk, bs).astype(np.float64).transpose(0, 2, 1))  # [C, B, nblk]
+    inner = inner.astype(np.int64) % P  # [C, n, nblk]: inner[..., j] = sum_i c[j*B + i] x^i
+    if nblk == 1:
+        return np.ascontiguousarray(inner[..., 0])
+    y = pw[bs - 1] * x % P  # x^B
+    acc = inner[..., nblk - 1].copy()
+    for j in range(nblk - 2, -1, -1):
+        acc *= y
+        acc += inner[..., j]
         np.remainder(acc, P, out=acc)
     return acc
 

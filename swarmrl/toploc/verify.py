@@ -109,7 +109,8 @@ def verify_proofs_batch(items: list[tuple[torch.Tensor, object]], chunk: int = 3
     check of a whole submission cheap. Each item's result is what ``verify_proofs`` gives for it alone."""
     th = thresholds or Thresholds()
     results: list[list] = []
-    by_width: dict[int, list[tuple[torch.Tensor, int, int, object]]] = {}
+    # width -> blocks of chunk rows to compare: (bits [r, width], item, chunk index of each row, decoded proofs)
+    by_width: dict[int, list[tuple[np.ndarray, int, list[int], list]]] = {}
     for it, (hidden, proofs) in enumerate(items):
         pre = _precheck(hidden, proofs, chunk, k)
         if isinstance(pre, list):
@@ -119,17 +120,24 @@ def verify_proofs_batch(items: list[tuple[torch.Tensor, object]], chunk: int = 3
         results.append(checks)
         base = 0
         for bits in chunk_bits(hidden, chunk):
-            for r in range(bits.shape[0]):
-                if decoded[base + r] is not None:
-                    by_width.setdefault(bits.shape[1], []).append((bits[r], it, base + r, decoded[base + r]))
+            rows = [r for r in range(bits.shape[0]) if decoded[base + r] is not None]
+            if rows:
+                block = bits.numpy()
+                if len(rows) < block.shape[0]:
+                    block = block[rows]
+                by_width.setdefault(bits.shape[1], []).append(
+                    (block, it, [base + r for r in rows], [decoded[base + r] for r in rows]))
             base += bits.shape[0]
-    for entries in by_width.values():
+    for blocks in by_width.values():
+        # one block (a single sequence with every proof well-formed) is compared in place, without a copy
+        sub = blocks[0][0] if len(blocks) == 1 else np.concatenate([b[0] for b in blocks], axis=0)
+        entries = [(it, ci) for _, it, cis, _ in blocks for ci in cis]
         try:
-            found = _compare(torch.stack([e[0] for e in entries]), [e[3] for e in entries], k, th)
+            found = _compare(sub, [d for b in blocks for d in b[3]], k, th)
         except Exception as e:  # defensive: a proof must never crash the verifier
             found = [(False, -1, NO_AGREEMENT, NO_AGREEMENT,
                       f"could not be checked: {type(e).__name__}: {e}")] * len(entries)
-        for (_, it, ci, _), (ok, e_mis, mu, md, why) in zip(entries, found):
+        for (it, ci), (ok, e_mis, mu, md, why) in zip(entries, found):
             if e_mis < 0:
                 results[it][ci] = ChunkCheck(ci, False, reason=f"proof {ci} {why}")
             else:
@@ -138,10 +146,9 @@ def verify_proofs_batch(items: list[tuple[torch.Tensor, object]], chunk: int = 3
     return results
 
 
-def _compare(bits: torch.Tensor, decoded: list, k: int, th: Thresholds
+def _compare(sub: np.ndarray, decoded: list, k: int, th: Thresholds
              ) -> list[tuple[bool, int, float, float, str | None]]:
     """Rows of chunk bit patterns [R, n] against their decoded proofs: (passed, exp_mismatches, mean, median, why)."""
-    sub = bits.numpy()
     ke = min(k, sub.shape[1])
     idx = topk_indices(sub, ke)
     mine = np.take_along_axis(sub, idx, axis=1).astype(np.int64) & 0xFFFF
