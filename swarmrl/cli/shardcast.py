@@ -74,7 +74,8 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
     from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
-        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg))
+        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg),
+                          max_upload_mbps=cfg.max_upload_mbps)
         await srv.start(cfg.host, cfg.port)
         console.print(f"origin serving {cfg.dir} on http://{cfg.host}:{srv.port}")
         if key is not None:
@@ -145,7 +146,8 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
     async def run() -> None:
         relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep, parallel=cfg.parallel,
                       poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s,
-                      metrics=cfg.metrics, limits=ConnLimits.from_config(cfg))
+                      metrics=cfg.metrics, limits=ConnLimits.from_config(cfg),
+                      max_upload_mbps=cfg.max_upload_mbps)
         url = await relay.start(cfg.host, cfg.port)
         console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
         try:
@@ -176,12 +178,15 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
     _public_key(cfg.origin_pubkey)
     from contextlib import nullcontext  # noqa: PLC0415  # lazy: startup
 
-    from rich.progress import Progress  # noqa: PLC0415  # lazy: startup
-
     from swarmrl.shardcast.client import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
     # a progress bar on a terminal only: piped or logged, nothing but the result line (or the error line)
-    bar = Progress(console=console, transient=True) if console.is_terminal else nullcontext(None)
+    if console.is_terminal:
+        from rich.progress import Progress  # noqa: PLC0415  # lazy: startup (a terminal only)
+
+        bar = Progress(console=console, transient=True)
+    else:
+        bar = nullcontext(None)
     try:
         with bar as prog:
             task = prog.add_task("fetching", total=None) if prog is not None else None

@@ -82,7 +82,7 @@ class FetchResult:
 
 
 async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: Any, *,
-                      version: int | str = "latest", parallel: int = 8, max_attempts: int = 6,
+                      version: int | str = "latest", parallel: int | None = None, max_attempts: int = 6,
                       max_server_failures: int = 3, wait_s: float = 0.0, verify_whole: bool = True,
                       fsync: bool = False, read_timeout: float = 30.0, min_version: int = 0,
                       on_shard: Callable[[int, int], None] | None = None, stall_s: float | None = None,
@@ -90,11 +90,15 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
     """Async fetch; see module docstring. ``version``: an int or "latest" (highest version any
     server advertises whose signed manifest verifies, and >= ``min_version``). ``wait_s``: keep
     polling that long for the version to appear. ``on_shard(done, total)``: progress callback.
+    ``parallel``: shard downloads in flight (default two per server, at most 8).
     Progress deadline per shard request (``swarmrl.shardcast.download``): headers within ``read_timeout``,
     then no gap of ``stall_s`` without a byte and at least ``min_bps`` over ``window_s``, else that server
     is dropped for the shard (and out of this fetch when another server has the version)."""
     t0 = time.perf_counter()
     pub = load_public_key(origin_pubkey)
+    servers = list(servers)
+    if parallel is None:  # two streams per server keep the in-order whole-file hash just behind the download
+        parallel = min(8, 2 * max(len(servers), 1))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pool = ServerPool(servers, max_failures=max_server_failures)
@@ -145,6 +149,8 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                                                      "done": sorted(done)}).encode(), fsync=False)
 
             hasher = _InOrderHasher(tmp, manifest, done) if verify_whole else None
+            if hasher is not None:
+                sink.on_write, sink.on_reset = hasher.progress, hasher.reset
 
             def shard_done(idx: int) -> None:
                 done.add(idx)

@@ -40,6 +40,8 @@ class OriginConfig(ServerLimits):
     host: str = "127.0.0.1"
     port: int = Field(8600, ge=0, le=65535)
     hold_s: float = Field(20.0, gt=0, le=60)
+    max_upload_mbps: Optional[float] = Field(None, gt=0, description="upload cap of this server in megabits per "
+                                             "second, all shard downloads together (default: none)")
 
 
 class PublishConfig(StrictModel):
@@ -62,6 +64,8 @@ class RelayConfig(ServerLimits):
     poll_s: float = Field(1.0, gt=0, le=30)
     longpoll_s: float = Field(20.0, gt=0, le=60)
     hold_s: float = Field(20.0, gt=0, le=60)
+    max_upload_mbps: Optional[float] = Field(None, gt=0, description="upload cap of this server in megabits per "
+                                             "second, all shard downloads together (default: none)")
     metrics: Optional[str] = Field(None, description="JSONL file: one row per version mirrored")
 
 
@@ -70,7 +74,8 @@ class FetchConfig(StrictModel):
     out: str
     origin_pubkey: str
     version: Union[int, Literal["latest"]] = "latest"
-    parallel: int = Field(8, ge=1, le=64)
+    parallel: Optional[int] = Field(None, ge=1, le=64, description="shard downloads in flight (default: 2 per "
+                                    "server, at most 8)")
     max_attempts: int = Field(6, ge=1, le=100)
     max_server_failures: int = Field(3, ge=1, le=100)
     wait_s: float = Field(0.0, ge=0)

@@ -67,6 +67,54 @@ class _Partial:
     have: set[int] = field(default_factory=set)
 
 
+class Pacer:
+    """An upload budget shared by every response that uses it: bytes leave at most ``bps`` per second in all.
+    Each chunk reserves the next free slot (FIFO), so concurrent downloads share the rate fairly; unused
+    time is not saved up (no bursts after an idle spell)."""
+
+    def __init__(self, bps: float) -> None:
+        if not bps > 0:
+            raise ValueError("upload rate must be positive")
+        self.bps = float(bps)
+        self._next = 0.0
+
+    async def take(self, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        start = max(now, self._next)
+        self._next = start + n / self.bps
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
+@dataclass
+class _Growing:
+    """A shard a relay is receiving: served onward while it arrives (``have`` contiguous bytes of ``path``).
+    Its bytes are not verified yet; every reader checks the shard's signed BLAKE3 itself, and a reset
+    (``gen`` bumped: a bad or restarted transfer) cuts off every response streaming it."""
+
+    path: Path
+    size: int
+    have: int = 0
+    gen: int = 0
+    final: bool = False
+    waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+        self.waiter = None
+
+    async def wait(self, timeout: float) -> bool:
+        if self.waiter is None or self.waiter.done():
+            self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.waiter), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+
 class ShardServer:
     """Serves ``root``; call ``notify()`` (same loop) or ``notify_threadsafe()`` after changes.
 
@@ -79,12 +127,15 @@ class ShardServer:
 
     def __init__(self, root: str | Path, *, hold_s: float = 20.0, watch_s: float = 0.2,
                  rate_limit_bps: float | None = None, max_holds: int = 4096,
-                 limits: ConnLimits | None = None) -> None:
+                 limits: ConnLimits | None = None, max_upload_mbps: float | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.hold_s = min(hold_s, MAX_HOLD_S)
         self.watch_s = watch_s
-        self.rate_limit_bps = rate_limit_bps  # testing / simulation of slow links only
+        self.rate_limit_bps = rate_limit_bps  # per connection: testing / simulation of slow links only
+        # the server's upload cap (all shard bytes it sends, together), in megabits per second
+        self.pacer = Pacer(max_upload_mbps * 1e6 / 8) if max_upload_mbps else None
+        self.growing: dict[tuple[int, int], _Growing] = {}
         self.seq = 0
         self.complete: list[int] = []
         self.partial: dict[int, _Partial] = {}
@@ -133,10 +184,34 @@ class ShardServer:
         p = self.partial.get(version)
         if p is not None:
             p.have.add(index)
+        g = self.growing.pop((version, index), None)
+        if g is not None:
+            g.final, g.have = True, g.size
+            g.wake()
         self.notify()
+
+    def shard_progress(self, version: int, index: int, part: Path, size: int, have: int) -> None:
+        """A relay holds ``have`` contiguous (unverified) bytes of a shard in ``part``: stream them onward."""
+        g = self.growing.get((version, index))
+        if g is None:
+            g = self.growing[(version, index)] = _Growing(part, size)
+            g.have = have
+            self.notify()  # wakes requests held for this shard
+        else:
+            g.have = have
+        g.wake()
+
+    def shard_reset(self, version: int, index: int) -> None:
+        """The relay threw away what it had of a shard: cut off the responses streaming it."""
+        g = self.growing.pop((version, index), None)
+        if g is not None:
+            g.gen += 1
+            g.wake()
 
     def drop_partial(self, version: int) -> None:
         self.partial.pop(version, None)
+        for key in [k for k in self.growing if k[0] == version]:
+            self.shard_reset(*key)
         self.notify()
 
     def refresh(self) -> None:
@@ -201,17 +276,24 @@ class ShardServer:
         except OSError:
             return False
 
-    async def _file(self, request: web.Request, path: Path) -> web.StreamResponse:
+    async def _file(self, request: web.Request, path: Path, paced: bool = False) -> web.StreamResponse:
         if not self._inside(path) or not path.is_file():
             raise web.HTTPNotFound()
-        if self.rate_limit_bps:
-            return await self._slow_file(request, path)
+        if self.rate_limit_bps or (paced and self.pacer is not None):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise web.HTTPNotFound() from None
+            try:
+                return await self._send(request, fd, os.fstat(fd).st_size, None, paced)
+            finally:
+                os.close(fd)
         resp = web.FileResponse(path, chunk_size=1 << 20)
         resp.headers["Cache-Control"] = "no-cache"
         return resp
 
-    async def _slow_file(self, request: web.Request, path: Path) -> web.StreamResponse:
-        size = path.stat().st_size
+    @staticmethod
+    def _range(request: web.Request, size: int) -> tuple[int, int]:
         try:
             rng = request.http_range
         except ValueError:
@@ -220,27 +302,55 @@ class ShardServer:
         stop = size if rng.stop is None else min(rng.stop, size)
         if start < 0:
             start, stop = max(size + start, 0), size
-        if start >= size and size:
+        if (start >= size and size) or stop < start:
             raise web.HTTPRequestRangeNotSatisfiable()
+        return start, stop
+
+    async def _send(self, request: web.Request, fd: int, size: int, growing: _Growing | None,
+                    paced: bool) -> web.StreamResponse:
+        """Send [range of] the ``size`` bytes of ``fd`` by chunks: under the upload cap (``paced``) or a test rate,
+        and, for a shard still arriving (``growing``), as its bytes land."""
+        start, stop = self._range(request, size)
         resp = web.StreamResponse(status=206 if (start or stop != size) else 200)
         resp.content_length = stop - start
+        resp.headers["Cache-Control"] = "no-cache"
         if resp.status == 206:
             resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
         await resp.prepare(request)
         if request.method == "HEAD":
             return resp
-        chunk = 16384
-        with path.open("rb") as f:
-            f.seek(start)
-            pos = start
-            while pos < stop:
-                data = f.read(min(chunk, stop - pos))
-                if not data:
-                    break
-                await resp.write(data)
-                pos += len(data)
-                await asyncio.sleep(len(data) / self.rate_limit_bps)
+        conn_pacer = Pacer(self.rate_limit_bps) if self.rate_limit_bps else None
+        pacer = self.pacer if paced else None
+        chunk = 16384 if conn_pacer else (256 << 10 if pacer else 1 << 20)
+        gen = growing.gen if growing is not None else 0
+        pos = start
+        while pos < stop:
+            avail = stop
+            if growing is not None:
+                if growing.gen != gen:
+                    return self._cut(request, resp)
+                avail = min(stop, growing.size if growing.final else growing.have)
+                if avail <= pos:
+                    if not await growing.wait(self.hold_s) and growing.have <= pos and not growing.final:
+                        return self._cut(request, resp)
+                    continue
+            n = min(chunk, avail - pos)
+            for p in (conn_pacer, pacer):
+                if p is not None:
+                    await p.take(n)
+            data = os.pread(fd, n, pos)
+            if not data:
+                return self._cut(request, resp)
+            await resp.write(data)
+            pos += len(data)
         await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+        """End a response mid-body (the reader sees a short body and resumes or re-fetches elsewhere)."""
+        if request.transport is not None:
+            request.transport.close()
         return resp
 
     async def _distribution(self, request: web.Request) -> web.StreamResponse:
@@ -250,7 +360,7 @@ class ShardServer:
         return await self._file(request, p)
 
     async def _probe(self, request: web.Request) -> web.StreamResponse:
-        return await self._file(request, self.root / PROBE_NAME)
+        return await self._file(request, self.root / PROBE_NAME, paced=True)
 
     async def _versions(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -291,7 +401,7 @@ class ShardServer:
             raise web.HTTPNotFound()
         path = self.root / f"v{version}" / shard_name(index)
         if path.is_file():
-            return await self._file(request, path)
+            return await self._file(request, path, paced=True)
         part = self.partial.get(version)
         if part is None or index > part.num_shards:
             raise web.HTTPNotFound()
@@ -303,6 +413,17 @@ class ShardServer:
             while True:
                 if path.is_file():
                     break
+                g = self.growing.get((version, index))
+                if g is not None:
+                    try:
+                        fd = os.open(g.path, os.O_RDONLY)
+                    except FileNotFoundError:  # landed (renamed) or reset meanwhile: look again
+                        await self._wait_change(0.05)
+                        continue
+                    try:
+                        return await self._send(request, fd, g.size, g, paced=True)
+                    finally:
+                        os.close(fd)
                 part = self.partial.get(version)
                 if part is None or index > part.num_shards:
                     raise web.HTTPNotFound()
@@ -312,7 +433,7 @@ class ShardServer:
                 await self._wait_change(min(left, 1.0))
         finally:
             self._holds -= 1
-        return await self._file(request, path)
+        return await self._file(request, path, paced=True)
 
     async def _count_response(self, request: web.Request, resp: web.StreamResponse) -> None:
         self.metrics.response(request.method, resp.status, resp.content_length)
