@@ -22,6 +22,7 @@ from swarmrl.shardcast.layout import (
 )
 from swarmrl.shardcast.rawget import HTTPStatus, RawPool
 from swarmrl.shardcast.signing import SignatureError, verify_manifest
+from swarmrl.shardcast.urls import normalize_url
 
 _EMA = 0.3
 
@@ -60,7 +61,8 @@ class ServerPool:
     """
 
     def __init__(self, urls: Iterable[str], *, max_failures: int = 3, exclude_s: float = float("inf")) -> None:
-        self.servers = {u.rstrip("/"): ServerState(u.rstrip("/")) for u in urls}
+        norm = [normalize_url(u) for u in urls]
+        self.servers = {u: ServerState(u) for u in norm}
         if not self.servers:
             raise ValueError("no servers given")
         self.max_failures = max_failures

@@ -1,5 +1,5 @@
 """A small HTTP/1.1 GET client for shard bodies: the socket reads straight into one reusable buffer
-(``asyncio.BufferedProtocol``), and each filled buffer goes to a callback (write to disk + hash) from the
+(``asyncio.BufferedProtocol``), and each filled buffer (or what arrived within ``FLUSH_S``) goes to a callback (write to disk + hash) from the
 event loop's read callback itself, with no per-chunk objects, tasks or copies in between.
 
 Used only for shard bodies (``download._fetch_one_shard``); everything else (discovery, manifests) goes
@@ -11,6 +11,7 @@ the caller's progress deadline bounds time. Connections are kept alive per serve
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ __all__ = ["RawPool", "RawResponse", "HTTPStatus", "BadResponse", "MAX_HEAD", "B
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 BUFFER = 1 << 20
+FLUSH_S = 0.05  # a slow body is handed on at least this often (progress deadlines, relays streaming onward)
 
 
 class BadResponse(OSError):
@@ -60,6 +62,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.head = bytearray()
         self.in_head = True
         self.filled = 0
+        self.flushed_at = time.monotonic()
         self.left: int | None = None  # body bytes still expected (None: until EOF)
         self.resp: RawResponse | None = None
         self.done: asyncio.Future[RawResponse] | None = None
@@ -176,7 +179,9 @@ class _Conn(asyncio.BufferedProtocol):
 
     def _maybe_flush(self, final: bool) -> None:
         expected_end = self.left is not None and self.filled >= self.left
-        if self.filled and (self.filled >= BUFFER or expected_end or final):
+        now = time.monotonic()
+        if self.filled and (self.filled >= BUFFER or expected_end or final or now - self.flushed_at >= FLUSH_S):
+            self.flushed_at = now
             n = self.filled
             if self.left is None:
                 self._limit -= n

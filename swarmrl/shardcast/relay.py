@@ -46,6 +46,7 @@ from swarmrl.shardcast.metrics import RelayMetrics
 from swarmrl.shardcast.rawget import RawPool
 from swarmrl.shardcast.server import ShardServer
 from swarmrl.shardcast.signing import load_public_key, verify_manifest
+from swarmrl.shardcast.urls import normalize_url
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.serving import ConnLimits
 
@@ -119,7 +120,7 @@ class Relay:
                  max_upload_mbps: float | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.upstreams = [u.rstrip("/") for u in upstreams]
+        self.upstreams = list(dict.fromkeys(normalize_url(u) for u in upstreams))
         if not self.upstreams:
             raise ValueError("a relay needs at least one upstream")
         self.pub = load_public_key(origin_pubkey)

@@ -47,6 +47,8 @@ from swarmrl.utils.serving import ConnectionGuard, ConnLimits, raise_nofile_limi
 __all__ = ["ShardServer", "BackgroundLoop", "ensure_probe_file"]
 
 T = TypeVar("T")
+_SLASHES = re.compile(r"/{2,}")
+_PATH = web.RequestKey("shardcast_path", str)  # the request path, runs of slashes made one
 _SHARD_RE = re.compile(r"/v([1-9]\d{0,12})/shard_(\d{5})\.bin")
 _MANIFEST_RE = re.compile(r"/v([1-9]\d{0,12})/manifest\.json")
 MAX_HOLD_S = 60.0
@@ -258,8 +260,10 @@ class ShardServer:
                      ) -> web.StreamResponse:
         guard.request_started(request)
         raw = request.raw_path.split("?", 1)[0]
-        if ".." in raw or "%" in raw or "\\" in raw or "//" in raw or "\x00" in raw:
+        if ".." in raw or "%" in raw or "\\" in raw or "\x00" in raw or not raw.startswith("/"):
             return web.Response(status=400, text="bad path\n")
+        # a client joining "http://host/" and "/v1/..." asks for "//v1/...": runs of slashes count as one
+        request[_PATH] = _SLASHES.sub("/", raw)
         if request.method not in ("GET", "HEAD"):
             return web.Response(status=405, text="method not allowed\n", headers={"Allow": "GET, HEAD"})
         if request.content_length:
@@ -379,7 +383,7 @@ class ShardServer:
         return web.json_response(self.snapshot(), headers={"Cache-Control": "no-cache"})
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
+        path = request.get(_PATH, request.path)
         if path == "/" + DISTRIBUTION_NAME:
             return await self._distribution(request)
         if path == "/" + PROBE_NAME:
