@@ -76,7 +76,7 @@ def _env(code: Path) -> dict[str, str]:
 
 
 def spawn(code: Path, script: str, *args: object) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], stdout=subprocess.PIPE, text=True,
+    p = subprocess.Popen([sys.executable, "-P", "-c", script, *map(str, args)], stdout=subprocess.PIPE, text=True,
                          env=_env(code))
     assert p.stdout is not None
     url = p.stdout.readline().strip()
@@ -131,7 +131,7 @@ def publish(code: Path, base: Path, name: str, size: int, shard_mb: float) -> tu
     script = ("import sys; from swarmrl.shardcast import Origin; o = Origin(sys.argv[1], key=sys.argv[2], "
               "shard_size=int(sys.argv[4])); m = o.publish_sync(sys.argv[3], version=1).manifest; "
               "print(o.public_key, m.num_shards); o.close()")
-    out = subprocess.run([sys.executable, "-c", script, str(base / name), str(base / "origin.key"), str(src),
+    out = subprocess.run([sys.executable, "-P", "-c", script, str(base / name), str(base / "origin.key"), str(src),
                           str(int(shard_mb * 1e6))], env=_env(code), check=True, capture_output=True, text=True)
     pub, n = out.stdout.split()
     src.unlink()
@@ -149,7 +149,7 @@ def bench_single(args: argparse.Namespace, code: Path, base: Path, procs: list) 
     for _ in range(args.repeats):
         curl_t.append(run_curl(shard_glob(url, 1, n), base / "curl.bin", size))
         out = base / "ours.bin"
-        r = subprocess.run([sys.executable, "-c", script, url, str(out), pub], env=_env(code), check=True,
+        r = subprocess.run([sys.executable, "-P", "-c", script, url, str(out), pub], env=_env(code), check=True,
                            capture_output=True, text=True)
         ours_t.append(float(r.stdout.strip()))  # the fetch call itself (process start-up is in the cli figure)
         assert out.stat().st_size == size
@@ -171,7 +171,7 @@ def bench_cli(args: argparse.Namespace, code: Path, base: Path, procs: list) -> 
     p, url = spawn(code, SERVE_ORIGIN, root, 0)
     procs.append(p)
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", CLI, "shardcast", "fetch", "--help"], env=_env(code), check=True,
+    subprocess.run([sys.executable, "-P", "-c", CLI, "shardcast", "fetch", "--help"], env=_env(code), check=True,
                    capture_output=True)
     help_s = time.perf_counter() - t
     curl_t, cli_t = [], []
@@ -179,7 +179,7 @@ def bench_cli(args: argparse.Namespace, code: Path, base: Path, procs: list) -> 
         curl_t.append(run_curl(shard_glob(url, 1, n), base / "curl.bin", size))
         out = base / "cli.bin"
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-c", CLI, "shardcast", "fetch", "--server", url, "--origin-pubkey", pub,
+        subprocess.run([sys.executable, "-P", "-c", CLI, "shardcast", "fetch", "--server", url, "--origin-pubkey", pub,
                         "--out", str(out), "--version", "1"], env=_env(code), check=True, capture_output=True)
         cli_t.append(time.perf_counter() - t)
         assert out.stat().st_size == size
@@ -220,7 +220,7 @@ def bench_tree(args: argparse.Namespace, code: Path, base: Path, procs: list, mb
         p, rurl = spawn(code, SERVE_RELAY, base / f"relay{i}_{int(mbps)}", pub, origin_url, mbps)
         procs.append(p)
         relays.append(rurl)
-    clients = [subprocess.Popen([sys.executable, "-c", CLIENT, relays[i % 2], str(base / f"client{i}.bin"), pub, "1"],
+    clients = [subprocess.Popen([sys.executable, "-P", "-c", CLIENT, relays[i % 2], str(base / f"client{i}.bin"), pub, "1"],
                                 stdout=subprocess.PIPE, text=True, env=_env(code)) for i in range(args.clients)]
     time.sleep(3.0)  # the client processes start (imports) and begin waiting
     t_pub = time.time()
@@ -263,7 +263,7 @@ def main() -> None:
     args = ap.parse_args()
     code = args.code.resolve()
     skip = set(filter(None, args.skip.split(",")))
-    probe = subprocess.run([sys.executable, "-c", "import inspect; from swarmrl.shardcast import ShardServer; "
+    probe = subprocess.run([sys.executable, "-P", "-c", "import inspect; from swarmrl.shardcast import ShardServer; "
                             "print('max_upload_mbps' in inspect.signature(ShardServer).parameters)"],
                            env=_env(code), capture_output=True, text=True, check=True)
     if probe.stdout.strip() != "True":
