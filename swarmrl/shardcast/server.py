@@ -42,6 +42,7 @@ from swarmrl.shardcast.layout import (
     shard_name,
 )
 from swarmrl.shardcast.metrics import ServerMetrics
+from swarmrl.shardcast.streaming import Growing, Pacer
 from swarmrl.utils.serving import ConnectionGuard, ConnLimits, raise_nofile_limit
 
 __all__ = ["ShardServer", "BackgroundLoop", "ensure_probe_file"]
@@ -69,54 +70,6 @@ class _Partial:
     have: set[int] = field(default_factory=set)
 
 
-class Pacer:
-    """An upload budget shared by every response that uses it: bytes leave at most ``bps`` per second in all.
-    Each chunk reserves the next free slot (FIFO), so concurrent downloads share the rate fairly; unused
-    time is not saved up (no bursts after an idle spell)."""
-
-    def __init__(self, bps: float) -> None:
-        if not bps > 0:
-            raise ValueError("upload rate must be positive")
-        self.bps = float(bps)
-        self._next = 0.0
-
-    async def take(self, n: int) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        start = max(now, self._next)
-        self._next = start + n / self.bps
-        if start > now:
-            await asyncio.sleep(start - now)
-
-
-@dataclass
-class _Growing:
-    """A shard a relay is receiving: served onward while it arrives (``have`` contiguous bytes of ``path``).
-    Its bytes are not verified yet; every reader checks the shard's signed BLAKE3 itself, and a reset
-    (``gen`` bumped: a bad or restarted transfer) cuts off every response streaming it."""
-
-    path: Path
-    size: int
-    have: int = 0
-    gen: int = 0
-    final: bool = False
-    waiter: asyncio.Future[None] | None = None
-
-    def wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-        self.waiter = None
-
-    async def wait(self, timeout: float) -> bool:
-        if self.waiter is None or self.waiter.done():
-            self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.waiter), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-
 class ShardServer:
     """Serves ``root``; call ``notify()`` (same loop) or ``notify_threadsafe()`` after changes.
 
@@ -137,7 +90,7 @@ class ShardServer:
         self.rate_limit_bps = rate_limit_bps  # per connection: testing / simulation of slow links only
         # the server's upload cap (all shard bytes it sends, together), in megabits per second
         self.pacer = Pacer(max_upload_mbps * 1e6 / 8) if max_upload_mbps else None
-        self.growing: dict[tuple[int, int], _Growing] = {}
+        self.growing: dict[tuple[int, int], Growing] = {}
         self.seq = 0
         self.complete: list[int] = []
         self.partial: dict[int, _Partial] = {}
@@ -196,7 +149,7 @@ class ShardServer:
         """A relay holds ``have`` contiguous (unverified) bytes of a shard in ``part``: stream them onward."""
         g = self.growing.get((version, index))
         if g is None:
-            g = self.growing[(version, index)] = _Growing(part, size)
+            g = self.growing[(version, index)] = Growing(part, size)
             g.have = have
             self.notify()  # wakes requests held for this shard
         else:
@@ -310,7 +263,7 @@ class ShardServer:
             raise web.HTTPRequestRangeNotSatisfiable()
         return start, stop
 
-    async def _send(self, request: web.Request, fd: int, size: int, growing: _Growing | None,
+    async def _send(self, request: web.Request, fd: int, size: int, growing: Growing | None,
                     paced: bool) -> web.StreamResponse:
         """Send [range of] the ``size`` bytes of ``fd`` by chunks: under the upload cap (``paced``) or a test rate,
         and, for a shard still arriving (``growing``), as its bytes land."""
