@@ -74,7 +74,8 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
     from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
-        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg))
+        srv = ShardServer(cfg.dir, hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg),
+                          max_upload_mbps=cfg.max_upload_mbps)
         await srv.start(cfg.host, cfg.port)
         console.print(f"origin serving {cfg.dir} on http://{cfg.host}:{srv.port}")
         if key is not None:
@@ -145,7 +146,8 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
     async def run() -> None:
         relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep, parallel=cfg.parallel,
                       poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s,
-                      metrics=cfg.metrics, limits=ConnLimits.from_config(cfg))
+                      metrics=cfg.metrics, limits=ConnLimits.from_config(cfg),
+                      max_upload_mbps=cfg.max_upload_mbps)
         url = await relay.start(cfg.host, cfg.port)
         console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
         try:
@@ -165,23 +167,34 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
               version: Annotated[Optional[str], typer.Option("--version", help="N or 'latest'.")] = None,
               origin_pubkey: Annotated[Optional[str], typer.Option("--origin-pubkey", help="Hex key or file.")] = None,
               wait: Annotated[Optional[float], typer.Option("--wait", help="Seconds to wait for the version.")] = None,
+              insecure: Annotated[bool, typer.Option("--insecure", help="Also read a plain SHARDCAST 0.3.x server "
+                                                     "(no signed manifest): only the whole-file checksum listed by "
+                                                     "that same untrusted server is checked.")] = False,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
-    """Fetch and verify one version into --out."""
+    """Fetch and verify one version into --out. Server URLs may be host:port (http:// is assumed)."""
     from swarmrl.shardcast.config import FetchConfig  # noqa: PLC0415  # lazy: startup
 
     if version is not None and not (version.isdigit() or version == "latest"):
         fail(f"--version {version!r}: expected a version number (e.g. 12, no 'v') or 'latest'")
     cfg = resolve(FetchConfig, config, set_, opt("server", server) + opt("out", out) + opt("version", version)
-                  + opt("origin_pubkey", origin_pubkey) + opt("wait_s", wait), print_config)
-    _public_key(cfg.origin_pubkey)
+                  + opt("origin_pubkey", origin_pubkey) + opt("wait_s", wait) + opt("insecure", insecure or None),
+                  print_config)
+    if cfg.origin_pubkey is not None:
+        _public_key(cfg.origin_pubkey)
+    if cfg.insecure:
+        typer.echo("WARNING: --insecure: a version without a signed manifest (SHARDCAST 0.3.x server) is accepted "
+                   "on its whole-file checksum alone, which the same untrusted server supplies.", err=True)
     from contextlib import nullcontext  # noqa: PLC0415  # lazy: startup
-
-    from rich.progress import Progress  # noqa: PLC0415  # lazy: startup
 
     from swarmrl.shardcast.client import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
     # a progress bar on a terminal only: piped or logged, nothing but the result line (or the error line)
-    bar = Progress(console=console, transient=True) if console.is_terminal else nullcontext(None)
+    if console.is_terminal:
+        from rich.progress import Progress  # noqa: PLC0415  # lazy: startup (a terminal only)
+
+        bar = Progress(console=console, transient=True)
+    else:
+        bar = nullcontext(None)
     try:
         with bar as prog:
             task = prog.add_task("fetching", total=None) if prog is not None else None
@@ -193,11 +206,12 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
             res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, version=cfg.version, parallel=cfg.parallel,
                         max_attempts=cfg.max_attempts, max_server_failures=cfg.max_server_failures,
                         wait_s=cfg.wait_s, verify_whole=cfg.verify_whole, fsync=cfg.fsync, on_shard=on_shard,
-                        stall_s=cfg.stall_s, min_bps=cfg.min_bps, window_s=cfg.window_s)
+                        stall_s=cfg.stall_s, min_bps=cfg.min_bps, window_s=cfg.window_s, insecure=cfg.insecure)
     except (FetchError, ValueError) as e:
         fail(e, 1, prefix="fetch failed")
     console.print(f"v{res.version} -> {res.path}: {res.size:,} bytes, blake3 {res.blake3}, "
-                  f"{res.seconds:.2f}s ({res.mb_per_s:.1f} MB/s)", highlight=False)
+                  f"{res.seconds:.2f}s ({res.mb_per_s:.1f} MB/s)"
+                  + ("" if res.signed else " UNSIGNED (checksum from the server only)"), highlight=False)
     for url, why in res.excluded.items():
         console.print(f"  excluded {url}: {why}", highlight=False)
     if cfg.metrics:

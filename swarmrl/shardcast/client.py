@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -70,10 +71,11 @@ class FetchResult:
     size: int
     blake3: str
     seconds: float
-    manifest: Manifest
+    manifest: Manifest | None  # None: an unsigned 0.3.x version fetched with ``insecure=True``
     bytes_by_server: dict[str, int]
     excluded: dict[str, str]
     resumed_shards: int = 0
+    signed: bool = True
 
     @property
     def mb_per_s(self) -> float:
@@ -81,20 +83,31 @@ class FetchResult:
 
 
 
-async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: Any, *,
-                      version: int | str = "latest", parallel: int = 8, max_attempts: int = 6,
+async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, *,
+                      version: int | str = "latest", parallel: int | None = None, max_attempts: int = 6,
                       max_server_failures: int = 3, wait_s: float = 0.0, verify_whole: bool = True,
                       fsync: bool = False, read_timeout: float = 30.0, min_version: int = 0,
                       on_shard: Callable[[int, int], None] | None = None, stall_s: float | None = None,
-                      min_bps: float | None = None, window_s: float | None = None) -> FetchResult:
+                      min_bps: float | None = None, window_s: float | None = None,
+                      insecure: bool = False) -> FetchResult:
     """Async fetch; see module docstring. ``version``: an int or "latest" (highest version any
     server advertises whose signed manifest verifies, and >= ``min_version``). ``wait_s``: keep
     polling that long for the version to appear. ``on_shard(done, total)``: progress callback.
+    ``parallel``: shard downloads in flight (default two per server, at most 8).
     Progress deadline per shard request (``swarmrl.shardcast.download``): headers within ``read_timeout``,
     then no gap of ``stall_s`` without a byte and at least ``min_bps`` over ``window_s``, else that server
-    is dropped for the shard (and out of this fetch when another server has the version)."""
+    is dropped for the shard (and out of this fetch when another server has the version).
+    ``insecure``: when no server offers a signed manifest for the version (a plain SHARDCAST 0.3.x server), or
+    ``origin_pubkey`` is None, fetch it anyway, checked only against the whole-file checksum the same untrusted
+    server lists (``legacy``); a warning goes to stderr. A manifest that is offered but does not verify is still
+    an error."""
     t0 = time.perf_counter()
-    pub = load_public_key(origin_pubkey)
+    if origin_pubkey is None and not insecure:
+        raise ValueError("an origin public key is required (or insecure=True for an unsigned 0.3.x server)")
+    pub = load_public_key(origin_pubkey) if origin_pubkey is not None else None
+    servers = list(servers)
+    if parallel is None:  # two streams per server keep the in-order whole-file hash just behind the download
+        parallel = min(8, 2 * max(len(servers), 1))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pool = ServerPool(servers, max_failures=max_server_failures)
@@ -103,7 +116,7 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
     async with new_session() as session:
         manifest = None
         last_err: Exception | None = None
-        while manifest is None:
+        while manifest is None and pub is not None:
             await discover(session, pool, count_failures=time.monotonic() >= deadline)
             listed = sorted({v for s in pool.healthy() for v in s.versions
                              if (v == want if want is not None else v >= max(min_version, 1))}, reverse=True)
@@ -113,15 +126,24 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                     break
                 except FetchError as e:
                     last_err = e
+            if manifest is None and insecure and listed and not isinstance(last_err, ManifestNotVerified):
+                break  # listed, but nobody serves a signed manifest: a plain 0.3.x server
             if manifest is None:
                 if time.monotonic() >= deadline:
                     if isinstance(last_err, ManifestNotVerified):  # offered, but signed under another key
                         raise last_err
+                    if insecure:
+                        break
                     what = f"v{want}" if want is not None else "any version"
                     detail = f" ({last_err})" if last_err else ""
                     raise FetchError(f"no server offers {what}{detail}; servers: {pool.report()}")
                 await asyncio.sleep(0.25)
 
+        if manifest is None:  # insecure: a plain 0.3.x server
+            # a fresh pool: a 0.3.x server's missing manifests are not failures of the server
+            fresh = ServerPool(servers, max_failures=max_server_failures)
+            return await _fetch_unsigned(session, fresh, out, want, min_version, parallel, max_attempts,
+                                         read_timeout, stall_s, min_bps, window_s, t0, deadline)
         tmp = out.parent / f".{out.name}.part"
         state_path = out.parent / f".{out.name}.part.json"
         sink = FileSink(tmp, manifest)
@@ -145,6 +167,8 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                                                      "done": sorted(done)}).encode(), fsync=False)
 
             hasher = _InOrderHasher(tmp, manifest, done) if verify_whole else None
+            if hasher is not None:
+                sink.on_write, sink.on_reset = hasher.progress, hasher.reset
 
             def shard_done(idx: int) -> None:
                 done.add(idx)
@@ -183,7 +207,23 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                        excluded={s.url: s.reason for s in pool if s.reason}, resumed_shards=resumed)
 
 
-def fetch(servers: Iterable[str], out: str | Path, origin_pubkey: Any, **kw: Any) -> FetchResult:
+async def _fetch_unsigned(session: Any, pool: ServerPool, out: Path, want: int | None, min_version: int,
+                          parallel: int, max_attempts: int, read_timeout: float, stall_s: float | None,
+                          min_bps: float | None, window_s: float | None, t0: float, deadline: float
+                          ) -> FetchResult:
+    from swarmrl.shardcast.legacy import INSECURE_WARNING, fetch_unsigned  # noqa: PLC0415  # rarely used
+
+    res = await fetch_unsigned(session, pool, out, want=want, min_version=min_version, parallel=parallel,
+                               max_attempts=max_attempts, read_timeout=read_timeout, stall_s=stall_s,
+                               min_bps=min_bps, window_s=window_s, wait_until=deadline)
+    print(INSECURE_WARNING.format(version=res.version, servers=", ".join(res.bytes_by_server) or "the server"),
+          file=sys.stderr, flush=True)
+    return FetchResult(version=res.version, path=out, size=res.size, blake3=res.blake3,
+                       seconds=time.perf_counter() - t0, manifest=None, bytes_by_server=res.bytes_by_server,
+                       excluded={s.url: s.reason for s in pool if s.reason}, signed=False)
+
+
+def fetch(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, **kw: Any) -> FetchResult:
     """Synchronous wrapper of :func:`fetch_async` (for worker code without an event loop)."""
     try:
         asyncio.get_running_loop()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.shardcast.layout import DEFAULT_SHARD_SIZE
+from swarmrl.shardcast.urls import normalize_url
 from swarmrl.utils.serving import ConnLimits
 
 __all__ = ["OriginConfig", "PublishConfig", "RelayConfig", "FetchConfig", "SHARDCAST_LIMITS", "ServerLimits"]
@@ -40,6 +41,8 @@ class OriginConfig(ServerLimits):
     host: str = "127.0.0.1"
     port: int = Field(8600, ge=0, le=65535)
     hold_s: float = Field(20.0, gt=0, le=60)
+    max_upload_mbps: Optional[float] = Field(None, gt=0, description="upload cap of this server in megabits per "
+                                             "second, all shard downloads together (default: none)")
 
 
 class PublishConfig(StrictModel):
@@ -51,8 +54,17 @@ class PublishConfig(StrictModel):
     move: bool = False
 
 
+def _urls(v: object) -> object:
+    """Server URLs as users type them: ``host:port`` gets http://, ``//`` and trailing slashes are tidied."""
+    if isinstance(v, list):
+        return [normalize_url(u) if isinstance(u, str) else u for u in v]
+    return v
+
+
 class RelayConfig(ServerLimits):
     upstream: list[str] = Field(min_length=1)
+
+    _upstream = field_validator("upstream", mode="before")(lambda cls, v: _urls(v))
     dir: str
     origin_pubkey: str = Field(description="origin public key: 64 hex chars or a file holding them")
     host: str = "127.0.0.1"
@@ -62,15 +74,20 @@ class RelayConfig(ServerLimits):
     poll_s: float = Field(1.0, gt=0, le=30)
     longpoll_s: float = Field(20.0, gt=0, le=60)
     hold_s: float = Field(20.0, gt=0, le=60)
+    max_upload_mbps: Optional[float] = Field(None, gt=0, description="upload cap of this server in megabits per "
+                                             "second, all shard downloads together (default: none)")
     metrics: Optional[str] = Field(None, description="JSONL file: one row per version mirrored")
 
 
 class FetchConfig(StrictModel):
     server: list[str] = Field(min_length=1)
     out: str
-    origin_pubkey: str
+    origin_pubkey: Optional[str] = Field(None, description="origin public key (required unless insecure)")
+    insecure: bool = Field(False, description="also accept a plain SHARDCAST 0.3.x server (no signed manifest): "
+                           "only its whole-file checksum, from the same untrusted server, is checked")
     version: Union[int, Literal["latest"]] = "latest"
-    parallel: int = Field(8, ge=1, le=64)
+    parallel: Optional[int] = Field(None, ge=1, le=64, description="shard downloads in flight (default: 2 per "
+                                    "server, at most 8)")
     max_attempts: int = Field(6, ge=1, le=100)
     max_server_failures: int = Field(3, ge=1, le=100)
     wait_s: float = Field(0.0, ge=0)
@@ -81,6 +98,14 @@ class FetchConfig(StrictModel):
     stall_s: float = Field(10.0, gt=0)
     min_bps: float = Field(32 * 1024, ge=0)
     window_s: float = Field(10.0, gt=0)
+
+    _server = field_validator("server", mode="before")(lambda cls, v: _urls(v))
+
+    @model_validator(mode="after")
+    def _key_unless_insecure(self) -> FetchConfig:
+        if self.origin_pubkey is None and not self.insecure:
+            raise ValueError("origin_pubkey is required (or insecure = true for an unsigned 0.3.x server)")
+        return self
 
     @field_validator("version", mode="before")
     @classmethod

@@ -18,14 +18,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
 import blake3
 
 from swarmrl.shardcast.layout import Manifest, shard_relpath
-from swarmrl.shardcast.pool import FetchError, ServerPool, _timeout, discover
+from swarmrl.shardcast.pool import FetchError, ServerPool, ServerState, discover
+from swarmrl.shardcast.rawget import BadResponse, HTTPStatus, RawPool, RawResponse
 
 STALL_WINDOW_S = 10.0  # window_s: the window the minimum rate is measured over
 DEFAULT_MIN_BPS = 32 * 1024  # min_bps
@@ -100,6 +101,8 @@ class FileSink:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(self.fd).st_size != manifest.size:
             os.ftruncate(self.fd, manifest.size)
+        self.on_write: Callable[[int, int], None] | None = None  # (shard, contiguous bytes written)
+        self.on_reset: Callable[[int], None] | None = None
 
     def resume_from(self, index: int) -> tuple[int, Any]:
         return 0, blake3.blake3()
@@ -107,13 +110,17 @@ class FileSink:
     def write(self, index: int, pos: int, data: bytes | memoryview) -> None:
         off = self.m.shard_offset(index) + pos
         view = memoryview(data)
+        end = pos + len(view)
         while view:
             n = os.pwrite(self.fd, view, off)
             view = view[n:]
             off += n
+        if self.on_write is not None:
+            self.on_write(index, end)
 
     def reset(self, index: int) -> None:
-        pass
+        if self.on_reset is not None:
+            self.on_reset(index)
 
     def done(self, index: int) -> None:
         pass
@@ -131,7 +138,17 @@ class _BadShard(Exception):
     pass
 
 
-async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, index: int,
+@dataclass
+class _BodyState:
+    """Where one shard download stands (shared with the raw client's callbacks)."""
+
+    got: int
+    hasher: Any
+    sources: set[str]
+    n0: int  # bytes held when this request started
+
+
+async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: int,
                            sink: ShardSink, max_attempts: int, read_timeout: float,
                            min_bps: float | None = None, not_ready_s: float = 600.0, stall_s: float | None = None,
                            window_s: float | None = None) -> None:
@@ -176,42 +193,50 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
         attempts += 1
         s.active += 1
         t0 = time.perf_counter()
-        n0 = got
         deadline = _Deadline(read_timeout, stall_s, min_bps, window_s)
         try:
             headers = {"Range": f"bytes={got}-{info.size - 1}"} if got else {}
+            state = _BodyState(got, hasher, sources, got)
+
+            def on_head(r: RawResponse, s: ServerState = s, st: _BodyState = state, dl: _Deadline = deadline) -> int:
+                dl.headers()
+                if r.status == 206:
+                    cr = r.headers.get("content-range", "")
+                    if not cr.startswith(f"bytes {st.got}-"):
+                        raise _BadShard(f"bad Content-Range {cr[:60]!r} for resume at {st.got}")
+                elif r.status == 200:
+                    if st.got:
+                        st.got, st.hasher, st.sources = 0, blake3.blake3(), set()
+                        sink.reset(index)
+                        st.n0 = 0
+                else:
+                    raise HTTPStatus(r.status, r.reason)
+                st.sources.add(s.url)
+                if r.length is not None and r.length > info.size - st.got:
+                    raise _BadShard(f"shard {index} longer than {info.size} bytes")
+                return info.size - st.got
+
+            def on_data(view: memoryview, st: _BodyState = state, dl: _Deadline = deadline) -> None:
+                n = len(view)
+                if st.got + n > info.size:
+                    raise _BadShard(f"shard {index} longer than {info.size} bytes")
+                sink.write(index, st.got, view)
+                st.hasher.update(view)
+                st.got += n
+                dl.data(n)
+
             try:
                 async with asyncio.timeout(None) as timer:
                     deadline.start(timer)
-                    async with session.get(f"{s.url}/{shard_relpath(m.version, index)}", headers=headers,
-                                           timeout=_timeout(None, max(read_timeout, stall_s) + 5.0)) as r:
-                        deadline.headers()
-                        if r.status == 206:
-                            cr = r.headers.get("Content-Range", "")
-                            if not cr.startswith(f"bytes {got}-"):
-                                raise _BadShard(f"bad Content-Range {cr[:60]!r} for resume at {got}")
-                        elif r.status == 200:
-                            if got:
-                                got, hasher, sources = 0, blake3.blake3(), set()
-                                sink.reset(index)
-                                n0 = 0
-                        else:
-                            raise aiohttp.ClientResponseError(r.request_info, (), status=r.status,
-                                                              message=r.reason or "")
-                        sources.add(s.url)
-                        async for chunk in r.content.iter_any():
-                            if got + len(chunk) > info.size:
-                                raise _BadShard(f"shard {index} longer than {info.size} bytes")
-                            sink.write(index, got, chunk)
-                            hasher.update(chunk)
-                            got += len(chunk)
-                            deadline.data(len(chunk))
+                    await raw.get(f"{s.url}/{shard_relpath(m.version, index)}", headers, on_head, on_data)
             except TimeoutError as e:
                 if isinstance(e, Stalled) or timer.expired():
                     raise (e if isinstance(e, Stalled) else deadline.missed()) from None
                 raise
+            finally:
+                got, hasher, sources, n0 = state.got, state.hasher, state.sources, state.n0
             if got < info.size:
-                raise aiohttp.ClientPayloadError(f"short shard: {got}/{info.size} bytes")
+                raise BadResponse(f"short shard: {got}/{info.size} bytes")
             pool.success(s, got - n0, time.perf_counter() - t0)
         except _BadShard as e:
             pool.exclude(s, str(e))
@@ -228,11 +253,11 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
                 pool.exclude(s, msg)
             else:
                 pool.failure(s, msg)
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        except (TimeoutError, OSError) as e:
             msg = f"{type(e).__name__}: {e}"
             errors.append(f"{s.url}: {msg}")
             avoid.add(s.url)
-            if isinstance(e, aiohttp.ClientResponseError) and e.status == 503:
+            if isinstance(e, HTTPStatus) and e.status == 503:
                 # not there yet (a relay's pipelining hold expired): neither a health failure nor a
                 # spent attempt, but bounded by not_ready_s without any byte of this shard
                 s.last_error = msg
@@ -246,7 +271,7 @@ async def _fetch_one_shard(session: aiohttp.ClientSession, pool: ServerPool, m: 
             s.active -= 1
 
 
-async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: Manifest, indices: list[int],
+async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indices: list[int],
                           sink: ShardSink, *, parallel: int = 8, max_attempts: int = 6,
                           read_timeout: float = 30.0, on_shard: Callable[[int], None] | None = None,
                           refresh_s: float | None = None, stall_s: float | None = None,
@@ -257,11 +282,12 @@ async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: M
     deadline of its body (module defaults ``STALL_S``, ``DEFAULT_MIN_BPS``, ``STALL_WINDOW_S``)."""
     queue = list(indices)
     queue.reverse()
+    raw = session
 
     async def worker() -> None:
         while queue:
             idx = queue.pop()
-            await _fetch_one_shard(session, pool, m, idx, sink, max_attempts, read_timeout, min_bps,
+            await _fetch_one_shard(raw, pool, m, idx, sink, max_attempts, read_timeout, min_bps,
                                    stall_s=stall_s, window_s=window_s)
             if on_shard:
                 on_shard(idx)
@@ -284,14 +310,22 @@ async def download_shards(session: aiohttp.ClientSession, pool: ServerPool, m: M
 
 
 class _InOrderHasher:
-    """Hashes the output file's whole-file BLAKE3 on a thread, shard by shard in order, as soon as
-    each prefix of verified shards is on disk, so the final check overlaps the download."""
+    """Hashes the output file's whole-file BLAKE3 on a thread, in file order, following the download: it
+    reads back each byte of shard ``next`` as soon as it is on disk (``progress``), before the shard is
+    complete, so the whole-file check runs alongside the download instead of after it. If a shard the
+    hash has already read into is reset (a bad or restarted transfer), the running hash is void and
+    ``finish`` hashes the finished file again from the start."""
 
     def __init__(self, path: Path, m: Manifest, done: set[int]) -> None:
+        self.path = path
         self.m = m
         self.h = blake3.blake3()
         self.next = 1
+        self.pos = 0  # bytes of shard ``next`` hashed
         self.ready = set(done)
+        self.written: dict[int, int] = {}  # shard -> contiguous bytes on disk (in-progress shards)
+        self.dirty = False
+        self.busy = False  # the thread is reading shard ``next`` outside the lock
         self.cv = threading.Condition()
         self.closed = False
         self.fd = os.open(path, os.O_RDONLY)
@@ -301,17 +335,51 @@ class _InOrderHasher:
     def mark(self, index: int) -> None:
         with self.cv:
             self.ready.add(index)
+            self.written.pop(index, None)
             self.cv.notify()
+
+    def progress(self, index: int, end: int) -> None:
+        """``end`` contiguous bytes of shard ``index`` are on disk."""
+        if index != self.next:
+            self.written[index] = end  # read without the lock by nobody else: the GIL keeps it whole
+            return
+        with self.cv:
+            self.written[index] = end
+            self.cv.notify()
+
+    def reset(self, index: int) -> None:
+        with self.cv:
+            self.written.pop(index, None)
+            if index == self.next and (self.pos or self.busy):
+                self.dirty = True
+                self.cv.notify()
+
+    def _available(self) -> int:
+        """Bytes of shard ``next`` that can be hashed now (call with the lock held)."""
+        if self.next in self.ready:
+            return self.m.shards[self.next - 1].size
+        return self.written.get(self.next, 0)
 
     def _run(self) -> None:
         n = self.m.num_shards
         while self.next <= n:
             with self.cv:
-                while self.next not in self.ready and not self.closed:
+                while True:
+                    if self.next in self.ready and self.pos >= self.m.shards[self.next - 1].size:
+                        self.next += 1
+                        self.pos = 0
+                        if self.next > n:
+                            return
+                        continue
+                    if self.dirty or self.closed or self._available() > self.pos:
+                        break
                     self.cv.wait()
-                if self.next not in self.ready:
+                if self.dirty or self._available() <= self.pos:
                     return
-            off, left = self.m.shard_offset(self.next), self.m.shards[self.next - 1].size
+                upto = self._available()
+                self.busy = True
+            off = self.m.shard_offset(self.next) + self.pos
+            left = upto - self.pos
             while left:
                 data = os.pread(self.fd, min(left, 8 << 20), off)
                 if not data:
@@ -319,11 +387,15 @@ class _InOrderHasher:
                 self.h.update(data)
                 off += len(data)
                 left -= len(data)
-            self.next += 1
+            with self.cv:
+                self.busy = False
+                self.pos = upto
 
     def finish(self) -> str | None:
         """The digest once every shard was hashed (None if the thread stopped early)."""
         self.close()
+        if self.dirty:
+            return hash_file(self.path)
         return self.h.hexdigest() if self.next > self.m.num_shards else None
 
     def close(self) -> None:

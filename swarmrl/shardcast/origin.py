@@ -292,12 +292,14 @@ class Origin:
         return PublishResult(version, m, time.perf_counter() - t0)
 
     # ---- serving ----------------------------------------------------------------------------
-    def serve(self, port: int = 0, host: str = "127.0.0.1", limits: ConnLimits | None = None) -> str:
-        """Start an aiohttp server for this directory on a background thread; returns its URL."""
+    def serve(self, port: int = 0, host: str = "127.0.0.1", limits: ConnLimits | None = None,
+              max_upload_mbps: float | None = None) -> str:
+        """Start an aiohttp server for this directory on a background thread; returns its URL.
+        ``max_upload_mbps``: cap on all shard bytes it sends together (megabits per second)."""
         if self._server is not None:
             return self._server.url
         self._bg = BackgroundLoop("shardcast-origin")
-        self._server = ShardServer(self.root, limits=limits)
+        self._server = ShardServer(self.root, limits=limits, max_upload_mbps=max_upload_mbps)
         self._bg.run(self._server.start(host, port))
         return self._server.url
 

@@ -11,8 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
     MANIFEST_NAME,
@@ -22,7 +20,9 @@ from swarmrl.shardcast.layout import (
     Manifest,
     parse_distribution,
 )
+from swarmrl.shardcast.rawget import HTTPStatus, RawPool
 from swarmrl.shardcast.signing import SignatureError, verify_manifest
+from swarmrl.shardcast.urls import normalize_url
 
 _EMA = 0.3
 
@@ -61,7 +61,8 @@ class ServerPool:
     """
 
     def __init__(self, urls: Iterable[str], *, max_failures: int = 3, exclude_s: float = float("inf")) -> None:
-        self.servers = {u.rstrip("/"): ServerState(u.rstrip("/")) for u in urls}
+        norm = [normalize_url(u) for u in urls]
+        self.servers = {u: ServerState(u) for u in norm}
         if not self.servers:
             raise ValueError("no servers given")
         self.max_failures = max_failures
@@ -120,54 +121,37 @@ class ServerPool:
         return "; ".join(parts)
 
 
-def _timeout(total: float | None = None, read: float = 30.0) -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=total, connect=10.0, sock_read=read)
+def new_session(limit: int = 64) -> RawPool:
+    """The HTTP client of a fetch or a relay (kept-alive connections per server; ``async with`` closes it)."""
+    return RawPool(idle_per_host=limit)
 
 
-
-def new_session(limit: int = 64) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0,
-                                                                force_close=False),
-                                 auto_decompress=False, read_bufsize=1 << 20)
-
-
-
-async def _read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    if resp.content_length is not None and resp.content_length > limit:
-        raise LayoutError(f"response of {resp.content_length} bytes exceeds limit {limit}")
-    buf = bytearray()
-    async for chunk in resp.content.iter_any():
-        buf += chunk
-        if len(buf) > limit:
-            raise LayoutError(f"response exceeds limit {limit}")
-    return bytes(buf)
-
-
-async def server_versions(session: aiohttp.ClientSession, url: str, *, since: int | None = None,
+async def server_versions(session: RawPool, url: str, *, since: int | None = None,
                           wait: float = 0.0) -> tuple[set[int], set[int], int | None]:
     """(complete, partial, seq) from one server; falls back to distribution.txt for static servers."""
     q = f"?since={since}&wait={wait}" if since is not None and wait > 0 else ""
-    async with session.get(f"{url}/versions.json{q}", timeout=_timeout(wait + 15.0)) as r:
-        if r.status == 200:
-            try:
-                data = json.loads(await _read_limited(r, 1 << 20))
-            except (ValueError, RecursionError) as e:
-                raise LayoutError(f"versions.json is not JSON: {type(e).__name__}") from None
-            if not isinstance(data, dict):
-                raise LayoutError("versions.json is not an object")
-            comp = {int(v) for v in data.get("complete", []) if type(v) is int and v > 0}
-            part = {int(k) for k in (data.get("partial") or {}) if str(k).isdigit() and int(k) > 0}
-            seq = data.get("seq")
-            return comp, part, seq if type(seq) is int else None
-        if r.status != 404:
-            raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message="versions.json")
-    async with session.get(f"{url}/{DISTRIBUTION_NAME}", timeout=_timeout(15.0)) as r:
-        r.raise_for_status()
-        entries = parse_distribution(await _read_limited(r, MAX_DISTRIBUTION_BYTES))
+    status, body = await session.get_small(f"{url}/versions.json{q}", 1 << 20, wait + 15.0)
+    if status == 200:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            raise LayoutError(f"versions.json is not JSON: {type(e).__name__}") from None
+        if not isinstance(data, dict):
+            raise LayoutError("versions.json is not an object")
+        comp = {int(v) for v in data.get("complete", []) if type(v) is int and v > 0}
+        part = {int(k) for k in (data.get("partial") or {}) if str(k).isdigit() and int(k) > 0}
+        seq = data.get("seq")
+        return comp, part, seq if type(seq) is int else None
+    if status != 404:
+        raise HTTPStatus(status, "versions.json")
+    status, body = await session.get_small(f"{url}/{DISTRIBUTION_NAME}", MAX_DISTRIBUTION_BYTES, 15.0)
+    if status != 200:
+        raise HTTPStatus(status, DISTRIBUTION_NAME)
+    entries = parse_distribution(body)
     return {e.version for e in entries}, set(), None
 
 
-async def discover(session: aiohttp.ClientSession, pool: ServerPool,
+async def discover(session: RawPool, pool: ServerPool,
                    which: list[ServerState] | None = None, count_failures: bool = True) -> None:
     """Refresh every server's advertised versions; unreachable servers count a failure (unless
     ``count_failures`` is False: while waiting for a version, a server still starting up is fine)."""
@@ -175,7 +159,7 @@ async def discover(session: aiohttp.ClientSession, pool: ServerPool,
         try:
             comp, part, _ = await server_versions(session, s.url)
             s.versions = comp | part
-        except (TimeoutError, aiohttp.ClientError, OSError, LayoutError, ValueError) as e:
+        except (TimeoutError, OSError, LayoutError, ValueError) as e:
             msg = f"discovery: {type(e).__name__}: {e}"
             if count_failures:
                 pool.failure(s, msg)
@@ -184,12 +168,12 @@ async def discover(session: aiohttp.ClientSession, pool: ServerPool,
     await asyncio.gather(*(one(s) for s in (pool.healthy() if which is None else which)))
 
 
-async def get_manifest(session: aiohttp.ClientSession, pool: ServerPool, version: int, pub: Any) -> Manifest:
+async def get_manifest(session: RawPool, pool: ServerPool, version: int, pub: Any) -> Manifest:
     """Fetch + verify v<version>/manifest.json from the servers that list it."""
     return (await get_manifest_raw(session, pool, version, pub))[0]
 
 
-async def get_manifest_raw(session: aiohttp.ClientSession, pool: ServerPool, version: int, pub: Any
+async def get_manifest_raw(session: RawPool, pool: ServerPool, version: int, pub: Any
                            ) -> tuple[Manifest, bytes]:
     """Like get_manifest, also returning the verified envelope bytes (a relay stores them as-is)."""
     errors = []
@@ -198,10 +182,10 @@ async def get_manifest_raw(session: aiohttp.ClientSession, pool: ServerPool, ver
     random.shuffle(cands)
     for s in cands:
         try:
-            async with session.get(f"{s.url}/v{version}/{MANIFEST_NAME}", timeout=_timeout(30.0)) as r:
-                r.raise_for_status()
-                data = await _read_limited(r, MAX_MANIFEST_BYTES)
-        except (TimeoutError, aiohttp.ClientError, OSError, LayoutError) as e:
+            status, data = await session.get_small(f"{s.url}/v{version}/{MANIFEST_NAME}", MAX_MANIFEST_BYTES, 30.0)
+            if status != 200:
+                raise HTTPStatus(status, MANIFEST_NAME)
+        except (TimeoutError, OSError, LayoutError) as e:
             pool.failure(s, f"manifest v{version}: {type(e).__name__}: {e}")
             errors.append(f"{s.url}: {e}")
             continue

@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import blake3
 
 from swarmrl.shardcast.client import (
@@ -44,8 +43,10 @@ from swarmrl.shardcast.layout import (
     shard_name,
 )
 from swarmrl.shardcast.metrics import RelayMetrics
+from swarmrl.shardcast.rawget import RawPool
 from swarmrl.shardcast.server import ShardServer
 from swarmrl.shardcast.signing import load_public_key, verify_manifest
+from swarmrl.shardcast.urls import normalize_url
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.serving import ConnLimits
 
@@ -90,8 +91,11 @@ class _RelaySink:
         while view:
             n = os.pwrite(fd, view, pos)
             view, pos = view[n:], pos + n
+        # served onward as it arrives (readers verify the shard's signed hash; a reset cuts them off)
+        self.server.shard_progress(self.m.version, index, self._part(index), self.m.shards[index - 1].size, pos)
 
     def reset(self, index: int) -> None:
+        self.server.shard_reset(self.m.version, index)
         os.ftruncate(self._fd(index), 0)
 
     def done(self, index: int) -> None:
@@ -112,10 +116,11 @@ class Relay:
     def __init__(self, root: str | Path, upstreams: Iterable[str], origin_pubkey: Any, *, keep: int = 5,
                  parallel: int = 4, poll_s: float = 1.0, longpoll_s: float = 20.0, hold_s: float = 20.0,
                  exclude_s: float = 10.0, rate_limit_bps: float | None = None,
-                 metrics: str | Path | None = None, limits: ConnLimits | None = None) -> None:
+                 metrics: str | Path | None = None, limits: ConnLimits | None = None,
+                 max_upload_mbps: float | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.upstreams = [u.rstrip("/") for u in upstreams]
+        self.upstreams = list(dict.fromkeys(normalize_url(u) for u in upstreams))
         if not self.upstreams:
             raise ValueError("a relay needs at least one upstream")
         self.pub = load_public_key(origin_pubkey)
@@ -123,12 +128,13 @@ class Relay:
         self.parallel = parallel
         self.poll_s = poll_s
         self.longpoll_s = longpoll_s
-        self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps, limits=limits)
+        self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps, limits=limits,
+                                  max_upload_mbps=max_upload_mbps)
         self.pool = ServerPool(self.upstreams, max_failures=3, exclude_s=exclude_s)
         self.prom = RelayMetrics(self.server.metrics.registry, lambda: list(self.pool))  # on the server's /metrics
         self._tasks: set[asyncio.Task[Any]] = set()
         self._syncing: dict[int, asyncio.Task[None]] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._session: RawPool | None = None
         self.synced: list[int] = []
         self._metrics_path = metrics
         self._metrics: Any = None
@@ -154,7 +160,7 @@ class Relay:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.server.stop()
         if self._session:
-            await self._session.close()
+            await self._session.aclose()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -231,7 +237,7 @@ class Relay:
                     since = seq
             except asyncio.CancelledError:
                 raise
-            except (TimeoutError, aiohttp.ClientError, OSError, LayoutError, ValueError) as e:
+            except (TimeoutError, OSError, LayoutError, ValueError) as e:
                 state.last_error = f"watch: {type(e).__name__}: {e}"
                 since = None
                 await asyncio.sleep(backoff)

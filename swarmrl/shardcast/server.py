@@ -42,11 +42,14 @@ from swarmrl.shardcast.layout import (
     shard_name,
 )
 from swarmrl.shardcast.metrics import ServerMetrics
+from swarmrl.shardcast.streaming import Growing, Pacer
 from swarmrl.utils.serving import ConnectionGuard, ConnLimits, raise_nofile_limit
 
 __all__ = ["ShardServer", "BackgroundLoop", "ensure_probe_file"]
 
 T = TypeVar("T")
+_SLASHES = re.compile(r"/{2,}")
+_PATH = web.RequestKey("shardcast_path", str)  # the request path, runs of slashes made one
 _SHARD_RE = re.compile(r"/v([1-9]\d{0,12})/shard_(\d{5})\.bin")
 _MANIFEST_RE = re.compile(r"/v([1-9]\d{0,12})/manifest\.json")
 MAX_HOLD_S = 60.0
@@ -79,12 +82,15 @@ class ShardServer:
 
     def __init__(self, root: str | Path, *, hold_s: float = 20.0, watch_s: float = 0.2,
                  rate_limit_bps: float | None = None, max_holds: int = 4096,
-                 limits: ConnLimits | None = None) -> None:
+                 limits: ConnLimits | None = None, max_upload_mbps: float | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.hold_s = min(hold_s, MAX_HOLD_S)
         self.watch_s = watch_s
-        self.rate_limit_bps = rate_limit_bps  # testing / simulation of slow links only
+        self.rate_limit_bps = rate_limit_bps  # per connection: testing / simulation of slow links only
+        # the server's upload cap (all shard bytes it sends, together), in megabits per second
+        self.pacer = Pacer(max_upload_mbps * 1e6 / 8) if max_upload_mbps else None
+        self.growing: dict[tuple[int, int], Growing] = {}
         self.seq = 0
         self.complete: list[int] = []
         self.partial: dict[int, _Partial] = {}
@@ -133,10 +139,34 @@ class ShardServer:
         p = self.partial.get(version)
         if p is not None:
             p.have.add(index)
+        g = self.growing.pop((version, index), None)
+        if g is not None:
+            g.final, g.have = True, g.size
+            g.wake()
         self.notify()
+
+    def shard_progress(self, version: int, index: int, part: Path, size: int, have: int) -> None:
+        """A relay holds ``have`` contiguous (unverified) bytes of a shard in ``part``: stream them onward."""
+        g = self.growing.get((version, index))
+        if g is None:
+            g = self.growing[(version, index)] = Growing(part, size)
+            g.have = have
+            self.notify()  # wakes requests held for this shard
+        else:
+            g.have = have
+        g.wake()
+
+    def shard_reset(self, version: int, index: int) -> None:
+        """The relay threw away what it had of a shard: cut off the responses streaming it."""
+        g = self.growing.pop((version, index), None)
+        if g is not None:
+            g.gen += 1
+            g.wake()
 
     def drop_partial(self, version: int) -> None:
         self.partial.pop(version, None)
+        for key in [k for k in self.growing if k[0] == version]:
+            self.shard_reset(*key)
         self.notify()
 
     def refresh(self) -> None:
@@ -183,8 +213,10 @@ class ShardServer:
                      ) -> web.StreamResponse:
         guard.request_started(request)
         raw = request.raw_path.split("?", 1)[0]
-        if ".." in raw or "%" in raw or "\\" in raw or "//" in raw or "\x00" in raw:
+        if ".." in raw or "%" in raw or "\\" in raw or "\x00" in raw or not raw.startswith("/"):
             return web.Response(status=400, text="bad path\n")
+        # a client joining "http://host/" and "/v1/..." asks for "//v1/...": runs of slashes count as one
+        request[_PATH] = _SLASHES.sub("/", raw)
         if request.method not in ("GET", "HEAD"):
             return web.Response(status=405, text="method not allowed\n", headers={"Allow": "GET, HEAD"})
         if request.content_length:
@@ -201,17 +233,24 @@ class ShardServer:
         except OSError:
             return False
 
-    async def _file(self, request: web.Request, path: Path) -> web.StreamResponse:
+    async def _file(self, request: web.Request, path: Path, paced: bool = False) -> web.StreamResponse:
         if not self._inside(path) or not path.is_file():
             raise web.HTTPNotFound()
-        if self.rate_limit_bps:
-            return await self._slow_file(request, path)
+        if self.rate_limit_bps or (paced and self.pacer is not None):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise web.HTTPNotFound() from None
+            try:
+                return await self._send(request, fd, os.fstat(fd).st_size, None, paced)
+            finally:
+                os.close(fd)
         resp = web.FileResponse(path, chunk_size=1 << 20)
         resp.headers["Cache-Control"] = "no-cache"
         return resp
 
-    async def _slow_file(self, request: web.Request, path: Path) -> web.StreamResponse:
-        size = path.stat().st_size
+    @staticmethod
+    def _range(request: web.Request, size: int) -> tuple[int, int]:
         try:
             rng = request.http_range
         except ValueError:
@@ -220,27 +259,55 @@ class ShardServer:
         stop = size if rng.stop is None else min(rng.stop, size)
         if start < 0:
             start, stop = max(size + start, 0), size
-        if start >= size and size:
+        if (start >= size and size) or stop < start:
             raise web.HTTPRequestRangeNotSatisfiable()
+        return start, stop
+
+    async def _send(self, request: web.Request, fd: int, size: int, growing: Growing | None,
+                    paced: bool) -> web.StreamResponse:
+        """Send [range of] the ``size`` bytes of ``fd`` by chunks: under the upload cap (``paced``) or a test rate,
+        and, for a shard still arriving (``growing``), as its bytes land."""
+        start, stop = self._range(request, size)
         resp = web.StreamResponse(status=206 if (start or stop != size) else 200)
         resp.content_length = stop - start
+        resp.headers["Cache-Control"] = "no-cache"
         if resp.status == 206:
             resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
         await resp.prepare(request)
         if request.method == "HEAD":
             return resp
-        chunk = 16384
-        with path.open("rb") as f:
-            f.seek(start)
-            pos = start
-            while pos < stop:
-                data = f.read(min(chunk, stop - pos))
-                if not data:
-                    break
-                await resp.write(data)
-                pos += len(data)
-                await asyncio.sleep(len(data) / self.rate_limit_bps)
+        conn_pacer = Pacer(self.rate_limit_bps) if self.rate_limit_bps else None
+        pacer = self.pacer if paced else None
+        chunk = 16384 if conn_pacer else (256 << 10 if pacer else 1 << 20)
+        gen = growing.gen if growing is not None else 0
+        pos = start
+        while pos < stop:
+            avail = stop
+            if growing is not None:
+                if growing.gen != gen:
+                    return self._cut(request, resp)
+                avail = min(stop, growing.size if growing.final else growing.have)
+                if avail <= pos:
+                    if not await growing.wait(self.hold_s) and growing.have <= pos and not growing.final:
+                        return self._cut(request, resp)
+                    continue
+            n = min(chunk, avail - pos)
+            for p in (conn_pacer, pacer):
+                if p is not None:
+                    await p.take(n)
+            data = os.pread(fd, n, pos)
+            if not data:
+                return self._cut(request, resp)
+            await resp.write(data)
+            pos += len(data)
         await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _cut(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+        """End a response mid-body (the reader sees a short body and resumes or re-fetches elsewhere)."""
+        if request.transport is not None:
+            request.transport.close()
         return resp
 
     async def _distribution(self, request: web.Request) -> web.StreamResponse:
@@ -250,7 +317,7 @@ class ShardServer:
         return await self._file(request, p)
 
     async def _probe(self, request: web.Request) -> web.StreamResponse:
-        return await self._file(request, self.root / PROBE_NAME)
+        return await self._file(request, self.root / PROBE_NAME, paced=True)
 
     async def _versions(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -269,7 +336,7 @@ class ShardServer:
         return web.json_response(self.snapshot(), headers={"Cache-Control": "no-cache"})
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
+        path = request.get(_PATH, request.path)
         if path == "/" + DISTRIBUTION_NAME:
             return await self._distribution(request)
         if path == "/" + PROBE_NAME:
@@ -291,7 +358,7 @@ class ShardServer:
             raise web.HTTPNotFound()
         path = self.root / f"v{version}" / shard_name(index)
         if path.is_file():
-            return await self._file(request, path)
+            return await self._file(request, path, paced=True)
         part = self.partial.get(version)
         if part is None or index > part.num_shards:
             raise web.HTTPNotFound()
@@ -303,6 +370,17 @@ class ShardServer:
             while True:
                 if path.is_file():
                     break
+                g = self.growing.get((version, index))
+                if g is not None:
+                    try:
+                        fd = os.open(g.path, os.O_RDONLY)
+                    except FileNotFoundError:  # landed (renamed) or reset meanwhile: look again
+                        await self._wait_change(0.05)
+                        continue
+                    try:
+                        return await self._send(request, fd, g.size, g, paced=True)
+                    finally:
+                        os.close(fd)
                 part = self.partial.get(version)
                 if part is None or index > part.num_shards:
                     raise web.HTTPNotFound()
@@ -312,7 +390,7 @@ class ShardServer:
                 await self._wait_change(min(left, 1.0))
         finally:
             self._holds -= 1
-        return await self._file(request, path)
+        return await self._file(request, path, paced=True)
 
     async def _count_response(self, request: web.Request, resp: web.StreamResponse) -> None:
         self.metrics.response(request.method, resp.status, resp.content_length)

@@ -1,0 +1,34 @@
+"""Server base URLs as users type them (``host:port``, ``http://host:port/``, ``http://host:port//path``)."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+__all__ = ["normalize_url"]
+
+_SLASHES = re.compile(r"/{2,}")
+
+
+def normalize_url(url: str) -> str:
+    """A server's base URL as users type it, made canonical: ``host:port`` gets ``http://``, runs of slashes
+    in the path count as one, trailing slashes go (``http://h:1//x/`` -> ``http://h:1/x``). ValueError for what
+    is not a plain http:// base URL (other schemes, credentials, queries, fragments, a bad port)."""
+    u = str(url).strip()
+    if not u:
+        raise ValueError("empty server URL")
+    if "://" not in u:
+        u = "http://" + u.lstrip("/")
+    parts = urlsplit(u)
+    if parts.scheme.lower() != "http":
+        raise ValueError(f"server URL {url!r}: only http:// is supported")
+    if not parts.hostname or "@" in parts.netloc:
+        raise ValueError(f"server URL {url!r}: expected http://HOST[:PORT][/PATH]")
+    try:
+        parts.port  # noqa: B018  # raises ValueError for a bad port
+    except ValueError as e:
+        raise ValueError(f"server URL {url!r}: {e}") from None
+    if parts.query or parts.fragment:
+        raise ValueError(f"server URL {url!r}: a base URL has no query or fragment")
+    path = _SLASHES.sub("/", parts.path).rstrip("/")
+    return f"http://{parts.netloc}{path}"
