@@ -110,7 +110,7 @@ class NodeClient(SignedClient):
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         digest = h.hexdigest()
-        url = f"/v1/submissions/upload/{int(assignment_id)}"
+        url = f"/v1/submissions/upload/{int(assignment_id)}?next=1"  # answered with the next heartbeat's reply
         headers = sign_request(self.key, "PUT", url, content_sha256=digest)
         headers["Content-Type"] = "application/octet-stream"
 
@@ -120,7 +120,18 @@ class NodeClient(SignedClient):
 
         headers["Content-Length"] = str(path.stat().st_size)
         r = self._check(self.http.put(url, content=chunks(), headers=headers))
-        return SubmitReply.model_validate_json(r.content)
+        rep = SubmitReply.model_validate_json(r.content)
+        if rep.next is not None:
+            self._next = (time.monotonic(), rep.next)
+        return rep
+
+    def beat(self, max_age_s: float = 2.0) -> HeartbeatReply:
+        """The heartbeat reply the last upload came with (if it is at most ``max_age_s`` old and not used yet),
+        else a heartbeat."""
+        got, self._next = getattr(self, "_next", None), None
+        if got is not None and time.monotonic() - got[0] <= max_age_s:
+            return got[1]
+        return self.heartbeat()
 
     def submission(self, submission_id: int) -> SubmissionDetail:
         r = self._check(self.http.get(f"/v1/submissions/{int(submission_id)}"))

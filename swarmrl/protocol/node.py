@@ -76,7 +76,7 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
         interval = 10.0
         worked = False
         try:
-            reply = client.heartbeat()
+            reply = client.beat()  # the reply its last upload came with, else a heartbeat
             interval = reply.heartbeat_interval_s
             beats += 1
             if on_reply:

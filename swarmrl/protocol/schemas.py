@@ -134,6 +134,8 @@ class SubmitReply(Body):
     sha256: str
     n_rows: int
     status: str
+    # upload with ?next=1: the heartbeat reply the node would get right after (its next work), saving a request
+    next: HeartbeatReply | None = None
 
 
 class CheckResult(Body):

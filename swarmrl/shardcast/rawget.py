@@ -56,6 +56,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.got_any = False
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -192,8 +193,21 @@ class _Conn(asyncio.BufferedProtocol):
             self.filled = 0
             assert self.on_data is not None
             self.on_data(self.view[:n])
+        elif self.filled and self._flush_timer is None and self.transport is not None:
+            # bytes held and none arriving: hand them on within FLUSH_S anyway (a stalling server's last bytes
+            # count as progress, a relay streams a slow body onward)
+            self._flush_timer = asyncio.get_running_loop().call_later(FLUSH_S, self._timed_flush)
         if self.left == 0:
             self._finish()
+
+    def _timed_flush(self) -> None:
+        self._flush_timer = None
+        if self.done is None or self.done.done() or self.in_head:
+            return
+        try:
+            self._maybe_flush(final=False)
+        except BaseException as e:  # noqa: BLE001  # handed to the waiting request
+            self._fail(e)
 
     def _finish(self) -> None:
         if self.done is not None and not self.done.done():

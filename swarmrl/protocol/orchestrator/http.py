@@ -385,11 +385,17 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
             if sha != p.content_sha256:
                 orch.store.discard(tmp)
                 raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
-            return await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
+            rep = await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
         except ProtocolError as e:
             if e.status in (413, 422):
                 await run_in_threadpool(orch.release_assignment, p, assignment_id, e.detail)
             raise
+        if request.query_params.get("next") == "1":  # the node's heartbeat, answered with the upload
+            try:
+                rep.next = await run_in_threadpool(orch.heartbeat, p, HeartbeatRequest())
+            except ProtocolError:  # it hears why at its next heartbeat; the upload itself stands
+                rep.next = None
+        return rep
 
     @app.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=_ERRORS, tags=["public"],
              dependencies=public)
