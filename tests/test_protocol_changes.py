@@ -64,3 +64,17 @@ def test_pending_and_accepted_long_polls_answer_when_an_upload_or_a_verdict_come
         with pytest.raises(ApiError) as e:  # the wait is bounded
             v.pending(wait=60.0)
         assert e.value.status == 422
+
+
+def test_an_upload_is_answered_with_the_nodes_next_heartbeat_reply(tmp_path):
+    cfg, _ = make_cfg(tmp_path)
+    with running(cfg, run_sweeper=False) as srv:
+        node = NodeClient(srv.url, generate_key())
+        node.register(throughput=10.0, stake=100.0)
+        a = node.heartbeat().assignments[0]
+        rep = node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "r.parquet"))
+        assert rep.next is not None and rep.next.node_id == node.node_id
+        assert a.assignment_id not in [x.assignment_id for x in rep.next.assignments]  # that work is done
+        assert node.beat() is rep.next  # used once, instead of a request
+        again = node.beat()  # then a real heartbeat
+        assert again is not rep.next and again.node_id == node.node_id
