@@ -5,7 +5,7 @@ after in-place updates, and models it does not cover falling back to HF's forwar
 import pytest
 import torch
 
-from swarmrl.inference import SamplingParams, generate
+from swarmrl.inference import SamplingParams, generate, static_decoder
 from swarmrl.inference import sampler as sampler_mod
 from swarmrl.inference.static_decoder import StaticDecoder, unsupported_reason
 from swarmrl.models import ModelInitConfig, init_model
@@ -27,10 +27,13 @@ def _hf(model, prompts, params, eos, pad, gens=None):
     return sampler_mod._output(prompts, toks, lps, hid, eos)
 
 
+@pytest.mark.parametrize("onednn", [False, True], ids=["mm", "onednn"])
 @pytest.mark.parametrize(("arch", "kv_heads"), [("qwen2", None), ("llama", 2), ("qwen2", 1)])
-def test_static_decoder_equals_hf_forward(arch, kv_heads):
+def test_static_decoder_equals_hf_forward(arch, kv_heads, onednn, monkeypatch):
+    monkeypatch.setattr(static_decoder, "ONEDNN_MIN_PARAMS", 0 if onednn else 1 << 60)
     model, tok = _model(arch, kv_heads)
     assert unsupported_reason(model) is None
+    assert StaticDecoder.for_model(model).head.onednn == (onednn and torch.backends.mkldnn.is_available())
     prompts = _prompts(tok) * 2
     greedy, sample = SamplingParams(max_new_tokens=12, temperature=0.0), SamplingParams(max_new_tokens=12)
 
