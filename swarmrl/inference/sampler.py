@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.static_decoder import StaticDecoder, unsupported_reason
 
 
 @dataclass
@@ -96,16 +97,96 @@ def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-@torch.no_grad()
 def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams, eos_id: int, pad_id: int,
              capture_hidden: bool = False, generator: torch.Generator | None = None,
              generators: list[torch.Generator] | None = None) -> SampleOutput:
     """Sample one completion per prompt (repeat a prompt to get a group). Randomness: ``generators`` (one per
-    prompt, each request its own stream), else ``generator`` (one stream for the batch), else torch's global one."""
+    prompt, each request its own stream), else ``generator`` (one stream for the batch), else torch's global one.
+    Llama / Qwen2 models run on the static-cache decoder (``static_decoder``), others on HF's forward."""
     if generators is not None and len(generators) != len(prompts):
         raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
     if not prompts:
         return SampleOutput([], [], [], [], [] if capture_hidden else None)
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt")
+    prompts = [list(p) for p in prompts]
+    with torch.inference_mode():
+        if unsupported_reason(model) is None:
+            toks, lps, hid = _sample_static(model, prompts, params, eos_id, pad_id, capture_hidden, generator,
+                                            generators)
+        else:
+            toks, lps, hid = _sample_hf(model, prompts, params, eos_id, pad_id, capture_hidden, generator,
+                                        generators)
+    return _output(prompts, toks, lps, hid, eos_id)
+
+
+def _output(prompts: list[list[int]], toks: torch.Tensor, lps: torch.Tensor, hid: torch.Tensor | None,
+            eos_id: int) -> SampleOutput:
+    """Cut each row after its first EOS (kept) and convert to lists in one pass."""
+    steps = toks.shape[1]
+    is_eos = toks == eos_id
+    lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, steps).tolist()
+    tok_rows, lp_rows = toks.tolist(), lps.tolist()
+    comp = [r[:n] for r, n in zip(tok_rows, lengths)]
+    logps = [r[:n] for r, n in zip(lp_rows, lengths)]
+    fin = [n > 0 and c[-1] == eos_id for c, n in zip(comp, lengths)]
+    hidden = [hid[i, :n].clone() for i, n in enumerate(lengths)] if hid is not None else None
+    return SampleOutput(prompts, comp, logps, fin, hidden)
+
+
+def _stop_check_every(device: torch.device) -> int:
+    """How often finished rows are looked for (a host sync): every step on CPU, where it costs nothing."""
+    return 1 if device.type == "cpu" else 8
+
+
+def _sample_static(model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams, eos_id: int,
+                   pad_id: int, capture_hidden: bool, generator: torch.Generator | None,
+                   generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Tokens ``[rows, max_new_tokens]`` (pad after a row stops), their logprobs and (optionally) bf16 final-norm
+    states, from the static-cache decoder. Rows are dropped from the batch once enough of them are finished."""
+    dec = StaticDecoder.for_model(model)
+    dev, steps, bsz = dec.device, params.max_new_tokens, len(prompts)
+    width = max(len(p) for p in prompts)
+    cos, sin = dec.rope_table(width + steps)
+    cache = dec.new_cache(bsz, width + steps)
+    logits, hn = dec.prefill(prompts, cache, width, cos, sin)
+    out_tok = torch.full((bsz, steps), pad_id, dtype=torch.long, device=dev)
+    out_lp = torch.zeros((bsz, steps), dtype=torch.float32, device=dev)
+    out_h = torch.empty((bsz, steps, dec.hidden), dtype=torch.bfloat16, device=dev) if capture_hidden else None
+    rows = torch.arange(bsz, device=dev)  # original index of each row still in the batch
+    pos = torch.tensor([len(p) for p in prompts], device=dev)  # next position of each row
+    done = torch.zeros(bsz, dtype=torch.bool, device=dev)  # per row still in the batch: produced EOS
+    gens = list(generators) if generators is not None else None
+    every = _stop_check_every(dev)
+    for t in range(steps):
+        tok, lp = _pick(logits, params, generator, gens)
+        out_tok[rows, t] = tok
+        out_lp[rows, t] = lp.float()
+        if out_h is not None:
+            out_h[rows, t] = hn.to(torch.bfloat16)
+        if t == steps - 1:
+            break
+        if eos_id >= 0:
+            done |= tok == eos_id
+            if (t + 1) % every == 0:
+                n_done = int(done.sum())
+                if n_done == done.shape[0]:
+                    break
+                if n_done and n_done >= done.shape[0] // 8:  # drop finished rows (copies the cache: not for one of many)
+                    keep = (~done).nonzero().squeeze(1)
+                    cache.keep(keep)
+                    rows, pos, tok, done = rows[keep], pos[keep], tok[keep], done[keep]
+                    if gens is not None:
+                        gens = [gens[i] for i in keep.tolist()]
+        logits, hn = dec.step(tok, pos, width + t, cache, cos, sin)
+        pos = pos + 1
+    return out_tok.cpu(), out_lp.cpu(), out_h.cpu() if out_h is not None else None
+
+
+def _sample_hf(model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams, eos_id: int, pad_id: int,
+               capture_hidden: bool, generator: torch.Generator | None,
+               generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The same through HF's forward and its dynamic cache (models the static decoder does not cover)."""
     device = next(model.parameters()).device
     ids, mask = _left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
@@ -116,7 +197,6 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingP
     out_lp: list[torch.Tensor] = []
     out_h: list[torch.Tensor] = []
     done = torch.zeros(bsz, dtype=torch.bool, device=device)
-    lengths = torch.zeros(bsz, dtype=torch.long, device=device)
     try:
         res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         cache = res.past_key_values
@@ -128,7 +208,6 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingP
             tok = torch.where(done, torch.full_like(tok, pad_id), tok)
             out_tok.append(tok)
             out_lp.append(lp)
-            lengths += (~done).long()
             done = done | (tok == eos_id)
             if bool(done.all()) or _step == params.max_new_tokens - 1:
                 break
@@ -143,12 +222,4 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingP
     toks = torch.stack(out_tok, dim=1).cpu()
     lps = torch.stack(out_lp, dim=1).float().cpu()
     hid = torch.stack(out_h, dim=1).cpu() if hook is not None else None
-    comp, logps, fin, hidden = [], [], [], []
-    for i in range(bsz):
-        n = int(lengths[i])
-        comp.append(toks[i, :n].tolist())
-        logps.append(lps[i, :n].tolist())
-        fin.append(n > 0 and comp[-1][-1] == eos_id)
-        if hid is not None:
-            hidden.append(hid[i, :n].contiguous())
-    return SampleOutput([list(p) for p in prompts], comp, logps, fin, hidden if hid is not None else None)
+    return toks, lps, hid
