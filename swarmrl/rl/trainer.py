@@ -187,7 +187,9 @@ class Trainer:
             if len(usable) >= cfg.prompts_per_step:
                 break
             announced = sum(announced_groups(f) for f in files)
-            missing = announced - len(usable)
+            # what this step's files announced and did not deliver (carried groups are not theirs: counting them
+            # would hide a shortfall from the workers, who then make no more for this step)
+            missing = announced - (len(usable) - stats["carried_groups"])
             if missing > 0 and all(f.name in cache or f.name in rejected_files for f in files):
                 if self.run.deficit(step) != missing:
                     self.run.set_deficit(step, missing)
