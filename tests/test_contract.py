@@ -1,5 +1,6 @@
 """The contract's rules, and that the roles that share them agree (worker/node scoring vs the validator)."""
 
+import math
 import subprocess
 import sys
 
@@ -178,8 +179,13 @@ def test_group_advantages_centre_and_scale(rewards):
     adv = group_advantages(rewards)
     assert abs(sum(adv)) < 1e-6 * len(adv)
     if is_informative(rewards, tol=1e-3):
+        # unit variance up to the eps in (r - mean) / (std + eps): (std / (std + eps))^2, which is below 0.999
+        # for spreads under ~4e-3 (hypothesis found rewards [0, 0.0039]: 0.99898)
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
         var = sum(a * a for a in adv) / len(adv)
-        assert var == pytest.approx(1.0, rel=1e-3)
+        assert var == pytest.approx((std / (std + 1e-6)) ** 2, rel=1e-6)
+        assert var == pytest.approx(1.0, rel=1e-3) or std < 2e-3
     raw = group_advantages(rewards, use_std=False)
     mean = sum(rewards) / len(rewards)
     assert raw == pytest.approx([r - mean for r in rewards])
