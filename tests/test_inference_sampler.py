@@ -106,3 +106,29 @@ def test_other_models_use_hf_forward(monkeypatch):
     monkeypatch.setattr(sampler_mod, "unsupported_reason", lambda _m: "not covered")
     monkeypatch.setattr(sampler_mod, "_sample_static", None)  # would fail if called
     assert generate(model, _prompts(tok), greedy, -1, tok.pad_token_id).completion_ids == want
+
+
+def test_a_groups_prompt_is_prefilled_once(monkeypatch):
+    """Rows that repeat a prompt (a GRPO group) share one prefill; every row still gets what HF computes for it."""
+    model, tok = _model("qwen2", 2)
+    base = _prompts(tok)
+    prompts = [p for p in base for _ in range(4)] + [base[0]]  # groups of 4, and a repeat out of order
+    seen = []
+    real = StaticDecoder.prefill
+
+    def spy(self, rows, *a, **kw):
+        seen.append(len(rows))
+        return real(self, rows, *a, **kw)
+
+    monkeypatch.setattr(StaticDecoder, "prefill", spy)
+    params = SamplingParams(max_new_tokens=8)
+    gens = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+    out = generate(model, prompts, params, -1, tok.pad_token_id, capture_hidden=True, generators=gens)
+    assert seen == [len(base)]
+    ref = _hf(model, prompts, params, -1, tok.pad_token_id, gens=[torch.Generator().manual_seed(i) for i in range(len(prompts))])
+    assert out.completion_ids == ref.completion_ids
+    assert len({tuple(c) for c in out.completion_ids[:4]}) > 1  # the group's rows drew their own tokens
+    for a, b in zip(out.logprobs, ref.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    for a, b in zip(out.hidden, ref.hidden):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=1e-2)

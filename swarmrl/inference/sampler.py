@@ -148,8 +148,19 @@ def _sample_static(model: torch.nn.Module, prompts: list[list[int]], params: Sam
     dev, steps, bsz = dec.device, params.max_new_tokens, len(prompts)
     width = max(len(p) for p in prompts)
     cos, sin = dec.rope_table(width + steps)
-    cache = dec.new_cache(bsz, width + steps)
-    logits, hn = dec.prefill(prompts, cache, width, cos, sin)
+    # a group's rows share their prompt: each distinct prompt is prefilled once and its cache rows, last logits and
+    # state are copied to the rows that repeat it (the same numbers a prefill of every row computes, less work)
+    first: dict[tuple[int, ...], int] = {}
+    which = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    if len(first) < bsz:
+        cache = dec.new_cache(len(first), width + steps)
+        logits, hn = dec.prefill([list(p) for p in first], cache, width, cos, sin)
+        expand = torch.tensor(which, device=dev)
+        cache.keep(expand)
+        logits, hn = logits.index_select(0, expand), hn.index_select(0, expand)
+    else:
+        cache = dec.new_cache(bsz, width + steps)
+        logits, hn = dec.prefill(prompts, cache, width, cos, sin)
     out_tok = torch.full((bsz, steps), pad_id, dtype=torch.long, device=dev)
     out_lp = torch.zeros((bsz, steps), dtype=torch.float32, device=dev)
     out_h = torch.empty((bsz, steps, dec.hidden), dtype=torch.bfloat16, device=dev) if capture_hidden else None
