@@ -1,4 +1,5 @@
-"""Long polls of GET /v1/changes: the validator waits for uploads and the trainer's adapter for verdicts."""
+"""Long polls: the validator waits for uploads, the trainer's adapter for verdicts, an idle node's heartbeat for
+work to open (a new step)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,70 @@ def test_wait_answers_at_once_when_the_counter_moved_and_wakes_on_a_bump():
 
 
 def test_too_many_waiters_answer_at_once():
-    c = Changes(max_waiters=0)
+    c = Changes(max_waiters={"uploads": 0})
     assert c.wait("uploads", since=0, timeout=30.0) == 0
+    assert c.wait_waited("uploads", since=0, timeout=30.0) == (0, False)  # not held
+    assert c.wait_waited("work", since=0, timeout=0.01) == (0, True)  # each kind has its own places
+
+
+def test_an_idle_nodes_heartbeat_waits_for_the_next_step(tmp_path):
+    cfg, keys = make_cfg(tmp_path, async_window=0)
+    with running(cfg, run_sweeper=False) as srv:
+        node = NodeClient(srv.url, generate_key())
+        node.register(throughput=10.0, stake=100.0)
+        t = TrainerClient(srv.url, keys["trainer"])
+        first = node.heartbeat()
+        assert first.long_poll and len(first.assignments) == 1
+        a = first.assignments[0]
+        node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "r.parquet"))
+        idle = node.heartbeat(wait=0.05)  # its work for step 0 is done, and no step is open beyond it
+        assert idle.assignments == [] and idle.long_poll and idle.step == 0
+        got = []
+        th = threading.Thread(target=lambda: got.append(node.heartbeat(wait=10.0)))
+        th.start()
+        t.set_step(1, 1)
+        th.join(timeout=60)
+        assert [x.step for x in got[0].assignments] == [1] and got[0].step == 1  # woken by the new step
+        srv.orch.changes.max_waiters["work"] = 0  # no waiting place: answered at once, and says so
+        node.submit(got[0].assignments[0].assignment_id,
+                    write(rollouts_for(node.node_id, got[0].assignments[0]), tmp_path / "r1.parquet"))
+        full = node.heartbeat(wait=10.0)
+        assert full.assignments == [] and not full.long_poll
+        with pytest.raises(ApiError) as e:  # the wait is bounded
+            node.heartbeat(wait=60.0)
+        assert e.value.status == 422
+
+
+def test_an_idle_node_long_polls_instead_of_sleeping_its_interval(tmp_path):
+    """run_node: after a reply without work from an orchestrator that takes long polls, the next heartbeat carries
+    ?wait=<interval> and no sleep; from one that does not (long_poll False), it sleeps the interval."""
+    from swarmrl.protocol.node import run_node
+    from swarmrl.protocol.schemas import HeartbeatReply
+
+    def reply(long_poll: bool) -> HeartbeatReply:
+        return HeartbeatReply(node_id="n", step=0, policy_version=0, async_window=0, heartbeat_interval_s=30.0,
+                              weight_relays=[], assignments=[], long_poll=long_poll)
+
+    class Fake:
+        def __init__(self, long_poll: bool) -> None:
+            self.waits: list[float] = []
+            self.long_poll = long_poll
+
+        def beat(self, wait: float = 0.0) -> HeartbeatReply:
+            self.waits.append(wait)
+            return reply(self.long_poll)
+
+    stop = threading.Event()
+    lp = Fake(True)
+    assert run_node(lp, stop=stop, max_beats=3) == 3  # no 30 s sleeps between them
+    assert lp.waits == [0.0, 10.0, 10.0]  # capped at what an orchestrator holds
+    old = Fake(False)
+    th = threading.Thread(target=lambda: run_node(old, stop=stop, max_beats=3))
+    th.start()
+    th.join(timeout=2.0)
+    assert th.is_alive() and old.waits == [0.0]  # sleeping its 30 s interval
+    stop.set()
+    th.join(timeout=60)
 
 
 def test_pending_and_accepted_long_polls_answer_when_an_upload_or_a_verdict_comes(tmp_path):

@@ -98,9 +98,14 @@ class NodeClient(SignedClient):
         req = RegisterRequest(hardware=hardware or {}, throughput=throughput, stake=stake)
         return RegisterReply.model_validate_json(self.request("POST", "/v1/nodes/register", req).content)
 
-    def heartbeat(self, status: dict[str, Any] | None = None) -> HeartbeatReply:
+    def heartbeat(self, status: dict[str, Any] | None = None, wait: float = 0.0) -> HeartbeatReply:
+        """With ``wait`` (an idle node): a reply without work comes only once work may have opened or after
+        ``wait`` seconds (orchestrators that say ``long_poll`` in their replies; others answer at once)."""
         req = HeartbeatRequest(status=status or {})
-        return HeartbeatReply.model_validate_json(self.request("POST", "/v1/nodes/heartbeat", req).content)
+        read = self.http.timeout.read
+        return HeartbeatReply.model_validate_json(self.request(
+            "POST", "/v1/nodes/heartbeat", req, params={"wait": wait} if wait else None,
+            timeout=None if not wait or read is None else wait + read).content)
 
     def submit(self, assignment_id: int, path: str | Path) -> SubmitReply:
         """Upload a rollout parquet file (streamed) for an assignment."""
@@ -125,13 +130,13 @@ class NodeClient(SignedClient):
             self._next = (time.monotonic(), rep.next)
         return rep
 
-    def beat(self, max_age_s: float = 2.0) -> HeartbeatReply:
+    def beat(self, max_age_s: float = 2.0, wait: float = 0.0) -> HeartbeatReply:
         """The heartbeat reply the last upload came with (if it is at most ``max_age_s`` old and not used yet),
-        else a heartbeat."""
+        else a heartbeat (a long poll with ``wait``)."""
         got, self._next = getattr(self, "_next", None), None
         if got is not None and time.monotonic() - got[0] <= max_age_s:
             return got[1]
-        return self.heartbeat()
+        return self.heartbeat(wait=wait)
 
     def submission(self, submission_id: int) -> SubmissionDetail:
         r = self._check(self.http.get(f"/v1/submissions/{int(submission_id)}"))

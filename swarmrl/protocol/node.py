@@ -2,7 +2,9 @@
 assignments to a worker callback and upload what it returns. While the callback works, a keepalive thread
 goes on heartbeating on the same interval (a node silent for a few intervals loses its open work to live
 nodes). After finishing work it heartbeats again at once (the reply carries its next assignment), so a busy
-node never idles for a heartbeat interval.
+node never idles for a heartbeat interval. A node without work whose orchestrator takes long polls
+(``long_poll`` in its replies) asks again at once with ``?wait=<interval>``: the orchestrator answers when work
+may have opened (a new step or policy, a rejection, work put back up) instead of the node sleeping an interval.
 
 The inference worker plugs in as ``handler(assignment, reply) -> path | None`` (the rollout parquet
 file to submit, or None to skip). Without a handler the loop only keeps the node alive.
@@ -21,6 +23,8 @@ from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply
 
 log = logging.getLogger("swarmrl.protocol.node")
+
+MAX_HEARTBEAT_WAIT_S = 10.0  # the orchestrator holds a heartbeat at most this long (its MAX_CHANGES_WAIT_S)
 
 Handler = Callable[[AssignmentSpec, HeartbeatReply], "Path | str | None"]
 
@@ -72,12 +76,15 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
     stop = stop or threading.Event()
     done: set[int] = set()
     beats = 0
+    wait = 0.0  # after a reply without work from an orchestrator that takes long polls: the next heartbeat waits
     while not stop.is_set():
         interval = 10.0
         worked = False
+        long_poll = False
         try:
-            reply = client.beat()  # the reply its last upload came with, else a heartbeat
+            reply = client.beat(wait=wait)  # the reply its last upload came with, else a heartbeat
             interval = reply.heartbeat_interval_s
+            long_poll = reply.long_poll
             beats += 1
             if on_reply:
                 on_reply(reply)
@@ -102,6 +109,10 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
             log.warning("orchestrator unreachable: %s", e)
         if max_beats and beats >= max_beats:
             break
-        if not worked:  # a node that just finished work beats again at once: the reply carries its next work
+        # a node that just finished work beats again at once: the reply carries its next work. An idle one asks
+        # again at once too when the orchestrator holds its heartbeat until work may have opened (at most one
+        # interval, so it stays as alive as one beating every interval), else it sleeps an interval.
+        wait = min(interval, MAX_HEARTBEAT_WAIT_S) if long_poll and not worked else 0.0
+        if not worked and not wait:
             stop.wait(interval)
     return beats

@@ -127,6 +127,10 @@ class HeartbeatReply(Body):
     weight_relays: list[str]  # SHARDCAST servers to fetch policy versions from (relays first)
     assignments: list[AssignmentSpec]
     weight_pubkey: str = ""  # Ed25519 public key (hex) that signs the SHARDCAST manifests ("" = unknown)
+    # the orchestrator takes ``POST /v1/nodes/heartbeat?wait=S`` (an idle node's heartbeat answered when work may
+    # have opened, or after S seconds), so a node without work may ask again at once instead of sleeping a heartbeat
+    # interval; False from older orchestrators, and when a wait was answered at once for lack of waiting places
+    long_poll: bool = False
 
 
 class SubmitReply(Body):

@@ -257,8 +257,8 @@ class IdleConnections(SwarmNode):
         self.relays: set[str] = set()
         beat = self.client.heartbeat
 
-        def heartbeat(status: dict | None = None) -> HeartbeatReply:
-            reply = beat(status)
+        def heartbeat(status: dict | None = None, wait: float = 0.0) -> HeartbeatReply:
+            reply = beat(status, wait=wait)
             self.relays.update(reply.weight_relays)
             return reply
 

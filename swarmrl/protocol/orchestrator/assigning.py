@@ -29,6 +29,7 @@ from swarmrl.contract import AsyncWindow, assigned_tasks, task_seed, thinking_bu
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Nonce, Submission
+from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.hot import Beat, BeatWriter, HotNode, Mirror, NonceCache, Overloaded
 from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
@@ -70,6 +71,7 @@ class AssigningMixin:
     beat_writer: BeatWriter
     fast_heartbeats: bool
     _current: tuple[int, int]
+    changes: Changes
 
     def _spec(self, a: Assignment) -> AssignmentSpec:
         tasks = _tasks(a.env, json.dumps(a.env_params or {}, sort_keys=True), a.seed, a.n_tasks)
@@ -105,9 +107,26 @@ class AssigningMixin:
         return reply
 
     def signed_heartbeat(self, method: str, path: str, headers: Any, actual_sha256: str, req: HeartbeatRequest,
-                         now: float | None = None, verified: SignedHeaders | None = None) -> HeartbeatReply:
+                         now: float | None = None, verified: SignedHeaders | None = None,
+                         wait: float = 0.0) -> HeartbeatReply:
         """Authentication and the heartbeat in one transaction (the full path; ``fast_heartbeat`` answers the
-        steady state without it). ``verified``: the headers ``fast_heartbeat`` checked already."""
+        steady state without it). ``verified``: the headers ``fast_heartbeat`` checked already. With ``wait``, a
+        reply without assignments is held until work may have opened (``Changes`` kind "work": a new step or
+        policy, announced weights, a rejection, released or orphaned work) or ``wait`` seconds passed, then the
+        heartbeat is answered again; at most ``Changes.max_waiters["work"]`` are held at once (beyond: answered
+        at once with ``long_poll = False``, so the node sleeps its interval)."""
+        seen = self.changes.generation("work")  # before looking: a change after the look ends the wait
+        p, reply = self._signed_heartbeat(method, path, headers, actual_sha256, req, now, verified)
+        if wait <= 0 or reply.assignments:
+            return reply
+        gen, held = self.changes.wait_waited("work", seen, wait)
+        if gen != seen:
+            return self.heartbeat(p, req)
+        reply.long_poll = held
+        return reply
+
+    def _signed_heartbeat(self, method: str, path: str, headers: Any, actual_sha256: str, req: HeartbeatRequest,
+                          now: float | None, verified: SignedHeaders | None) -> tuple[Principal, HeartbeatReply]:
         now = time.time() if now is None else now
         h = verified if verified is not None else self._verify(method, path, headers, actual_sha256, now)
         gen = self.mirror.generation(h.node_id)
@@ -121,7 +140,7 @@ class AssigningMixin:
             raise ProtocolError(409, "concurrent heartbeat; retry") from None
         if hot is not None:
             self.mirror.install(h.node_id, gen, hot)
-        return reply
+        return p, reply
 
     # ---- the hot path ----------------------------------------------------------------------------
     def load_mirror(self) -> int:
@@ -149,11 +168,12 @@ class AssigningMixin:
         return n
 
     def fast_heartbeat(self, method: str, path: str, headers: Any, body: bytes,
-                       now: float | None = None) -> tuple[SignedHeaders, Future | None, bytes]:
+                       now: float | None = None, may_wait: bool = False) -> tuple[SignedHeaders, Future | None, bytes]:
         """A heartbeat answered from memory when the node's state allows (``hot``): returns the verified headers,
         a future completed once the beat's writes are committed (then send the reply bytes), or None when the
         full path must answer (pass it the verified headers). Raises ``ProtocolError`` for a refusal, with the
-        same reasons the full path gives."""
+        same reasons the full path gives. ``may_wait``: the request asks to wait for work (``?wait=``), which only
+        the full path does, so a node without work goes there."""
         now = time.time() if now is None else now
         h = self._verify(method, path, headers, body_sha256(body), now)  # 401 / 429 before anything else
         hot = self.mirror.nodes.get(h.node_id)
@@ -168,6 +188,8 @@ class AssigningMixin:
             return h, None, b""  # orphaned work may be waiting for a taker
         if demand and cfg.idle_after_missed and now - hot.last_heartbeat > cfg.heartbeat_interval_s * cfg.idle_after_missed:
             return h, None, b""  # its open work was (or is about to be) put back up
+        if may_wait and not (hot.specs or hot.rows):
+            return h, None, b""  # no work to hand it: the full path waits for some
         try:
             HeartbeatRequest.model_validate_json(body)
         except ValueError:
@@ -278,7 +300,7 @@ class AssigningMixin:
         cfg = self.cfg
         return HeartbeatReply(node_id=node_id, step=step, policy_version=pv, async_window=cfg.async_window,
                               heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
-                              weight_pubkey=self._weights[1], assignments=specs)
+                              weight_pubkey=self._weights[1], assignments=specs, long_poll=True)
 
     def _orphans_exist(self, s) -> bool:  # noqa: ANN001
         """Is any orphaned work still useful (what ``_take_orphans`` could hand out)?"""

@@ -1,25 +1,30 @@
-"""Change counters behind the long polls of validators (``GET /v1/validator/pending?wait=S``) and the trainer's
-adapter (``GET /v1/trainer/accepted?since=G&wait=S``), instead of them listing their work every fraction of a second.
+"""Change counters behind the long polls of validators (``GET /v1/validator/pending?wait=S``), the trainer's
+adapter (``GET /v1/trainer/accepted?since=G&wait=S``) and idle nodes (``POST /v1/nodes/heartbeat?wait=S``),
+instead of them asking every fraction of a second.
 
 ``uploads`` moves when a submission is uploaded (new work for validators), ``verdicts`` when one is accepted,
-rejected or challenged (new work for the trainer). A wait answers at once when the counter is no longer the one
-read, else when it moves or after its timeout: a counter read before listing means no event after the listing is
-missed."""
+rejected or challenged (new work for the trainer), ``work`` when work may have opened for a node that had none
+(the trainer moved to a new step or policy, weight servers were announced, a submission was rejected, an assignment
+was released or put back up). A wait answers at once when the counter is no longer the one read, else when it
+moves or after its timeout: a counter read before looking means no event after the look is missed. Each kind has
+its own cap on waiting threads (more answer at once), so idle nodes never take the validators' places."""
 
 from __future__ import annotations
 
 import threading
 from typing import Literal
 
-ChangeKind = Literal["uploads", "verdicts"]
+ChangeKind = Literal["uploads", "verdicts", "work"]
+
+MAX_WAITERS = {"uploads": 32, "verdicts": 32, "work": 16}  # server threads a long poll of each kind may hold
 
 
 class Changes:
-    def __init__(self, max_waiters: int = 32) -> None:
-        self._gen = {"uploads": 0, "verdicts": 0}
+    def __init__(self, max_waiters: dict[str, int] | None = None) -> None:
+        self._gen = {k: 0 for k in MAX_WAITERS}
         self._cond = threading.Condition()
-        self._waiters = 0
-        self.max_waiters = max_waiters  # threads a long poll may hold at once; more answer at once
+        self._waiters = {k: 0 for k in MAX_WAITERS}
+        self.max_waiters = {**MAX_WAITERS, **(max_waiters or {})}  # per kind; more answer at once
 
     def generation(self, kind: ChangeKind) -> int:
         return self._gen[kind]
@@ -31,12 +36,17 @@ class Changes:
 
     def wait(self, kind: ChangeKind, since: int, timeout: float) -> int:
         """The counter, once it differs from ``since`` or after ``timeout`` seconds (at once when too many wait)."""
+        return self.wait_waited(kind, since, timeout)[0]
+
+    def wait_waited(self, kind: ChangeKind, since: int, timeout: float) -> tuple[int, bool]:
+        """``wait``, and whether it held the caller (False: answered at once, the counter had moved or the kind's
+        waiting places were all taken)."""
         with self._cond:
-            if self._gen[kind] != since or timeout <= 0 or self._waiters >= self.max_waiters:
-                return self._gen[kind]
-            self._waiters += 1
+            if self._gen[kind] != since or timeout <= 0 or self._waiters[kind] >= self.max_waiters[kind]:
+                return self._gen[kind], False
+            self._waiters[kind] += 1
             try:
                 self._cond.wait_for(lambda: self._gen[kind] != since, timeout)
             finally:
-                self._waiters -= 1
-            return self._gen[kind]
+                self._waiters[kind] -= 1
+            return self._gen[kind], True

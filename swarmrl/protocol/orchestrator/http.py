@@ -146,7 +146,8 @@ class _FastHeartbeat:
         if body is None:
             return
         try:
-            h, done, reply = self.orch.fast_heartbeat("POST", _scope_signed_path(scope), Headers(scope=scope), body)
+            h, done, reply = self.orch.fast_heartbeat("POST", _scope_signed_path(scope), Headers(scope=scope), body,
+                                                      may_wait=b"wait=" in scope.get("query_string", b""))
             if done is not None:
                 try:
                     fresh = await asyncio.wrap_future(done)
@@ -355,10 +356,12 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         return orch.deposit(p, body)
 
     @app.post("/v1/nodes/heartbeat", response_model=HeartbeatReply, responses=_ERRORS, tags=["node"])
-    def heartbeat(body: HeartbeatRequest, request: Request, raw: bytes = Depends(raw_body)) -> HeartbeatReply:
-        """Liveness; the reply carries the node's assignments (seeded tasks, budget, weight relays)."""
+    def heartbeat(body: HeartbeatRequest, request: Request, raw: bytes = Depends(raw_body),
+                  wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0) -> HeartbeatReply:
+        """Liveness; the reply carries the node's assignments (seeded tasks, budget, weight relays). With ``wait``,
+        a reply without work is held until work may have opened or ``wait`` seconds passed (a long poll)."""
         reply = orch.signed_heartbeat(request.method, _signed_path(request), request.headers, body_sha256(raw), body,
-                                      verified=request.scope.get(VERIFIED))
+                                      verified=request.scope.get(VERIFIED), wait=wait)
         _trusted(request)
         return reply
 

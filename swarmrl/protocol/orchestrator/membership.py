@@ -14,6 +14,7 @@ from swarmrl.protocol import ledger
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Nonce
+from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.hot import NonceCache
 from swarmrl.protocol.schemas import DepositReply, DepositRequest, RegisterReply, RegisterRequest
@@ -30,6 +31,7 @@ class MembershipMixin:
     nonces: NonceCache
     _orphans_hint: bool
     _orphans_exist: Callable[..., bool]
+    changes: Changes
 
     def deposit(self, p: Principal, req: DepositRequest, now: float | None = None) -> DepositReply:
         """A stake authority funds a node (registered or not yet): a ``deposit`` row in the ledger."""
@@ -113,6 +115,8 @@ class MembershipMixin:
             # look for orphaned work each sweep: bounds any missed update of the hint to one sweep interval
             self._orphans_hint = self._orphans_exist(s)
         self.nonces.purge(now)
+        if self._orphans_hint:
+            self.changes.bump("work")  # idle nodes waiting for work may take it
         for i in ids:
             log.info("node %s is dead; its open assignments are up for reassignment", i)
         return ids

@@ -119,6 +119,7 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
                 row.value = value
         self._weights = self._load_weights()
         self.mirror.dirty_all()  # cached replies name the old servers
+        self.changes.bump("work")  # idle nodes waiting for work hear of the servers
         return WeightsReply(servers=self._weights[0], public_key=self._weights[1])
 
     @staticmethod
@@ -141,4 +142,5 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
             if req.metrics:
                 self.store_trainer_metrics(s, req.metrics)
         self._current = (req.step, req.policy_version)
+        self.changes.bump("work")  # a new step or policy opens work for idle nodes (their heartbeats may wait for it)
         return StepReply(step=req.step, policy_version=req.policy_version)

@@ -104,14 +104,17 @@ class SubmissionsMixin:
         reassignment so the step is not starved by a node that cannot deliver."""
         if not self.cfg.groups_per_step:
             return
+        released = False
         with self.db.tx() as s:
             a = s.get(Assignment, assignment_id)
             if a is not None and a.node_id == p.node_id and a.status == "open":
                 a.status = "orphaned"
                 s.info["dirty"] = {a.node_id}
-                self._orphans_hint = True
+                self._orphans_hint = released = True
                 log.info("assignment %d released after a refused upload from %s: %s", assignment_id, p.node_id,
                          reason[:200])
+        if released:
+            self.changes.bump("work")  # up for another node
 
     @staticmethod
     def _check_duplicate(s, p: Principal, sha: str) -> None:  # noqa: ANN001
@@ -249,6 +252,7 @@ class SubmissionsMixin:
         self.prom.submissions.labels(reply.status if first is not None else "challenged").inc()
         self.changes.bump("verdicts")
         if not req.accepted:
+            self.changes.bump("work")  # the step it was for may be short again
             log.warning("rejected submission %d from %s: %s (slashed %.1f, revoked %.1f, ejected)", req.submission_id,
                         node_id, req.reason, reply.slashed, reply.revoked)
         return reply
