@@ -49,6 +49,8 @@ class WorkerSection(StrictModel):
 class TrainerSection(StrictModel):
     threads: int = Field(1, ge=1)
     poll_s: float = Field(0.02, gt=0)
+    # parse the files of the next async_level steps in a background thread while training (swarmrl.rl.readahead)
+    read_ahead: bool = True
     # under torchrun: "ddp" keeps the whole model on every rank and all-reduces gradients; "fsdp2" shards
     # parameters, gradients and optimizer state across the ranks (torch.distributed.fsdp.fully_shard)
     parallel: Literal["ddp", "fsdp2"] = "ddp"

@@ -34,6 +34,7 @@ from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.parallel import allreduce_grads, make_parallel
+from swarmrl.rl.readahead import ReadAhead
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir, announced_groups
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
@@ -68,6 +69,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model)
         self.env = cfg.task.build()
         self.metrics = MetricsWriter(self.run.metrics / "trainer.jsonl") if self.rank == 0 else None
+        # rank 0 gathers: the next steps' files are parsed while it trains
+        self.readahead = ReadAhead(self.run, cfg.async_level, cfg.trainer.poll_s) \
+            if self.rank == 0 and cfg.trainer.read_ahead else None
         self.origin = None
         self._publishing: list = []
         if self.rank == 0 and cfg.shardcast.enabled:
@@ -178,8 +182,11 @@ class Trainer:
             files = self.run.rollout_files(step)
             for f in files:
                 if f.name not in cache and f.name not in rejected_files:
+                    got = self.readahead.take(step, f) if self.readahead is not None else None
                     try:
-                        cache[f.name] = read_rollouts(f)
+                        if isinstance(got, RolloutError):
+                            raise got
+                        cache[f.name] = got if got is not None else read_rollouts(f)
                     except RolloutError as e:
                         rejected_files.append(f.name)
                         self._log_event("rejected_file", file=f.name, reason=str(e))
@@ -265,12 +272,24 @@ class Trainer:
         cfg = self.cfg
         t_start = time.monotonic()
         deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else None
+        if self.readahead is not None:
+            self.readahead.start(self.step)
+        try:
+            return self._loop(t_start, deadline)
+        finally:
+            if self.readahead is not None:
+                self.readahead.stop()
+
+    def _loop(self, t_start: float, deadline: float | None) -> int:
+        cfg = self.cfg
         if self.rank == 0 and not self.resumed and cfg.eval.every_steps:
             self._log_event("eval", step=0, version=0, heldout_acc=self.evaluate(), wall_s=0.0)
         while self.step < cfg.steps:
             n = self.step
             batch = None
             if self.rank == 0:
+                if self.readahead is not None:
+                    self.readahead.at_step(n)
                 batch = self.gather(n, deadline)
             if self.world > 1:
                 obj = [batch]
