@@ -47,7 +47,7 @@ class ApiError(RuntimeError):
     def __init__(self, status: int, detail: str, retry_after: float | None = None) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status, self.detail = status, detail
-        self.retry_after = retry_after  # seconds, from a 429's Retry-After header
+        self.retry_after = retry_after  # seconds, from a Retry-After header (429, 503; a 403 that may pass later)
 
 
 class SignedClient:

@@ -30,8 +30,11 @@ Handler = Callable[[AssignmentSpec, HeartbeatReply], "Path | str | None"]
 
 
 def ensure_registered(client: NodeClient, throughput: float, stake: float, hardware: dict | None = None,
-                      attempts: int = 30) -> None:
-    """Register, or find the key registered already; waits out the per-address registration limit (429)."""
+                      attempts: int = 30, deposit_wait_s: float = 60.0) -> None:
+    """Register, or find the key registered already; waits out the per-address registration limit (429), and for
+    up to ``deposit_wait_s`` a stake deposit not made yet (403 with Retry-After: a node started beside its stake
+    authority may ask before the deposit lands)."""
+    t0 = time.monotonic()
     for i in range(attempts):
         try:
             client.register(throughput=throughput, stake=stake, hardware=hardware)
@@ -41,10 +44,12 @@ def ensure_registered(client: NodeClient, throughput: float, stake: float, hardw
             if e.status == 409:
                 log.info("already registered as %s", client.node_id)
                 return
-            if e.status != 429 or i == attempts - 1:
+            no_deposit_yet = e.status == 403 and e.retry_after is not None
+            if not (e.status == 429 or no_deposit_yet) or i == attempts - 1 or \
+                    (no_deposit_yet and time.monotonic() - t0 >= deposit_wait_s):
                 raise
             wait = min(30.0, e.retry_after or 1.0)
-            log.warning("registration rate-limited (%s); retrying in %.0f s", e.detail, wait)
+            log.warning("registration refused for now (%s); retrying in %.0f s", e.detail, wait)
             time.sleep(wait)
 
 

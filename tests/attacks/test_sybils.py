@@ -303,3 +303,33 @@ def test_a_working_node_keeps_heartbeating(tmp_path):
 
         run_node(c, handler, max_beats=1)
         assert beat_while_working.is_set()
+
+
+def test_a_node_started_before_its_deposit_registers_once_it_lands(tmp_path):
+    """The refusal of undeposited stake says Retry-After (the deposit may be on its way: `swarmrl run` starts the
+    nodes while it deposits); ensure_registered waits for it, up to deposit_wait_s, and then gives up with the 403."""
+    import threading
+
+    from protocol_support import running
+
+    from swarmrl.protocol.client import ApiError, AuthorityClient, NodeClient
+    from swarmrl.protocol.node import ensure_registered
+    from swarmrl.protocol.signing import generate_key
+
+    cfg, keys = _deposit_model(tmp_path)
+    with running(cfg, run_sweeper=False) as srv:
+        node = NodeClient(srv.url, generate_key())
+        with pytest.raises(ApiError) as e:
+            node.register(throughput=10.0, stake=150.0)
+        assert e.value.status == 403 and e.value.retry_after is not None
+        done = []
+        th = threading.Thread(target=lambda: done.append(ensure_registered(node, 10.0, 150.0, deposit_wait_s=60.0)))
+        th.start()
+        with AuthorityClient(srv.url, keys["authority"]) as auth:
+            auth.deposit(150.0, node_id=node.node_id, note="late")
+        th.join(timeout=60)
+        assert done == [None] and node.ledger().stake == 150.0
+        loner = NodeClient(srv.url, generate_key())  # nobody deposits for it: refused after the wait
+        with pytest.raises(ApiError) as e:
+            ensure_registered(loner, 10.0, 150.0, deposit_wait_s=0.0)
+        assert e.value.status == 403

@@ -261,7 +261,9 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         orch.prom.refused.labels(str(e.status)).inc()
         if req.url.path.startswith(UPLOAD_PREFIX):
             orch.prom.submissions.labels("refused").inc()
-        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if e.status in (429, 503) else None
+        # 429/503 always say when to come back; another refusal only when it may pass later (a stake not yet deposited)
+        later = e.status in (429, 503) or e.retry_after is not None
+        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if later else None
         return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

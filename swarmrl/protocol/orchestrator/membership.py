@@ -62,9 +62,10 @@ class MembershipMixin:
                 if not self.cfg.self_declared_stake:
                     avail = ledger.deposit_available(s, p.node_id)
                     if req.stake > avail:
+                        # with Retry-After: a deposit may be on its way (a node started beside its stake authority)
                         raise ProtocolError(403, f"stake {req.stake} is not backed by a deposit: {avail} deposited "
                                                  f"for node {p.node_id}; a stake authority must deposit it first "
-                                                 "(POST /v1/ledger/deposits)")
+                                                 "(POST /v1/ledger/deposits)", retry_after=1.0)
                 s.add(Node(id=p.node_id, public_key=p.public_key, role="worker", status="active",
                            hardware=req.hardware, throughput=req.throughput, registered_at=now, last_heartbeat=now))
                 s.flush()
