@@ -93,3 +93,59 @@ def test_print_config_still_prints_toml(tmp_path: Path) -> None:
     res = run_cli(["rl", "trainer", "--print-config", "--set", "steps=7"], tmp_path)
     assert res["code"] == 0 and res["offenders"] == []
     assert "steps = 7" in res["stdout"]
+
+
+def test_fetch_loads_only_what_it_uses(tmp_path: Path) -> None:
+    """`shardcast fetch`, piped (the benchmark's case): no rich (the result is one plain line), no other command's
+    config models or server code, no key-file (PEM) support; the result line is whole, not wrapped."""
+    from swarmrl.shardcast import Origin
+    from swarmrl.shardcast.client import hash_file
+    from swarmrl.shardcast.signing import keygen
+
+    pub = keygen(tmp_path / "origin.key")
+    src = tmp_path / "m.bin"
+    src.write_bytes(bytes(range(256)) * 4000)
+    o = Origin(tmp_path / "od", key=tmp_path / "origin.key")
+    o.publish_sync(src, 4)
+    url = o.serve()
+    unused = ["rich", "swarmrl.shardcast.config", "swarmrl.utils.serving", "cryptography.hazmat.primitives.serialization",
+              "swarmrl.shardcast.server", "swarmrl.shardcast.relay", "swarmrl.shardcast.origin"]
+    try:
+        proc = subprocess.run([sys.executable, "-c", _WRAPPER, json.dumps(
+            ["shardcast", "fetch", "--server", url, "--origin-pubkey", pub, "--out", "got.bin"]), json.dumps(unused)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finally:
+        o.close()
+    res = json.loads(proc.stdout.rsplit("\n@@", 1)[-1])
+    assert res["code"] == 0, proc.stderr
+    assert res["offenders"] == [], f"swarmrl shardcast fetch imported {res['offenders']}"
+    assert (tmp_path / "got.bin").read_bytes() == src.read_bytes()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("v4 -> got.bin: 1,024,000 bytes, blake3 "), proc.stderr
+    assert lines[0].split("blake3 ")[1].startswith(hash_file(tmp_path / "got.bin") + ", ")
+
+
+def test_short_command_pauses_the_collector_and_skips_the_exit_collection_on_success(monkeypatch) -> None:
+    import gc
+
+    from swarmrl.cli import common, errors
+
+    monkeypatch.setattr(errors, "_skip_exit_gc", False)
+    seen = []
+
+    @common.short_command
+    def ok(x: int) -> int:
+        seen.append(gc.isenabled())
+        return x + 1
+
+    @common.short_command
+    def bad() -> None:
+        seen.append(gc.isenabled())
+        raise ValueError("no")
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        bad()
+    assert gc.isenabled() and not errors.exit_gc_skipped()  # a failed command: the exit collects as usual
+    assert ok(1) == 2
+    assert seen == [False, False] and gc.isenabled() and errors.exit_gc_skipped()

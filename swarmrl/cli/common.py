@@ -6,21 +6,24 @@ pydantic, the config loader or a rich Console. Those load on first use.
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, TypeVar
 
 import typer
 
-from swarmrl.cli.errors import check_port, fail, say  # noqa: F401  (re-exported for the command modules)
+from swarmrl.cli.errors import check_port, fail, say, skip_exit_gc  # noqa: F401  (re-exported for the command modules)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from rich.console import Console
 
 T = TypeVar("T", bound="BaseModel")
+F = TypeVar("F", bound=Callable[..., Any])
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file (see configs/).")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a field: key.sub=value (repeatable).")]
@@ -68,6 +71,26 @@ def resolve(model: type[T], config: Path | None, sets: list[str] | None, extra: 
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
     return cfg
+
+
+def short_command(fn: F) -> F:
+    """For a command that runs briefly and closes everything it opens (``shardcast fetch``): the garbage collector
+    is paused while it runs (its imports and its work make few reference cycles; the collections cost ~10 ms) and,
+    once it has succeeded, the ``swarmrl`` process exits without the final collection (``errors.skip_exit_gc``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            rv = fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+        skip_exit_gc()
+        return rv
+
+    return wrapper  # type: ignore[return-value]
 
 
 def opt(name: str, value: object) -> list[str]:

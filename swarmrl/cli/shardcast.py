@@ -3,12 +3,13 @@
 # No `from __future__ import annotations` here: typer would eval every command's string annotations
 # when it builds the command tree, on every start (`swarmrl --help` included).
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, check_port, console, fail, opt, resolve
+from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, check_port, console, fail, opt, resolve, short_command
 
 app = typer.Typer(help="Checkpoint broadcast through a tree of HTTP relays (SHARDCAST layout, signed).",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -162,6 +163,7 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
 
 
 @app.command("fetch")
+@short_command  # the fetch closes its files, sockets and threads
 def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", help="Server URL (repeatable).")] = None,
               out: Annotated[Optional[Path], typer.Option("--out", "-o", help="File to write the version to.")] = None,
               version: Annotated[Optional[str], typer.Option("--version", help="N or 'latest'.")] = None,
@@ -172,7 +174,7 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
                                                      "that same untrusted server is checked.")] = False,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Fetch and verify one version into --out. Server URLs may be host:port (http:// is assumed)."""
-    from swarmrl.shardcast.config import FetchConfig  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.fetch_config import FetchConfig  # noqa: PLC0415  # lazy: startup
 
     if version is not None and not (version.isdigit() or version == "latest"):
         fail(f"--version {version!r}: expected a version number (e.g. 12, no 'v') or 'latest'")
@@ -184,36 +186,33 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
     if cfg.insecure:
         typer.echo("WARNING: --insecure: a version without a signed manifest (SHARDCAST 0.3.x server) is accepted "
                    "on its whole-file checksum alone, which the same untrusted server supplies.", err=True)
-    from contextlib import nullcontext  # noqa: PLC0415  # lazy: startup
-
     from swarmrl.shardcast.client import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
-    # a progress bar on a terminal only: piped or logged, nothing but the result line (or the error line)
-    if console.is_terminal:
-        from rich.progress import Progress  # noqa: PLC0415  # lazy: startup (a terminal only)
-
-        bar = Progress(console=console, transient=True)
-    else:
-        bar = nullcontext(None)
+    kwargs = {"version": cfg.version, "parallel": cfg.parallel, "max_attempts": cfg.max_attempts,
+              "max_server_failures": cfg.max_server_failures, "wait_s": cfg.wait_s, "verify_whole": cfg.verify_whole,
+              "fsync": cfg.fsync, "stall_s": cfg.stall_s, "min_bps": cfg.min_bps, "window_s": cfg.window_s,
+              "insecure": cfg.insecure}
     try:
-        with bar as prog:
-            task = prog.add_task("fetching", total=None) if prog is not None else None
+        if sys.stderr.isatty():  # a progress bar on a terminal only (rich is loaded for it, and only then)
+            from rich.progress import Progress  # noqa: PLC0415  # lazy: startup (a terminal only)
 
-            def on_shard(done: int, total: int) -> None:
-                if prog is not None:
+            with Progress(console=console, transient=True) as prog:
+                task = prog.add_task("fetching", total=None)
+
+                def on_shard(done: int, total: int) -> None:
                     prog.update(task, completed=done, total=total)
 
-            res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, version=cfg.version, parallel=cfg.parallel,
-                        max_attempts=cfg.max_attempts, max_server_failures=cfg.max_server_failures,
-                        wait_s=cfg.wait_s, verify_whole=cfg.verify_whole, fsync=cfg.fsync, on_shard=on_shard,
-                        stall_s=cfg.stall_s, min_bps=cfg.min_bps, window_s=cfg.window_s, insecure=cfg.insecure)
+                res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, on_shard=on_shard, **kwargs)
+        else:  # piped or logged: nothing but the result line (or the error line)
+            res = fetch(cfg.server, cfg.out, cfg.origin_pubkey, **kwargs)
     except (FetchError, ValueError) as e:
         fail(e, 1, prefix="fetch failed")
-    console.print(f"v{res.version} -> {res.path}: {res.size:,} bytes, blake3 {res.blake3}, "
-                  f"{res.seconds:.2f}s ({res.mb_per_s:.1f} MB/s)"
-                  + ("" if res.signed else " UNSIGNED (checksum from the server only)"), highlight=False)
+    # plain lines (no rich): they are the command's output, printed whole whatever the terminal's width
+    typer.echo(f"v{res.version} -> {res.path}: {res.size:,} bytes, blake3 {res.blake3}, {res.seconds:.2f}s "
+               f"({res.mb_per_s:.1f} MB/s)" + ("" if res.signed else " UNSIGNED (checksum from the server only)"),
+               err=True)
     for url, why in res.excluded.items():
-        console.print(f"  excluded {url}: {why}", highlight=False)
+        typer.echo(f"  excluded {url}: {why}", err=True)
     if cfg.metrics:
         from swarmrl.utils.metrics import MetricsWriter  # noqa: PLC0415  # lazy: startup
 

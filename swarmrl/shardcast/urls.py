@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-__all__ = ["normalize_url"]
+__all__ = ["normalize_url", "normalize_urls"]
 
 _SLASHES = re.compile(r"/{2,}")
 
@@ -32,3 +32,11 @@ def normalize_url(url: str) -> str:
         raise ValueError(f"server URL {url!r}: a base URL has no query or fragment")
     path = _SLASHES.sub("/", parts.path).rstrip("/")
     return f"http://{parts.netloc}{path}"
+
+
+def normalize_urls(v: object) -> object:
+    """A config's list of server URLs as users type them (a pydantic "before" validator: anything but a list of
+    strings is left for the field's own validation to refuse)."""
+    if isinstance(v, list):
+        return [normalize_url(u) if isinstance(u, str) else u for u in v]
+    return v

@@ -11,7 +11,6 @@ import os
 import re
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
@@ -70,7 +69,7 @@ def generate_key() -> Ed25519PrivateKey:
 def public_key_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     """The raw 32-byte public key as 64 lowercase hex chars."""
     pub = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    return pub.public_bytes_raw().hex()
 
 
 def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> Path:
@@ -79,6 +78,8 @@ def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> Path:
     if path.exists():
         raise FileExistsError(f"{path} exists; refusing to overwrite a key")
     path.parent.mkdir(parents=True, exist_ok=True)
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415  # lazy: a verifying client needs none
+
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -96,6 +97,8 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     text = data.decode("ascii", errors="replace").strip()
     if _HEX64.fullmatch(text):
         return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text))
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415  # lazy: a verifying client needs none
+
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as e:
