@@ -127,7 +127,7 @@ def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> 
         decoded = 0
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
             decoded += _check_batch(batch, limits, len(rows), decoded)
-            rows.extend(Rollout(**d) for d in batch.to_pylist())
+            rows.extend(_rows(batch))
             if len(rows) > limits.max_rows:  # the metadata said fewer
                 raise RolloutTooLarge("max_rows", f"more rows than its metadata says, over the {limits.max_rows}-row "
                                                   "limit (max_rows)")
@@ -138,6 +138,13 @@ def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> 
     return rows
 
 
+def _rows(batch: pa.RecordBatch) -> list[Rollout]:
+    """A checked batch's rows: converted column by column (a third less time than row dicts) and built
+    positionally (``_check_batch`` checked the columns are SCHEMA's, in order: the dataclass's fields)."""
+    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+    return [Rollout(*vals) for vals in zip(*cols)]
+
+
 def rows_from_table(table: pa.Table, limits: RolloutLimits = RolloutLimits()) -> list[Rollout]:
     """The rows of an in-memory table, checked as ``read_rollouts`` checks a file's batches."""
     _check_schema(table.schema)
@@ -145,7 +152,7 @@ def rows_from_table(table: pa.Table, limits: RolloutLimits = RolloutLimits()) ->
     decoded = 0
     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
         decoded += _check_batch(batch, limits, len(rows), decoded)
-        rows.extend(Rollout(**d) for d in batch.to_pylist())
+        rows.extend(_rows(batch))
     return rows
 
 
