@@ -112,3 +112,26 @@ def test_dead_node_work_reassigned_and_restart_keeps_assignments(tmp_path):
         assert b.node_id in srv.orch.sweep()  # b missed 2 intervals: dead, its work orphaned
         [xc] = _open(c)
         assert xc.seed == xb.seed and xc.reassigned_from == b.node_id and xc.step == xb.step
+
+
+def test_a_restarted_orchestrator_does_not_blame_nodes_for_its_outage(tmp_path):
+    """Work in progress survives an orchestrator restart: right after it, every node's last heartbeat is as old as
+    the outage, and the sweep must not mark them dead or put their open work up for others; once the orchestrator
+    has been up for the intervals, a node that stays silent is dead as before."""
+    cfg, _ = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, group_size=2, async_window=0,
+                      budget_tiers=[], heartbeat_interval_s=0.2, dead_after_missed=2, idle_after_missed=1)
+    keys = [generate_key() for _ in range(2)]
+    with running(cfg, run_sweeper=False) as srv:
+        a, b = (NodeClient(srv.url, k) for k in keys)
+        for n in (a, b):
+            n.register(throughput=10.0, stake=100.0)
+        [xa] = _open(a)
+        assert len(_open(b)) == 1  # b holds work too when the orchestrator goes down
+    time.sleep(0.6)  # the outage: longer than dead_after_missed intervals
+    with running(cfg, run_sweeper=False) as srv:
+        assert srv.orch.sweep() == []  # nobody blamed for the outage
+        a, b = (NodeClient(srv.url, k) for k in keys)
+        assert _open(a) == [xa]  # its work is still its own (not orphaned, not handed to anyone)
+        time.sleep(0.5)
+        assert _open(a) == [xa]
+        assert srv.orch.sweep() == [b.node_id]  # b stayed silent while the orchestrator was up: dead

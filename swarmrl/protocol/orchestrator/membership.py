@@ -32,6 +32,7 @@ class MembershipMixin:
     _orphans_hint: bool
     _orphans_exist: Callable[..., bool]
     changes: Changes
+    up_since: float  # when this orchestrator process started taking heartbeats
 
     def deposit(self, p: Principal, req: DepositRequest, now: float | None = None) -> DepositReply:
         """A stake authority funds a node (registered or not yet): a ``deposit`` row in the ledger."""
@@ -81,7 +82,14 @@ class MembershipMixin:
         the open work of nodes silent for ``idle_after_missed`` intervals, and work older than
         ``assignment_timeout_s``), drop old nonces."""
         now = time.time() if now is None else now
+        # heartbeats are only missed while this orchestrator is up to take them: after a restart every node's last
+        # beat is as old as the outage, and blaming them would put honest nodes' work in progress up for others.
+        # (A caller sweeping a simulated clock from before start-up, as tests do, gets no such grace.)
         cutoff = now - self.cfg.heartbeat_interval_s * self.cfg.dead_after_missed
+        idle_cutoff = now - self.cfg.heartbeat_interval_s * self.cfg.idle_after_missed
+        if now >= self.up_since:
+            cutoff = cutoff if cutoff >= self.up_since else float("-inf")
+            idle_cutoff = idle_cutoff if idle_cutoff >= self.up_since else float("-inf")
         with self.db.tx() as s:
             dead = s.execute(select(Node).where(Node.role == "worker", Node.status == "active",
                                                 Node.last_heartbeat < cutoff)).scalars().all()
@@ -96,8 +104,7 @@ class MembershipMixin:
                           .values(status="orphaned"))
             if self.cfg.groups_per_step and self.cfg.idle_after_missed:
                 # a node that took work and fell silent (an idle sybil, a stalled node) stops holding it
-                idle = select(Node.id).where(Node.role == "worker", Node.last_heartbeat <
-                                             now - self.cfg.heartbeat_interval_s * self.cfg.idle_after_missed)
+                idle = select(Node.id).where(Node.role == "worker", Node.last_heartbeat < idle_cutoff)
                 holders = s.execute(update(Assignment).where(Assignment.status == "open", Assignment.node_id.in_(idle))
                                     .values(status="orphaned").returning(Assignment.node_id)
                                     .execution_options(synchronize_session=False)).scalars().all()

@@ -54,7 +54,8 @@ class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin,
         self.mirror = Mirror()
         self.nonces = NonceCache(cfg.max_nonces)
         self.beat_writer = BeatWriter(self._write_beats, cfg.max_heartbeat_queue)
-        self.changes = Changes()  # long-polled by validators (uploads) and the trainer's adapter (verdicts)
+        self.changes = Changes()  # long polls: validators (uploads), the trainer's adapter (verdicts), idle nodes (work)
+        self.up_since = time.time()  # no node missed a heartbeat before this (``sweep``)
         self.fast_heartbeats = cfg.fast_heartbeats and cfg.workers == 1  # the mirror needs the only writer
         self.db.after_commit = self._after_commit
         self._current = self.current()
