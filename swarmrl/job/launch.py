@@ -94,7 +94,7 @@ def _plan(cfg: RunConfig, root: Path) -> Plan:
 
 
 def deposit_stakes(plan: Plan) -> None:
-    """Swarm mode, once the orchestrator is up: the run's stake authority deposits each
+    """Swarm mode, once the orchestrator is up and before any node starts: the run's stake authority deposits each
     member's stake once (a restarted orchestrator keeps them: they are ledger rows; a resumed run does not deposit
     again: ``deposits.json`` in the run dir lists what was deposited)."""
     record = plan.root / "deposits.json"
@@ -137,24 +137,19 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
         forget_origin(run)
         trainer = sup.start(plan.role("trainer"))
         if swarm:
-            sup.start(plan.role("orchestrator"), wait=False)  # waited for below, once the other roles started
+            sup.start(plan.role("orchestrator"))
+            deposit_stakes(plan)  # before any node starts: only deposited stake can be locked at registration
+            progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
+                     f"{', '.join(cfg.swarm.adversaries) or 'none'}")
         else:
             dash = DashboardServer(root, port=cfg.dashboard_port).start()
+        progress(f"dashboard: {dash.url if dash is not None else plan.url + '/dashboard'}")
         # every other role starts now, while the trainer loads: none needs its origin to come up (workers and nodes
         # find the weight servers in the run dir or in heartbeats once they are announced, version 0 is the base
         # model they hold), so their startup (imports, model load, registration) overlaps the trainer's
         for spec in plan.roles:
             if spec.name not in sup.procs:
                 sup.start(spec)
-        if swarm:
-            sup.wait_up("orchestrator")
-            # the nodes' stakes, once the orchestrator answers: only deposited stake can be locked at registration,
-            # and a node asking before its deposit lands is told to come back (403 + Retry-After), so the nodes
-            # load their models meanwhile instead of after it
-            deposit_stakes(plan)
-            progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
-                     f"{', '.join(cfg.swarm.adversaries) or 'none'}")
-        progress(f"dashboard: {dash.url if dash is not None else plan.url + '/dashboard'}")
         if plan.rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the rest
             origin = wait_for_origin(run, trainer, sup.logs)
             n = plan.rl.shardcast.relays

@@ -46,19 +46,14 @@ class Supervisor:
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
 
-    def start(self, spec: RoleSpec, wait: bool = True) -> subprocess.Popen:
-        """Start a role; a ``wait_up`` one is waited for unless ``wait`` is False (then ``wait_up`` the caller)."""
+    def start(self, spec: RoleSpec) -> subprocess.Popen:
         self.specs[spec.name] = spec
         p = spawn(spec.argv, self.log(spec.name))
         self.procs[spec.name] = p
-        if spec.wait_up and wait:
-            self.wait_up(spec.name)
+        if spec.wait_up:
+            wait_until_up(self.url, p)
         self._write_pids()
         return p
-
-    def wait_up(self, name: str) -> None:
-        """Until the orchestrator answers (role ``name`` dying first: an error naming its log)."""
-        wait_until_up(self.url, self.procs[name])
 
     def _write_pids(self) -> None:
         if self.pids_file is None:

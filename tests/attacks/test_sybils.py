@@ -306,8 +306,8 @@ def test_a_working_node_keeps_heartbeating(tmp_path):
 
 
 def test_a_node_started_before_its_deposit_registers_once_it_lands(tmp_path):
-    """The refusal of undeposited stake says Retry-After (the deposit may be on its way: `swarmrl run` starts the
-    nodes while it deposits); ensure_registered waits for it, up to deposit_wait_s, and then gives up with the 403."""
+    """The refusal of undeposited stake says Retry-After (the deposit may be on its way: a node started beside its
+    stake authority); ensure_registered waits for it, up to deposit_wait_s, and then gives up with the 403."""
     import threading
 
     from protocol_support import running
