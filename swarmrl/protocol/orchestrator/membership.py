@@ -122,9 +122,10 @@ class MembershipMixin:
             s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
             # look for orphaned work each sweep: bounds any missed update of the hint to one sweep interval
             self._orphans_hint = self._orphans_exist(s)
+            put_up = bool(dirty)  # this sweep marked nodes dead or orphaned work
         self.nonces.purge(now)
-        if self._orphans_hint:
-            self.changes.bump("work")  # idle nodes waiting for work may take it
+        if put_up and self._orphans_hint:
+            self.changes.bump("work")  # idle nodes waiting for work may take it (not again each sweep it stays up)
         for i in ids:
             log.info("node %s is dead; its open assignments are up for reassignment", i)
         return ids
