@@ -31,6 +31,7 @@ from swarmrl.job.derive import Identity, Plan, derive_local, derive_swarm, membe
 from swarmrl.job.report import finish, snapshot, swarm_report
 from swarmrl.job.supervisor import RoleFailed, Supervisor
 from swarmrl.job.warmstart import prepare_warmstart
+from swarmrl.job.zygote import Zygote, preload_modules
 from swarmrl.protocol.client import AuthorityClient
 from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex, save_private_key
 from swarmrl.rl.store import RunDir
@@ -123,7 +124,6 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     swarm = plan.mode == "swarm"
     if swarm:
         (root / "swarm.json").write_text(json.dumps({"orchestrator": plan.url, "members": plan.members}, indent=2))
-    sup = Supervisor(root / "logs", progress, url=plan.url, pids_file=root / "pids.json" if swarm else None)
     if swarm and threading.current_thread() is threading.main_thread():  # SIGTERM: still stop every child
         def _term(_sig, _frame):  # noqa: ANN001, ANN202
             raise SystemExit(143)
@@ -131,6 +131,12 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     t0 = time.monotonic()
     report: dict = {}
     dash = None
+    # the zygote first: it imports torch, transformers and the roles once while the light roles start; the roles
+    # that need them are forked from it (swarmrl.job.zygote)
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    zygote = Zygote(preload_modules(cfg.rl.model), root / "logs" / "zygote.log") if cfg.zygote else None
+    sup = Supervisor(root / "logs", progress, url=plan.url, pids_file=root / "pids.json" if swarm else None,
+                     zygote=zygote)
     try:
         # the trainer first: it needs nothing from the other roles (the adapter speaks for it), and its startup
         # (imports, model load, origin) is on the run's critical path, so the orchestrator comes up beside it
@@ -147,7 +153,7 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
         # every other role starts now, while the trainer loads: none needs its origin to come up (workers and nodes
         # find the weight servers in the run dir or in heartbeats once they are announced, version 0 is the base
         # model they hold), so their startup (imports, model load, registration) overlaps the trainer's
-        for spec in plan.roles:
+        for spec in sorted(plan.roles, key=sup.forks):  # the plain ones first: the forks wait for the zygote
             if spec.name not in sup.procs:
                 sup.start(spec)
         if plan.rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the rest
@@ -169,6 +175,8 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     finally:
         run.done_flag.touch()
         sup.stop_all()
+        if zygote is not None:
+            zygote.close()
         if dash is not None:
             dash.stop()
     if live is not None:

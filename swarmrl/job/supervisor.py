@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swarmrl.job.derive import RoleSpec
+from swarmrl.job.zygote import ZYGOTE_ROLES, Zygote, ZygoteChild
 from swarmrl.protocol.client import wait_until_up
 from swarmrl.utils.procs import stop_process
 
@@ -20,35 +21,53 @@ class RoleFailed(RuntimeError):
     """A role exited more often than its restart budget allows, or the main role failed."""
 
 
+def role_env() -> dict[str, str]:
+    """A role's environment: one OpenMP thread unless the caller's environment says otherwise (roles set their
+    torch threads from their configs); a role that fails leaves its traceback in its log (``SWARMRL_DEBUG=1``:
+    the command line's ``--debug``)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                SWARMRL_DEBUG="1")
+
+
 def spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    """``python -m swarmrl <argv>`` in its own session, output appended to ``log``, one OpenMP thread unless
-    the caller's environment says otherwise (roles set their torch threads from their configs). A role that
-    fails leaves its traceback in its log (``SWARMRL_DEBUG=1``: the command line's ``--debug``)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               SWARMRL_DEBUG="1")
+    """``python -m swarmrl <argv>`` in its own session, output appended to ``log``."""
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "swarmrl", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+                                env=role_env(), start_new_session=True)
 
 
 class Supervisor:
     def __init__(self, logs: Path, progress: Callable[[str], None] = print, url: str = "",
-                 pids_file: Path | None = None) -> None:
+                 pids_file: Path | None = None, zygote: Zygote | None = None) -> None:
         self.logs = logs
+        self.zygote = zygote  # forks the torch roles (ZYGOTE_ROLES) when given
         self.logs.mkdir(parents=True, exist_ok=True)
         self.progress = progress
         self.url = url  # the orchestrator a ``wait_up`` role must answer on
         self.pids_file = pids_file
         self.specs: dict[str, RoleSpec] = {}
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | ZygoteChild] = {}
         self.restarts: dict[str, int] = {}
 
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
 
-    def start(self, spec: RoleSpec) -> subprocess.Popen:
+    def forks(self, spec: RoleSpec) -> bool:
+        """Whether ``spec`` is started by forking the zygote (once it has imported)."""
+        return self.zygote is not None and tuple(spec.argv[:2]) in ZYGOTE_ROLES
+
+    def _spawn(self, spec: RoleSpec) -> subprocess.Popen | ZygoteChild:
+        if self.forks(spec):
+            try:
+                return self.zygote.spawn(spec.argv, self.log(spec.name), role_env())
+            except RuntimeError as e:  # started plainly from now on: slower, never worse
+                self.progress(f"{e}; starting roles as plain processes")
+                self.zygote = None
+        return spawn(spec.argv, self.log(spec.name))
+
+    def start(self, spec: RoleSpec) -> subprocess.Popen | ZygoteChild:
         self.specs[spec.name] = spec
-        p = spawn(spec.argv, self.log(spec.name))
+        p = self._spawn(spec)
         self.procs[spec.name] = p
         if spec.wait_up:
             wait_until_up(self.url, p)
