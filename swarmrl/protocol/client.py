@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from swarmrl.protocol.schemas import (
     DepositRequest,
     HeartbeatReply,
     HeartbeatRequest,
+    InlineFile,
     PendingList,
     RegisterReply,
     RegisterRequest,
@@ -38,6 +40,8 @@ from swarmrl.protocol.schemas import (
     WeightsRequest,
 )
 from swarmrl.protocol.signing import load_private_key, node_id_for, public_key_hex, sign_request
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import subprocess
@@ -148,15 +152,33 @@ class NodeClient(SignedClient):
 
 
 class ValidatorClient(SignedClient):
-    def pending(self, limit: int = 16, wait: float = 0.0) -> PendingList:
-        """Pending submissions; with ``wait``, an empty answer comes only after an upload or ``wait`` seconds."""
+    def pending(self, limit: int = 16, wait: float = 0.0, inline: int = 0) -> PendingList:
+        """Pending submissions; with ``wait``, an empty answer comes only after an upload or ``wait`` seconds; with
+        ``inline``, the files of that many listed come along (``files``; orchestrators without it send none)."""
         params: dict[str, Any] = {"limit": limit}
         if wait:
             params["wait"] = wait
+        if inline:
+            params["inline"] = inline
         read = self.http.timeout.read
         return PendingList.model_validate_json(self.request(
             "GET", "/v1/validator/pending", params=params,
             timeout=None if not wait or read is None else wait + read).content)
+
+    def fetch_file(self, submission_id: int, out: str | Path, inline: dict[int, InlineFile] | None = None,
+                   max_bytes: int = 256 << 20) -> str:
+        """The submission's file to ``out`` (from ``inline``, a listing's ``files`` by id, when it came along, else
+        downloaded); returns its sha256. Inline bytes over ``max_bytes`` or not base64: downloaded instead."""
+        got = (inline or {}).get(submission_id)
+        if got is not None:
+            try:
+                data = got.decoded(max_bytes)
+            except ValueError as e:
+                log.warning("submission %d: inline file not used (%s): downloading it", submission_id, e)
+            else:
+                Path(out).write_bytes(data)
+                return hashlib.sha256(data).hexdigest()
+        return self.download(submission_id, out, max_bytes=max_bytes)
 
     def download(self, submission_id: int, out: str | Path, max_bytes: int = 256 << 20) -> str:
         """Fetch a submission's file to ``out``; returns its sha256."""
@@ -190,13 +212,20 @@ class TrainerClient(ValidatorClient):
         req = WeightsRequest(servers=servers, public_key=public_key)
         return WeightsReply.model_validate_json(self.request("POST", "/v1/trainer/weights", req).content)
 
-    def accepted_window(self, since: int = -1, wait: float = 0.0) -> AcceptedList:
+    def accepted_window(self, since: int = -1, wait: float = 0.0, inline: int = 0,
+                        have: Iterable[int] = ()) -> AcceptedList:
         """Accepted submissions of the trainer's current step and its async window, once the verdict counter is no
-        longer ``since`` or after ``wait`` seconds (pass the answer's ``changes`` as the next ``since``)."""
+        longer ``since`` or after ``wait`` seconds (pass the answer's ``changes`` as the next ``since``); with
+        ``inline``, the files of that many listed ones not in ``have`` come along (``files``)."""
         read = self.http.timeout.read
+        params: dict[str, Any] = {"since": since, "wait": wait}
+        if inline:
+            params["inline"] = inline
+            held = ",".join(str(int(i)) for i in sorted(set(have)))
+            if held:
+                params["have"] = held
         return AcceptedList.model_validate_json(self.request(
-            "GET", "/v1/trainer/accepted", params={"since": since, "wait": wait},
-            timeout=None if read is None else wait + read).content)
+            "GET", "/v1/trainer/accepted", params=params, timeout=None if read is None else wait + read).content)
 
     def accepted(self, step: int) -> AcceptedList:
         return AcceptedList.model_validate_json(

@@ -102,6 +102,11 @@ class OrchestratorConfig(StrictModel):
     shardcast_relays: list[str] = Field(default_factory=list)
     # uploads
     max_upload_bytes: int = Field(64 << 20, gt=0)
+    # listings for validators and the trainer (GET /v1/validator/pending, /v1/trainer/accepted with inline=N) carry
+    # the files of up to N listed submissions (each at most inline_file_bytes, together at most inline_total_bytes;
+    # the others are downloaded as before): one request instead of a listing plus one download per file
+    inline_file_bytes: int = Field(1 << 20, ge=0)
+    inline_total_bytes: int = Field(8 << 20, ge=0)
     max_rows: int = Field(65_536, gt=0)
     # ledger
     credit_per_sample: float = Field(1.0, ge=0)

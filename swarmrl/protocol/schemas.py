@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -49,6 +50,7 @@ class Body(BaseModel):
 # free-form dicts from nodes (hardware, status) are stored and served back: bounded after decoding
 MAX_FREEFORM_KEYS = 32
 MAX_FREEFORM_BYTES = 4096
+MAX_INLINE_B64 = 64 << 20  # one inline file's base64 text (the orchestrator inlines far less: inline_file_bytes)
 
 
 def bounded_dict(v: dict[str, Any]) -> dict[str, Any]:
@@ -178,8 +180,22 @@ class PendingSubmission(Body):
     async_window: int
 
 
+class InlineFile(Body):
+    """A listed submission's file, base64 in the listing (``inline=N``); its sha256 is the submission's."""
+
+    submission_id: int
+    data: str = Field(max_length=MAX_INLINE_B64)
+
+    def decoded(self, max_bytes: int) -> bytes:
+        """The file's bytes; ``ValueError`` if not base64 or over ``max_bytes``."""
+        if len(self.data) > 4 * (max_bytes // 3 + 1):
+            raise ValueError(f"inline file of submission {self.submission_id} is over {max_bytes} bytes")
+        return base64.b64decode(self.data, validate=True)
+
+
 class PendingList(Body):
     items: list[PendingSubmission]
+    files: list[InlineFile] = Field(default_factory=list, max_length=256)  # with inline=N
 
 
 class VerdictRequest(Body):
@@ -251,6 +267,7 @@ class AcceptedList(Body):
     optimistic: bool
     items: list[SubmissionInfo]
     changes: int = -1  # GET /v1/trainer/accepted: the counter (verdicts; optimistic: uploads) read before listing
+    files: list[InlineFile] = Field(default_factory=list, max_length=256)  # with inline=N: the ones not in ``have``
 
 
 class LedgerRow(Body):

@@ -66,7 +66,7 @@ from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' h
 from swarmrl.protocol.client import ApiError, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.sampling import SAMPLED_CHECKS, draw
-from swarmrl.protocol.schemas import CheckResult, PendingSubmission, VerdictRequest
+from swarmrl.protocol.schemas import CheckResult, InlineFile, PendingSubmission, VerdictRequest
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
 from swarmrl.toploc.calibration import (
     CALIBRATION_FILE,
@@ -276,12 +276,13 @@ class Validator:
             return ""
         return f"sampled out (full_check_rate {cfg.full_check_rate:g})"
 
-    def _judge_item(self, item: PendingSubmission, sampled_out: str = "") -> Verdict:
+    def _judge_item(self, item: PendingSubmission, sampled_out: str = "",
+                    inline: dict[int, InlineFile] | None = None) -> Verdict:
         sid = item.submission.submission_id
         try:
             with tempfile.TemporaryDirectory(dir=self.work) as d:
                 path = Path(d) / "rollouts.parquet"
-                sha = self.client.download(sid, path)
+                sha = self.client.fetch_file(sid, path, inline)
                 if sha != item.submission.sha256:
                     # the orchestrator checked the node's signed hash on upload: a different file now is a
                     # storage or transfer fault on our side of the wire, not the node's
@@ -318,7 +319,9 @@ class Validator:
         out = []
         limit = min(256, PENDING_PAGE + len(self._retries))
         t0 = time.monotonic()
-        items = self.client.pending(limit=limit, wait=wait).items
+        got = self.client.pending(limit=limit, wait=wait, inline=limit)
+        items = got.items
+        inline = {f.submission_id: f for f in got.files}
         self._listed = len(items)
         # an empty answer well before ``wait``: an orchestrator that does not wait (or a race): do not spin
         self._waited = not wait or bool(items) or time.monotonic() - t0 >= 0.5 * wait
@@ -333,7 +336,7 @@ class Validator:
                 continue
             t0 = time.perf_counter()
             why = self.sampled_out(item)
-            v = self._judge_item(item, why)
+            v = self._judge_item(item, why, inline)
             if v.internal_error is not None:
                 self._defer(item, v, time.perf_counter() - t0)
                 continue

@@ -28,12 +28,14 @@ from swarmrl.config import StrictModel
 from swarmrl.contract import AsyncWindow, GroupRule
 from swarmrl.dashboard.models import TrainerPoint, point_from_row
 from swarmrl.protocol.client import ApiError, TrainerClient
-from swarmrl.protocol.schemas import MAX_STEP_METRICS
+from swarmrl.protocol.schemas import MAX_STEP_METRICS, InlineFile
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
+
+INLINE_FILES = 16  # accepted files asked to come inside the long poll's answer (the rest are downloaded)
 
 log = logging.getLogger("swarmrl.swarm.adapter")
 
@@ -162,12 +164,12 @@ class TrainerAdapter:
                 n += 1
         return n
 
-    def _fetch(self, step: int, it) -> None:  # noqa: ANN001
+    def _fetch(self, step: int, it, inline: dict[int, InlineFile] | None = None) -> None:  # noqa: ANN001
 
         d = self.run.step_dir(step)
         tmp = d / f".s{it.submission_id}.tmp{os.getpid()}"
         try:
-            sha = self.client.download(it.submission_id, tmp, max_bytes=self.cfg.max_file_bytes)
+            sha = self.client.fetch_file(it.submission_id, tmp, inline, max_bytes=self.cfg.max_file_bytes)
             if sha != it.sha256:
                 raise RolloutError("downloaded bytes do not match the submission's hash")
             g = len(self.rule.select([("f", read_rollouts(tmp))], step, self.window)[0])
@@ -187,10 +189,12 @@ class TrainerAdapter:
         """Long-poll the accepted submissions of the trainer's window (``GET /v1/trainer/accepted``: answered when
         a verdict comes, optimistic: an upload) and hand each answer's items to the main loop's ``_inbox``."""
         seen = -1
+        listed: set[int] = set()  # the previous answer's submissions: the ones of them fetched are not sent again
         with TrainerClient(self.cfg.orchestrator, self.cfg.key, timeout=self.cfg.timeout_s) as c:
             while not halt.is_set():
                 try:
-                    got = c.accepted_window(since=seen, wait=self.cfg.long_poll_s if seen >= 0 else 0.0)
+                    got = c.accepted_window(since=seen, wait=self.cfg.long_poll_s if seen >= 0 else 0.0,
+                                            inline=INLINE_FILES, have=[i for i in listed if i in self.fetched])
                 except Exception as e:  # noqa: BLE001 - an orchestrator without it, or restarting: poll meanwhile
                     if self._watching:
                         log.info("long poll of accepted work failed (%s): polling every %.1f s", e, self.cfg.poll_s)
@@ -199,19 +203,20 @@ class TrainerAdapter:
                     continue
                 self._watching = True
                 seen = got.changes
-                self._inbox.put(got.items)
+                listed = {it.submission_id for it in got.items}
+                self._inbox.put((got.items, {f.submission_id: f for f in got.files}))
 
     def _take_inbox(self) -> int:
         """Fetch what the watcher handed over (the steps the trainer has not passed yet); returns how many."""
         n = 0
         while True:
             try:
-                items = self._inbox.get_nowait()
+                items, inline = self._inbox.get_nowait()
             except queue.Empty:
                 return n
             for it in items:
                 if it.submission_id not in self.fetched and it.step >= self.announced:
-                    self._fetch(it.step, it)
+                    self._fetch(it.step, it, inline)
                     n += 1
 
     def run_forever(self, stop: threading.Event | None = None) -> None:

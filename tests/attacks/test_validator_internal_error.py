@@ -227,8 +227,8 @@ class _CorruptingClient(ValidatorClient):
     """The file arrives damaged (a storage or transfer fault on our side: the orchestrator checked the node's
     signed hash when it took the upload)."""
 
-    def download(self, submission_id: int, out, max_bytes: int = 256 << 20) -> str:  # noqa: ANN001
-        sha = super().download(submission_id, out, max_bytes)
+    def fetch_file(self, submission_id: int, out, inline=None, max_bytes: int = 256 << 20) -> str:  # noqa: ANN001
+        sha = super().fetch_file(submission_id, out, inline, max_bytes)
         data = bytearray(Path(out).read_bytes())
         data[len(data) // 2] ^= 0xFF
         Path(out).write_bytes(bytes(data))

@@ -60,6 +60,7 @@ log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the w
 
 UPLOAD_PREFIX = "/v1/submissions/upload/"
 MAX_ID = 2**62
+MAX_HAVE_CHARS = 8192  # GET /v1/trainer/accepted?have=: ~700 submission ids, far more than a window lists
 MAX_CHANGES_WAIT_S = 10.0  # a long poll (pending work, accepted work) holds a server thread at most this long
 IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
@@ -418,16 +419,18 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
     def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16,
                 wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
+                inline: Annotated[int, Query(ge=0, le=256)] = 0,
                 p: Principal = Depends(signed("validator"))) -> PendingList:
         """Pending submissions; with ``wait``, an empty list is answered only once an upload came or ``wait``
-        seconds passed (a long poll)."""
+        seconds passed (a long poll); with ``inline=N``, ``files`` carries the files of the first N listed (within
+        the orchestrator's inline budget; the others are downloaded)."""
         seen = orch.changes.generation("uploads")  # before listing: an upload after the listing ends the wait
         got = orch.pending(limit)
-        if got.items or not wait:
-            return got
-        if orch.changes.wait("uploads", seen, wait) == seen:
-            return got
-        return orch.pending(limit)
+        if not got.items and wait and orch.changes.wait("uploads", seen, wait) != seen:
+            got = orch.pending(limit)
+        if inline and got.items:
+            got.files = orch.inline_files([it.submission for it in got.items], inline)
+        return got
 
     @app.post("/v1/validator/verdicts", response_model=VerdictReply, responses=_ERRORS, tags=["validator"])
     def verdict(body: VerdictRequest, p: Principal = Depends(signed("validator"))) -> VerdictReply:
@@ -447,15 +450,21 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
     @app.get("/v1/trainer/accepted", response_model=AcceptedList, responses=_ERRORS, tags=["trainer"])
     def accepted_window(since: Annotated[int, Query(ge=-1, le=MAX_ID)] = -1,
                         wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
+                        inline: Annotated[int, Query(ge=0, le=256)] = 0,
+                        have: Annotated[str, Query(max_length=MAX_HAVE_CHARS, pattern=r"^([0-9]{1,19}(,[0-9]{1,19})*)?$")] = "",
                         p: Principal = Depends(signed("trainer"))) -> AcceptedList:
         """Accepted submissions of the trainer's current step and the async window after it, once the verdict
         counter (optimistic: the upload counter) is no longer ``since`` or after ``wait`` seconds (a long poll;
-        ``changes`` in the answer is the counter to pass next)."""
+        ``changes`` in the answer is the counter to pass next). With ``inline=N``, ``files`` carries the files of
+        up to N listed submissions whose ids are not in ``have`` (comma-separated: the ones the trainer holds)."""
         kind = "uploads" if orch.cfg.optimistic else "verdicts"
         orch.changes.wait(kind, since, wait)
         seen = orch.changes.generation(kind)  # before listing
         got = orch.accepted_window()
         got.changes = seen
+        if inline and got.items:
+            held = {int(x) for x in have.split(",") if x}
+            got.files = orch.inline_files([it for it in got.items if it.submission_id not in held], inline)
         return got
 
     @app.get("/v1/trainer/steps/{step}/submissions", response_model=AcceptedList, responses=_ERRORS,

@@ -3,6 +3,7 @@ verdicts (credit, or slash + revoke + eject), and the views of submissions."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
 from swarmrl.protocol.schemas import (
     AcceptedList,
     AssignmentSpec,
+    InlineFile,
     PendingList,
     PendingSubmission,
     SubmissionDetail,
@@ -279,6 +281,27 @@ class SubmissionsMixin:
         self.prom.slashes.inc()
         self.prom.stake_slashed.inc(max(res.slashed, 0.0))
         self.prom.submissions.labels("ejected").inc(len(others))
+
+    def inline_files(self, subs: list[SubmissionInfo], n: int) -> list[InlineFile]:
+        """The stored files of the first ``n`` of ``subs`` that fit the inline budget (``inline_file_bytes`` each,
+        ``inline_total_bytes`` together), base64: the listing carries them instead of one download each. A file
+        missing from the store is left out (its download answers 410 as before)."""
+        out: list[InlineFile] = []
+        left = self.cfg.inline_total_bytes
+        for sub in subs[:n]:
+            if sub.size > self.cfg.inline_file_bytes or sub.size > left:
+                continue
+            try:
+                data = self.store.path_for(sub.sha256).read_bytes()
+            except (OSError, ValueError):
+                continue
+            if len(data) != sub.size:
+                continue
+            left -= len(data)
+            out.append(InlineFile(submission_id=sub.submission_id, data=base64.b64encode(data).decode("ascii")))
+        if out:
+            self.prom.file_bytes.inc(sum(len(f.data) * 3 // 4 for f in out))
+        return out
 
     def accepted_window(self) -> AcceptedList:
         """Accepted (optimistic: and pending) submissions of the steps the trainer may still use: its current step
