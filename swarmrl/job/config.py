@@ -76,8 +76,8 @@ class RunConfig(StrictModel):
     final_eval_n: int = Field(512, ge=1)
     # local mode: the dashboard's port on 127.0.0.1 (0: a free one); in swarm mode the orchestrator serves it
     dashboard_port: int = Field(0, ge=0, le=65535)
-    # fork the roles that load torch and the model (trainer, workers, nodes, validator) from one process that
-    # imported them once (swarmrl.job.zygote) instead of each importing them beside the others; false: plain spawns
+    # fork the roles that load torch and the model (workers, nodes, validator) from one process that imported them
+    # once (swarmrl.job.zygote) instead of each importing them beside the others; false: plain spawns
     zygote: bool = True
 
     @model_validator(mode="after")

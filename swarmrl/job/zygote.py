@@ -1,5 +1,6 @@
 """A zygote for ``swarmrl run``: one process imports torch, transformers and the role modules once, then forks
-every role process that needs them (trainer, workers, nodes, validator) on the launcher's request.
+the role processes that need them (workers, nodes, validator; the trainer imports on its own, on the other core
+meanwhile) on the launcher's request.
 
 Started as its own process (``python -m swarmrl.job.zygote``, in its own session) before anything else, so its
 imports overlap the launcher's set-up and the light roles' start (orchestrator, adapter, relays are spawned
@@ -37,7 +38,7 @@ __all__ = ["ZYGOTE_ROLES", "Zygote", "ZygoteChild", "fresh_random_state", "prelo
 # roles forked from the zygote: the ones that import torch and a model (the others start in a fraction of it)
 ZYGOTE_ROLES = (("rl", "worker"), ("node", "run"), ("validator", "run"))
 
-_BASE = ("torch", "transformers", "swarmrl.cli", "swarmrl.rl.config", "swarmrl.rl.trainer", "swarmrl.rl.worker",
+_BASE = ("torch", "transformers", "swarmrl.cli", "swarmrl.rl.config", "swarmrl.rl.worker",
          "swarmrl.swarm.config", "swarmrl.swarm.node", "swarmrl.swarm.adversaries", "swarmrl.protocol.node",
          "swarmrl.protocol.client", "swarmrl.protocol.config", "swarmrl.protocol.validator")
 
@@ -146,7 +147,11 @@ def serve(modules: list[str]) -> None:
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError as e:  # out of processes or memory: the launcher starts the role plainly
+                    _send({"id": rid, "error": f"fork failed: {e}"})
+                    continue
                 if pid == 0:
                     _child(argv, log, env, (fin, sys.stdout.fileno()))
                 children.add(pid)

@@ -190,7 +190,10 @@ class InlineFile(Body):
         """The file's bytes; ``ValueError`` if not base64 or over ``max_bytes``."""
         if len(self.data) > 4 * (max_bytes // 3 + 1):
             raise ValueError(f"inline file of submission {self.submission_id} is over {max_bytes} bytes")
-        return base64.b64decode(self.data, validate=True)
+        data = base64.b64decode(self.data, validate=True)
+        if len(data) > max_bytes:
+            raise ValueError(f"inline file of submission {self.submission_id} is over {max_bytes} bytes")
+        return data
 
 
 class PendingList(Body):
