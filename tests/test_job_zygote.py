@@ -11,7 +11,7 @@ import time
 import pytest
 
 from swarmrl.job.zygote import Zygote, fresh_random_state, preload_modules
-from swarmrl.protocol.signing import generate_key, save_private_key
+from swarmrl.protocol.signing import generate_key, public_key_hex
 
 
 @pytest.fixture
@@ -30,16 +30,16 @@ def test_a_forked_role_runs_the_command_line_and_reports_its_exit_code(zygote, t
 
 
 def test_a_forked_role_is_its_own_session_with_its_own_title_and_dies_by_signal(zygote, tmp_path):
-    # a node that cannot reach its orchestrator retries: alive until signalled
-    save_private_key(generate_key(), tmp_path / "k.pem")
-    env = dict(os.environ)
-    p = zygote.spawn(["node", "run", "--orchestrator", "http://127.0.0.1:9", "--key", str(tmp_path / "k.pem")],
-                     tmp_path / "node.log", env)
+    # a relay serves until signalled, whether or not its upstream answers
+    argv = ["shardcast", "relay", "--upstream", "http://127.0.0.1:9", "--dir", str(tmp_path / "relay"), "--port", "0",
+            "--origin-pubkey", public_key_hex(generate_key())]
+    p = zygote.spawn(argv, tmp_path / "relay.log", dict(os.environ))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and b"node run" not in _cmdline(p.pid):
+    log = tmp_path / "relay.log"  # made by the child
+    while time.monotonic() < deadline and not (log.is_file() and b"relay serving" in log.read_bytes()):
         time.sleep(0.05)
-    assert p.poll() is None, (tmp_path / "node.log").read_text()
-    assert b"-m swarmrl node run --orchestrator" in _cmdline(p.pid)  # ps shows the role, not the zygote
+    assert p.poll() is None, log.read_text()
+    assert b"-m swarmrl shardcast relay --upstream" in _cmdline(p.pid)  # ps shows the role, not the zygote
     assert os.getpgid(p.pid) == p.pid and os.getsid(p.pid) == p.pid
     with pytest.raises(subprocess.TimeoutExpired):
         p.wait(0.1)
