@@ -61,6 +61,36 @@ def test_interpolation_matches_points_for_random_chunks():
     assert (evaluate(co, x) == y).all()
 
 
+def _lagrange_reference(xs: list[int], ys: list[int]) -> list[int]:
+    """Ascending coefficients of the interpolating polynomial mod P, with Python integers."""
+    n = len(xs)
+    out = [0] * n
+    for i in range(n):
+        basis, denom = [1], 1  # prod_{j != i} (X - x_j) / (x_i - x_j)
+        for j in range(n):
+            if j != i:
+                basis = [((basis[k - 1] if k else 0) - xs[j] * (basis[k] if k < len(basis) else 0)) % P
+                         for k in range(len(basis) + 1)]
+                denom = denom * (xs[i] - xs[j]) % P
+        scale = ys[i] * pow(denom, P - 2, P) % P
+        out = [(o + scale * b) % P for o, b in zip(out, basis)]
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 64])
+def test_interpolation_equals_exact_integer_lagrange(n):
+    """The float64 arithmetic gives the exact coefficients, edge values included (x = 0, y = P - 1)."""
+    rng = np.random.default_rng(n)
+    x = np.stack([rng.choice(P, size=n, replace=False) for _ in range(4)])
+    x[1, 0] = 0 if 0 not in x[1, 1:] else x[1, 0]
+    y = rng.integers(0, P, size=(4, n))
+    y[2] = P - 1
+    y[3, : n // 2 + 1] = 0
+    co = interpolate(x, y)
+    for row in range(4):
+        assert co[row].tolist() == _lagrange_reference(x[row].tolist(), y[row].tolist())
+
+
 def test_find_modulus_is_largest_collision_free():
     x = np.array([[0, 65497, 5], [1, 2, 3], [10, 10 + 65496, 10 + 2 * 65495]], dtype=np.int64)
     m = find_modulus(x)

@@ -201,29 +201,57 @@ def find_modulus(x: np.ndarray) -> np.ndarray:
 def interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Coefficients [C, n] (ascending) of the polynomials of degree < n with P(x) = y mod p.
 
-    x: [C, n] pairwise distinct residues in [0, p); y: [C, n] in [0, p). Newton divided
-    differences, then expansion to the monomial basis, vectorised across chunks.
+    x: [C, n] pairwise distinct residues in [0, p); y: [C, n] in [0, p). Newton divided differences, then
+    expansion to the monomial basis, vectorised across chunks. The arithmetic is in float64 on signed residues in
+    [-p/2, p/2] (every product is < 2^33, exact in a double; ``t - rint(t / p) p`` reduces it exactly, since t / p
+    is never within 1 / (2p) of a half), laid out [n, C] so each of the n sequential steps works on contiguous
+    rows: several times faster than int64 ``%``, the same coefficients.
     """
-    inv2 = _inv_table2()  # inv2[d + p] = 1/d for d in (-p, p): no reduction of differences
+    inv2 = _inv_table2_f64()  # inv2[d + p] = 1/d for d in (-p, p), as floats
     x = np.asarray(x, dtype=np.int64) % P
-    a = np.asarray(y, dtype=np.int64) % P
     c, n = x.shape
-    a = a.copy()
-    xp = x + P
+    xt = np.ascontiguousarray(x.T)  # [n, C]
+    a = _signed(np.ascontiguousarray((np.asarray(y, dtype=np.int64) % P).T).astype(np.float64))
     for j in range(1, n):
-        # (a_i - a_{i-1}) / (x_i - x_{i-j}); |products| < 2^33, numpy's % is non-negative
-        a[:, j:] = (a[:, j:] - a[:, j - 1: n - 1]) * inv2[xp[:, j:] - x[:, : n - j]] % P
-    poly = np.zeros((c, n), dtype=np.int64)
-    poly[:, 0] = a[:, n - 1]
-    negx = -x
+        # (a_i - a_{i-1}) / (x_i - x_{i-j}) for i >= j
+        t = a[j:] - a[j - 1: n - 1]
+        t *= inv2[xt[j:] - xt[: n - j] + P]
+        a[j:] = _signed(t)
+    poly = np.zeros((n, c), dtype=np.float64)
+    poly[0] = a[n - 1]
+    negx = -xt.astype(np.float64)
     for i in range(n - 2, -1, -1):
-        # poly <- poly * (X - x_i) + a_i ; only the w = n - i low columns can be non-zero afterwards
+        # poly <- poly * (X - x_i) + a_i ; only the w = n - i low rows can be non-zero afterwards
         w = n - i
-        t = poly[:, :w] * negx[:, i: i + 1]
-        t[:, 1:] += poly[:, : w - 1]
-        t[:, 0] += a[:, i]
-        np.remainder(t, P, out=poly[:, :w])
-    return poly
+        t = poly[:w] * negx[i]
+        t[1:] += poly[: w - 1]
+        t[0] += a[i]
+        poly[:w] = _signed(t)
+    out = poly.T.astype(np.int64)
+    out %= P
+    return out
+
+
+_INV_P = 1.0 / P
+
+
+def _signed(t: np.ndarray) -> np.ndarray:
+    """t mod p as a signed residue in [-p/2, p/2], in place (t: float64 integers, |t| < 2^40)."""
+    q = t * _INV_P
+    np.rint(q, out=q)
+    q *= P
+    t -= q
+    return t
+
+
+_INV2F: np.ndarray | None = None
+
+
+def _inv_table2_f64() -> np.ndarray:
+    global _INV2F
+    if _INV2F is None:
+        _INV2F = _inv_table2().astype(np.float64)
+    return _INV2F
 
 
 def evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
