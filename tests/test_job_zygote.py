@@ -76,6 +76,35 @@ def test_forked_children_draw_different_random_numbers():
     assert a != b
 
 
+def test_a_forked_role_ends_as_an_interpreter_would(tmp_path):
+    """A forked role ends with ``os._exit`` (it must not return into the zygote's loop); before that it waits
+    for its non-daemon threads and runs its atexit functions, in that order, as a spawned role's interpreter
+    does (a node's last upload thread, a checker subprocess closed at exit)."""
+    import atexit
+    import threading
+
+    from swarmrl.job.zygote import _shut_down
+
+    out = tmp_path / "order.txt"
+    pid = os.fork()
+    if pid == 0:
+        def late() -> None:
+            time.sleep(0.3)
+            with out.open("a") as f:
+                f.write("thread\n")
+
+        atexit._clear()  # not pytest's own exit functions, in this child
+        threading.Thread(target=late).start()
+        atexit.register(lambda: out.open("a").write("atexit\n"))
+        try:
+            _shut_down()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert out.read_text().split() == ["thread", "atexit"]
+
+
 def test_preload_names_the_models_architecture(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
     assert preload_modules(tmp_path)[-1] == "transformers.models.qwen2.modeling_qwen2"

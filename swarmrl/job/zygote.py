@@ -21,6 +21,7 @@ children keep running (they are in their own sessions, as spawned roles are).
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -112,10 +113,30 @@ def _child(argv: list[str], log: str, env: dict[str, str], fds: tuple[int, ...])
         code = 1
     finally:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            _shut_down()
         finally:
             os._exit(code)
+
+
+def _shut_down() -> None:
+    """What the interpreter does before a spawned role's process ends, which ``os._exit`` would skip: wait for
+    the role's non-daemon threads, run its ``atexit`` functions, flush its streams."""
+    try:
+        me = threading.current_thread()
+        for t in threading.enumerate():
+            if t is not me and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001
+        import traceback  # noqa: PLC0415
+
+        traceback.print_exc()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
 
 
 def serve(modules: list[str]) -> None:
