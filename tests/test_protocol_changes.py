@@ -141,3 +141,47 @@ def test_an_upload_is_answered_with_the_nodes_next_heartbeat_reply(tmp_path):
         assert node.beat() is rep.next  # used once, instead of a request
         again = node.beat()  # then a real heartbeat
         assert again is not rep.next and again.node_id == node.node_id
+
+
+def test_close_wakes_every_held_wait_and_later_ones_answer_at_once():
+    c = Changes()
+    got = []
+    th = threading.Thread(target=lambda: got.append(c.wait_waited("uploads", since=0, timeout=60.0)))
+    th.start()
+    while c._waiters["uploads"] == 0 and th.is_alive():
+        threading.Event().wait(0.01)
+    c.close()
+    th.join(timeout=30)
+    assert got == [(0, True)]  # held, then woken with the counter unchanged
+    assert c.wait_waited("verdicts", since=0, timeout=60.0) == (0, False)  # not held at all once closed
+
+
+def test_a_stopping_orchestrator_answers_its_long_polls_instead_of_waiting_them_out(tmp_path):
+    """uvicorn's shutdown waits for the requests in flight; a held long poll (up to 10 s) would keep the server
+    up that long. ``ClosingServer`` wakes them first (``Changes.close``), as ``serve`` runs it."""
+    import uvicorn
+
+    from swarmrl.protocol.orchestrator import Orchestrator, create_app
+    from swarmrl.protocol.orchestrator.guard import ClosingServer
+
+    cfg, keys = make_cfg(tmp_path)
+    orch = Orchestrator(cfg)
+    server = ClosingServer(uvicorn.Config(create_app(cfg, orch, run_sweeper=False), host="127.0.0.1", port=0,
+                                          log_level="warning"), on_close=orch.changes.close)
+    st = threading.Thread(target=server.run, daemon=True)
+    st.start()
+    while not server.started and st.is_alive():
+        threading.Event().wait(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    v = ValidatorClient(url, keys["validator"])
+    listed = []
+    th = threading.Thread(target=lambda: listed.append(v.pending(wait=10.0)))  # the longest a poll may hold
+    th.start()
+    while orch.changes._waiters["uploads"] == 0 and th.is_alive():
+        threading.Event().wait(0.01)
+    server.should_exit = True
+    st.join(timeout=5)  # half the poll's wait: only a woken poll lets the server end by then
+    assert not st.is_alive() and orch.changes.closed
+    th.join(timeout=30)
+    assert listed and listed[0].items == []
+    orch.db.dispose()

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,7 +114,10 @@ class Supervisor:
                 self.check()
             if live is not None:
                 live()
-            time.sleep(interval_s)
+            try:  # the main role's end is seen at once, not up to interval_s later
+                self.procs[main].wait(timeout=interval_s)
+            except subprocess.TimeoutExpired:
+                pass
 
     def stop_all(self) -> None:
         """Stop every role (those marked ``stop_last`` after the others)."""

@@ -25,6 +25,7 @@ class Changes:
         self._cond = threading.Condition()
         self._waiters = {k: 0 for k in MAX_WAITERS}
         self.max_waiters = {**MAX_WAITERS, **(max_waiters or {})}  # per kind; more answer at once
+        self.closed = False
 
     def generation(self, kind: ChangeKind) -> int:
         return self._gen[kind]
@@ -32,6 +33,13 @@ class Changes:
     def bump(self, kind: ChangeKind) -> None:
         with self._cond:
             self._gen[kind] += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """The server is stopping: every held wait answers now, and later ones at once (its shutdown waits for
+        the requests in flight, and a held long poll would keep it up for the rest of its timeout)."""
+        with self._cond:
+            self.closed = True
             self._cond.notify_all()
 
     def wait(self, kind: ChangeKind, since: int, timeout: float) -> int:
@@ -42,11 +50,12 @@ class Changes:
         """``wait``, and whether it held the caller (False: answered at once, the counter had moved or the kind's
         waiting places were all taken)."""
         with self._cond:
-            if self._gen[kind] != since or timeout <= 0 or self._waiters[kind] >= self.max_waiters[kind]:
+            if (self.closed or self._gen[kind] != since or timeout <= 0
+                    or self._waiters[kind] >= self.max_waiters[kind]):
                 return self._gen[kind], False
             self._waiters[kind] += 1
             try:
-                self._cond.wait_for(lambda: self._gen[kind] != since, timeout)
+                self._cond.wait_for(lambda: self._gen[kind] != since or self.closed, timeout)
             finally:
                 self._waiters[kind] -= 1
             return self._gen[kind], True

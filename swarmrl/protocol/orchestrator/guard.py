@@ -22,6 +22,8 @@ import dataclasses
 import functools
 import json
 import os
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -156,10 +158,25 @@ def server_config(app: Any, limits: ConnLimits, *, host: str = "127.0.0.1", port
     return config
 
 
+class ClosingServer(uvicorn.Server):
+    """uvicorn's server that calls ``on_close`` when its shutdown begins, before it waits for the requests in
+    flight: the app wakes its long polls there, so a stop takes milliseconds instead of a long poll's wait."""
+
+    def __init__(self, config: uvicorn.Config, on_close: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_close = on_close
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_close is not None:
+            self.on_close()
+        await super().shutdown(sockets)
+
+
 def run(app: Any, limits: ConnLimits, *, host: str, port: int, workers: int = 1, log_level: str = "info",
-        factory: bool = False) -> None:
+        factory: bool = False, on_close: Callable[[], None] | None = None) -> None:
     """Serve until interrupted. ``workers > 1`` needs ``app`` as an import string; each worker process builds
-    its own guard from LIMITS_ENV (so per-address caps apply per worker)."""
+    its own guard from LIMITS_ENV (so per-address caps apply per worker). ``on_close`` (one process only): see
+    ``ClosingServer``."""
     if workers > 1:
         raise_nofile_limit()
         os.environ[LIMITS_ENV] = json.dumps(dataclasses.asdict(limits))
@@ -167,5 +184,5 @@ def run(app: Any, limits: ConnLimits, *, host: str, port: int, workers: int = 1,
                     http=_HTTP_CLASS, backlog=limits.backlog, timeout_keep_alive=limits.idle_timeout_s)
         return
     # no access log: a line per request is ~6% of a heartbeat's cost at 1000/s; the orchestrator logs its events
-    uvicorn.Server(server_config(app, limits, host=host, port=port, log_level=log_level, factory=factory,
-                                 access_log=False)).run()
+    ClosingServer(server_config(app, limits, host=host, port=port, log_level=log_level, factory=factory,
+                                access_log=False), on_close).run()

@@ -497,4 +497,5 @@ def serve(cfg: OrchestratorConfig) -> None:
         guard.run("swarmrl.protocol.orchestrator:app_from_env", limits, factory=True, host=cfg.host, port=cfg.port,
                   workers=cfg.workers)
     else:
-        guard.run(create_app(cfg), limits, host=cfg.host, port=cfg.port)
+        app = create_app(cfg)
+        guard.run(app, limits, host=cfg.host, port=cfg.port, on_close=app.state.orchestrator.changes.close)
