@@ -4,7 +4,16 @@ import pytest
 
 from swarmrl.contract import AsyncWindow, GroupRule
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import SCHEMA, Rollout, RolloutError, RolloutLimits, read_rollouts, to_table, write_rollouts
+from swarmrl.rl.rollouts import (
+    SCHEMA,
+    Rollout,
+    RolloutError,
+    RolloutLimits,
+    read_group_keys,
+    read_rollouts,
+    to_table,
+    write_rollouts,
+)
 
 
 def select_groups(rows_by_file, step, cfg):
@@ -64,6 +73,29 @@ def test_wrong_schema_and_garbage_and_size_limits(tmp_path):
         read_rollouts(p, RolloutLimits(max_bytes=100))
     with pytest.raises(RolloutError, match="proofs over"):
         read_rollouts(write_rollouts([row(proofs=[b"x" * 10])], tmp_path / "g.parquet"), RolloutLimits(max_proof_bytes=4))
+
+
+def test_group_keys_are_the_rows_grouping_fields_and_still_bounded(tmp_path):
+    """The adapter's reader of an upload the orchestrator already read whole: the same grouping fields and the
+    same usable-group count as ``read_rollouts`` gives, and the file-level bounds still refuse."""
+    rows = [row(group_id=f"g{i // 2}", reward=float(i % 3 == 0), policy_version=i % 2, worker_id=f"w{i // 4}")
+            for i in range(12)]
+    p = write_rollouts(rows, tmp_path / "a.parquet")
+    keys = read_group_keys(p)
+    assert [tuple(k) for k in keys] == [(r.worker_id, r.group_id, r.step, r.policy_version, r.reward)
+                                        for r in read_rollouts(p)]
+    rule = GroupRule(2)
+    assert rule.count_usable(keys) == rule.count_usable(rows) > 0
+    with pytest.raises(RolloutError, match="row limit|rows, over"):
+        read_group_keys(p, RolloutLimits(max_rows=5))
+    with pytest.raises(RolloutError, match="byte limit"):
+        read_group_keys(p, RolloutLimits(max_bytes=100))
+    (tmp_path / "e.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(RolloutError, match="not a readable parquet"):
+        read_group_keys(tmp_path / "e.parquet")
+    pq.write_table(to_table(rows).drop_columns(["reward"]), tmp_path / "c.parquet")
+    with pytest.raises(RolloutError, match="missing columns"):
+        read_group_keys(tmp_path / "c.parquet")
 
 
 def _group(gid, rewards, version, step=5, worker="w0"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,6 +137,43 @@ def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> 
     except Exception as e:  # pyarrow raises many types on corrupt input
         raise RolloutError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
     return rows
+
+
+class GroupKey(NamedTuple):
+    """The fields of a row that ``swarmrl.contract.GroupRule`` groups and counts by."""
+
+    worker_id: str
+    group_id: str
+    step: int
+    policy_version: int
+    reward: float
+
+
+def read_group_keys(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> list[GroupKey]:
+    """The grouping columns of a rollout file whose rows were checked whole elsewhere (``read_rollouts`` by the
+    orchestrator at upload; the caller has matched these bytes to that upload's hash): what ``GroupRule`` needs to
+    count usable groups, without decoding the token, logprob and proof columns. Size, footer, row count, schema
+    and decoded size are still bounded before anything is read."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise RolloutError(f"cannot read {path}: {e}") from None
+    if size > limits.max_bytes:
+        raise RolloutTooLarge("max_bytes", f"file is {size} bytes, over the {limits.max_bytes}-byte limit (max_bytes)")
+    try:
+        _check_footer(path, size, limits)
+        pf = pq.ParquetFile(path)
+        _check_metadata(pf, limits)
+        t = pf.read(columns=list(GroupKey._fields), use_threads=False)
+        cols = [t.column(name).to_pylist() for name in GroupKey._fields]
+    except RolloutError:
+        raise
+    except Exception as e:  # pyarrow raises many types on corrupt input
+        raise RolloutError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
+    if any(None in c for c in cols):
+        raise RolloutError("null values in the grouping columns")
+    return [GroupKey(*v) for v in zip(*cols)]
 
 
 def _rows(batch: pa.RecordBatch) -> list[Rollout]:

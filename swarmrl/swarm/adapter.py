@@ -30,7 +30,7 @@ from swarmrl.dashboard.models import TrainerPoint, point_from_row
 from swarmrl.protocol.client import ApiError, TrainerClient
 from swarmrl.protocol.schemas import MAX_STEP_METRICS, InlineFile
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import RolloutError, read_rollouts
+from swarmrl.rl.rollouts import RolloutError, read_group_keys
 from swarmrl.rl.store import RunDir
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
@@ -172,7 +172,9 @@ class TrainerAdapter:
             sha = self.client.fetch_file(it.submission_id, tmp, inline, max_bytes=self.cfg.max_file_bytes)
             if sha != it.sha256:
                 raise RolloutError("downloaded bytes do not match the submission's hash")
-            g = len(self.rule.select([("f", read_rollouts(tmp))], step, self.window)[0])
+            # the orchestrator read these bytes whole at upload (read_rollouts) and the trainer reads them whole
+            # again: counting the usable groups for the file's name needs only the grouping columns
+            g = len(self.rule.select([("f", read_group_keys(tmp))], step, self.window)[0])
         except (ApiError, RolloutError, OSError) as e:
             tmp.unlink(missing_ok=True)
             log.warning("submission %d not used: %s", it.submission_id, e)
