@@ -59,6 +59,26 @@ def test_recompute_matches_sampler_states(setup, honest):
         assert (rec.hidden.float() - h.float()).abs().max() < 0.1
 
 
+def test_groups_sharing_a_prompt_recompute_the_same_states_as_a_full_prefill(setup):
+    """Rows that repeat a prompt (a group's completions) prefill it once and decode the completions on its cached
+    keys and values: the same states and logits as one prefill per row, for mixed prompt lengths, completion
+    lengths (one token included) and prompts seen once, and the honest rows still pass TOPLOC and sampling."""
+    model, tok, prompts = setup
+    group = [p for p in prompts[:3] for _ in range(3)] + [prompts[3]]  # three groups of 3 and a lone prompt
+    out = _sample(model, tok, group, seed=4)
+    pairs = list(zip(out.prompt_ids, out.completion_ids))
+    pairs.append((prompts[0], [5]))  # a one-token completion after a shared prompt
+    full = recompute(model, pairs, batch_size=16, shared_prompts=False)
+    shared = recompute(model, pairs, batch_size=16)
+    assert len(full) == len(shared) == len(pairs)
+    for a, b, (_, c) in zip(full, shared, pairs):
+        assert a.hidden.shape == b.hidden.shape == (len(c), a.hidden.shape[1]) and b.hidden.dtype == torch.bfloat16
+        assert (a.hidden.float() - b.hidden.float()).abs().max() < 0.1  # bf16: rare rounding flips at most
+        assert torch.allclose(a.logits, b.logits, atol=1e-4)
+    res = verify_rollouts(model, _items(out, tok), batch_size=16, thresholds=TIGHT)
+    assert all(r.passed for r in res), [r.reason for r in res if not r.passed]
+
+
 @pytest.mark.parametrize("batch_size,shuffle", [(1, False), (3, True), (6, True)])
 def test_honest_passes_with_any_batch_composition(setup, honest, batch_size, shuffle):
     model, tok, _ = setup

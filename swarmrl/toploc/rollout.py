@@ -5,10 +5,13 @@ len(prompt) - 1 + i (what the sampler captures during decoding). A prefill over 
 yields all of them at once as its last len(completion) positions; the logits there are what the
 sampling check needs. Rows are left-padded with position ids from the attention-mask cumsum, so a
 row's states do not depend on what else is in the batch (up to kernel noise, which the thresholds absorb).
+Rows that repeat a prompt (a GRPO group) prefill it once and run their completions on its cached keys and
+values: the same states, with each prompt computed once per batch.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -17,6 +20,8 @@ import torch
 from swarmrl.inference.sampler import _LMHeadInputHook
 from swarmrl.toploc.sampling_check import SamplingCheck, SamplingClaim, SamplingThresholds, check_sampling
 from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs_batch
+
+log = logging.getLogger("swarmrl.toploc.rollout")
 
 __all__ = ["Recomputed", "RolloutCheck", "recompute", "verify_rollout", "verify_rollouts", "verify_rows", "claim_from_rollout"]
 
@@ -59,8 +64,10 @@ def _input_problem(model: torch.nn.Module, prompt_ids: Sequence[int], completion
 
 @torch.no_grad()
 def recompute(model: torch.nn.Module, items: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8,
-              pad_id: int | None = None) -> list[Recomputed]:
-    """Decode-position states and logits for each (prompt_ids, completion_ids), one prefill per batch."""
+              pad_id: int | None = None, shared_prompts: bool = True) -> list[Recomputed]:
+    """Decode-position states and logits for each (prompt_ids, completion_ids), one prefill per batch. With
+    ``shared_prompts``, a batch in which rows repeat a prompt (a group's completions) prefills each distinct
+    prompt once and then the completions on its cached keys and values (``_recompute_shared``)."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     if pad_id is None:
@@ -69,6 +76,13 @@ def recompute(model: torch.nn.Module, items: Sequence[tuple[Sequence[int], Seque
     out: list[Recomputed] = []
     for start in range(0, len(items), batch_size):
         batch = items[start: start + batch_size]
+        if shared_prompts and len({tuple(p) for p, _ in batch}) < len(batch):
+            try:
+                out.extend(_recompute_shared(model, batch, pad_id, device))
+                continue
+            except (AttributeError, TypeError, NotImplementedError) as e:  # a model without a usable KV cache
+                log.warning("recompute: shared-prompt pass not supported by %s (%s); one prefill per row",
+                            type(model).__name__, e)
         seqs = [list(p) + list(c)[:-1] for p, c in batch]
         keep = max(len(c) for _, c in batch)
         width = max(len(s) for s in seqs)
@@ -165,3 +179,55 @@ def verify_rows(model: torch.nn.Module, rows: Sequence, eos_id: int, top_p: floa
               claim_from_rollout(r, eos_id, top_p, max_new_tokens) if check_sampling else None) for r in rows]
     return verify_rollouts(model, items, chunk=chunk, k=k, thresholds=thresholds,
                            sampling_thresholds=sampling_thresholds, batch_size=batch_size)
+
+
+def _recompute_shared(model: torch.nn.Module, batch: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
+                      device: torch.device) -> list[Recomputed]:
+    """``recompute`` for rows that share prompts: one prefill of the distinct prompts (left-padded, keeping the
+    last position: the state and logits of completion token 0), then one pass over every row's completion[:-1]
+    (right-padded) on its prompt's cached keys and values, positions continuing the prompt's. The same states
+    as a prefill of prompt + completion[:-1] up to kernel noise, with each prompt's tokens computed once per
+    batch instead of once per row (a group of 8 repeats its prompt 8 times)."""
+    prompts: dict[tuple[int, ...], int] = {}
+    which = [prompts.setdefault(tuple(p), len(prompts)) for p, _ in batch]
+    plist = list(prompts)
+    width = max(len(p) for p in plist)
+    ids = torch.full((len(plist), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(plist), width), dtype=torch.long)
+    for i, p in enumerate(plist):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    hook = _LMHeadInputHook(model)
+    try:
+        res = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                    use_cache=True, logits_to_keep=1)
+        first_hid, first_logits, cache = hook.last, res.logits, res.past_key_values
+        rest = max(len(c) for _, c in batch) - 1
+        if rest > 0:
+            idx = torch.tensor(which, dtype=torch.long)
+            cache.batch_select_indices(idx.to(device))  # each row's own copy of its prompt's keys and values
+            cids = torch.full((len(batch), rest), pad_id, dtype=torch.long)
+            cmask = torch.zeros((len(batch), rest), dtype=torch.long)
+            for i, (_, c) in enumerate(batch):
+                cids[i, :len(c) - 1] = torch.tensor(list(c)[:-1], dtype=torch.long)
+                cmask[i, :len(c) - 1] = 1
+            plen = torch.tensor([len(plist[u]) for u in which], dtype=torch.long)
+            cpos = plen[:, None] + torch.arange(rest)[None, :]
+            res = model(input_ids=cids.to(device), attention_mask=torch.cat([mask[idx], cmask], 1).to(device),
+                        position_ids=cpos.to(device), past_key_values=cache, use_cache=True, logits_to_keep=rest)
+            hid, logits = hook.last, res.logits
+            if hid is None or hid.shape[1] != rest:
+                raise RuntimeError("could not capture the LM head input for the kept positions")
+    finally:
+        hook.close()
+    if first_hid is None or first_hid.shape[1] != 1:
+        raise RuntimeError("could not capture the LM head input for the kept positions")
+    out = []
+    for i, (_, c) in enumerate(batch):
+        n, u = len(c), which[i]
+        h, lg = first_hid[u], first_logits[u]
+        if n > 1:
+            h, lg = torch.cat([h, hid[i, :n - 1]]), torch.cat([lg, logits[i, :n - 1]])
+        out.append(Recomputed(h.to(torch.bfloat16).cpu().contiguous(), lg.float().cpu()))
+    return out
