@@ -9,6 +9,7 @@ from swarmrl.rl.rollouts import (
     Rollout,
     RolloutError,
     RolloutLimits,
+    check_rollouts,
     read_group_keys,
     read_rollouts,
     to_table,
@@ -84,8 +85,11 @@ def test_group_keys_are_the_rows_grouping_fields_and_still_bounded(tmp_path):
     keys = read_group_keys(p)
     assert [tuple(k) for k in keys] == [(r.worker_id, r.group_id, r.step, r.policy_version, r.reward)
                                         for r in read_rollouts(p)]
+    assert check_rollouts(p) == keys  # the orchestrator's reader: every column checked, these fields kept
     rule = GroupRule(2)
     assert rule.count_usable(keys) == rule.count_usable(rows) > 0
+    with pytest.raises(RolloutError, match="proofs over"):  # a column it does not keep is still checked
+        check_rollouts(write_rollouts([row(proofs=[b"x" * 10])], tmp_path / "g.parquet"), RolloutLimits(max_proof_bytes=4))
     with pytest.raises(RolloutError, match="row limit|rows, over"):
         read_group_keys(p, RolloutLimits(max_rows=5))
     with pytest.raises(RolloutError, match="byte limit"):

@@ -19,9 +19,10 @@ column (logprobs, rewards, advantage, temperature).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -112,6 +113,18 @@ _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96"
 
 def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> list[Rollout]:
     """Read and validate an (untrusted) rollout file, never holding more than the limits allow."""
+    return _read_checked(path, limits, _rows)
+
+
+def check_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> list[GroupKey]:
+    """Validate an (untrusted) rollout file exactly as ``read_rollouts`` does, returning only each row's
+    grouping fields (what the orchestrator needs at upload): the token, logprob and proof columns are checked
+    but never turned into Python objects."""
+    return _read_checked(path, limits, _keys)
+
+
+def _read_checked(path: str | Path, limits: RolloutLimits, convert: Callable[[pa.RecordBatch], list[_T]]
+                  ) -> list[_T]:
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -124,11 +137,11 @@ def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> 
         pf = pq.ParquetFile(path)
         _check_metadata(pf, limits)
         pf = pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=_DICT_COLUMNS)  # the columns exist now
-        rows: list[Rollout] = []
+        rows: list[_T] = []
         decoded = 0
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
             decoded += _check_batch(batch, limits, len(rows), decoded)
-            rows.extend(_rows(batch))
+            rows.extend(convert(batch))
             if len(rows) > limits.max_rows:  # the metadata said fewer
                 raise RolloutTooLarge("max_rows", f"more rows than its metadata says, over the {limits.max_rows}-row "
                                                   "limit (max_rows)")
@@ -137,6 +150,9 @@ def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> 
     except Exception as e:  # pyarrow raises many types on corrupt input
         raise RolloutError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
     return rows
+
+
+_T = TypeVar("_T")
 
 
 class GroupKey(NamedTuple):
@@ -174,6 +190,12 @@ def read_group_keys(path: str | Path, limits: RolloutLimits = RolloutLimits()) -
     if any(None in c for c in cols):
         raise RolloutError("null values in the grouping columns")
     return [GroupKey(*v) for v in zip(*cols)]
+
+
+def _keys(batch: pa.RecordBatch) -> list[GroupKey]:
+    """A checked batch's grouping fields (``_check_batch`` checked types and nulls)."""
+    cols = [batch.column(name).to_pylist() for name in GroupKey._fields]
+    return [GroupKey(*vals) for vals in zip(*cols)]
 
 
 def _rows(batch: pa.RecordBatch) -> list[Rollout]:

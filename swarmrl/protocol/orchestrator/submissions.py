@@ -127,12 +127,12 @@ class SubmissionsMixin:
 
     def accept_upload(self, p: Principal, assignment_id: int, tmp: Path, sha: str, size: int,
                       now: float | None = None) -> SubmitReply:
-        from swarmrl.rl.rollouts import RolloutError, RolloutTooLarge, read_rollouts  # noqa: PLC0415  # lazy: pyarrow
+        from swarmrl.rl.rollouts import RolloutError, RolloutTooLarge, check_rollouts  # noqa: PLC0415  # lazy: pyarrow
 
         now = time.time() if now is None else now
         try:
             try:
-                rows = read_rollouts(tmp, rollout_limits(self.cfg))
+                rows = check_rollouts(tmp, rollout_limits(self.cfg))  # every column checked, grouping fields kept
             except RolloutTooLarge as e:  # decoded past a limit: refused before it was materialised
                 raise ProtocolError(413, f"rollout file over a limit: {e}") from None
             except RolloutError as e:
