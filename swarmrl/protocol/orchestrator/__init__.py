@@ -15,10 +15,12 @@ from swarmrl.protocol.orchestrator.service import Orchestrator
 from swarmrl.utils.lazy import lazy_exports
 
 # The HTTP layer loads on first use: the service (e.g. ``swarmrl.protocol.orchestrator.service``) must not
-# pull in fastapi, starlette or uvicorn. ``serve`` hands uvicorn "swarmrl.protocol.orchestrator:app_from_env".
+# pull in fastapi, starlette or uvicorn. ``serve`` (``runner``) hands uvicorn
+# "swarmrl.protocol.orchestrator:app_from_env".
 _HTTP = "swarmrl.protocol.orchestrator.http"
-_EXPORTS = {name: _HTTP for name in ("create_app", "app_from_env", "serve", "UPLOAD_PREFIX", "MAX_ID", "IdParam",
-                                     "API_DESCRIPTION")}
+_RUNNER = "swarmrl.protocol.orchestrator.runner"
+_EXPORTS = {**{name: _HTTP for name in ("create_app", "UPLOAD_PREFIX", "MAX_ID", "IdParam", "API_DESCRIPTION")},
+            "app_from_env": _RUNNER, "serve": _RUNNER}
 __all__ = ["Orchestrator", "ProtocolError", "Principal", "RateLimiter", "create_app", "app_from_env", "serve",
            "UPLOAD_PREFIX", "MAX_ID", "IdParam", "API_DESCRIPTION"]
 

@@ -1,7 +1,7 @@
 """The HTTP layer: ``create_app`` wraps an ``Orchestrator`` in a FastAPI app whose request/response bodies
 are the pydantic models in ``schemas`` (the API is documented by its OpenAPI schema at ``/openapi.json``);
-``serve`` runs it under uvicorn behind the connection limits of ``guard``. With ``guard``, the only part of the
-orchestrator that imports fastapi, starlette or uvicorn."""
+``runner.serve`` runs it under uvicorn behind the connection limits of ``guard``. With ``guard`` and ``runner``,
+the only part of the orchestrator that imports fastapi, starlette or uvicorn."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -26,7 +25,6 @@ from starlette.datastructures import Headers
 from swarmrl.dashboard import page_html
 from swarmrl.dashboard.models import MAX_NODES, MAX_POINTS, NodeList, Overview, PolicyStats, TrainerCurves
 from swarmrl.protocol.config import OrchestratorConfig
-from swarmrl.protocol.orchestrator import guard
 from swarmrl.protocol.orchestrator.auth import RateLimiter
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.service import Orchestrator
@@ -54,7 +52,7 @@ from swarmrl.protocol.schemas import (
 )
 from swarmrl.protocol.signing import body_sha256
 from swarmrl.protocol.store import UploadTooLarge
-from swarmrl.utils.serving import TRUST_EXTENSION, ConnLimits
+from swarmrl.utils.serving import TRUST_EXTENSION
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
 
@@ -475,27 +473,3 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
 
     return app
 
-
-_CFG_ENV = "SWARMRL_ORCHESTRATOR_CONFIG"
-
-
-def app_from_env() -> FastAPI:
-    """App factory for multi-process serving: the config travels as JSON in an environment variable."""
-    return create_app(OrchestratorConfig.model_validate_json(os.environ[_CFG_ENV]))
-
-
-def serve(cfg: OrchestratorConfig) -> None:
-    """Serve on cfg.host:cfg.port behind the connection limits of ``guard`` (cfg's connection-limit fields).
-    ``workers > 1`` runs that many processes on one socket (PostgreSQL only: SQLite serialises writers through a
-    lock inside one process)."""
-    limits = ConnLimits.from_config(cfg)
-    if cfg.workers > 1:
-        if not cfg.database_url or cfg.database_url.startswith("sqlite"):
-            raise ValueError("workers > 1 needs a PostgreSQL database_url (SQLite allows one writer process)")
-        Orchestrator(cfg).db.dispose()  # create tables and principals once, before the workers start
-        os.environ[_CFG_ENV] = cfg.model_dump_json()
-        guard.run("swarmrl.protocol.orchestrator:app_from_env", limits, factory=True, host=cfg.host, port=cfg.port,
-                  workers=cfg.workers)
-    else:
-        app = create_app(cfg)
-        guard.run(app, limits, host=cfg.host, port=cfg.port, on_close=app.state.orchestrator.changes.close)
