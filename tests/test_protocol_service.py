@@ -129,6 +129,27 @@ def test_replayed_nonce_is_refused(service):
     assert e.value.status == 401 and "register first" in e.value.detail
 
 
+def test_a_node_ejected_while_its_upload_streams_in_is_refused(service, tmp_path):
+    """An upload is authenticated when its request starts and accepted when its body is in: a node ejected in
+    between (a verdict on its earlier work) must not complete work, or it closes an honest holder's copy of the
+    same family (seen in a swarm run: the honest node's upload was then refused with 409)."""
+    from swarmrl.protocol.models import Node
+
+    orch, _, _ = service
+    cheat = join(orch)
+    a = orch.heartbeat(cheat, HeartbeatRequest()).assignments[0]
+    path = write(rollouts_for(cheat.node_id, a), tmp_path / "r.parquet")
+    data = path.read_bytes()
+    orch.precheck_upload(cheat, a.assignment_id)  # admitted: not ejected yet
+    with orch.db.tx() as s:  # ejected meanwhile (what a rejecting verdict on its other work does to the node)
+        node = s.get(Node, cheat.node_id)
+        node.status, node.status_reason = "ejected", "invalid submission 1: forged"
+    with pytest.raises(ProtocolError) as e:
+        orch.accept_upload(cheat, a.assignment_id, path, hashlib.sha256(data).hexdigest(), len(data))
+    assert e.value.status == 403 and "ejected" in e.value.detail
+    assert orch.pending(16).items == []
+
+
 def test_rejecting_verdict_slashes_and_ejects(service, tmp_path):
     orch, cfg, keys = service
     cheat_key = generate_key()

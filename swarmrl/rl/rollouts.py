@@ -166,7 +166,7 @@ class GroupKey(NamedTuple):
 
 
 def read_group_keys(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> list[GroupKey]:
-    """The grouping columns of a rollout file whose rows were checked whole elsewhere (``read_rollouts`` by the
+    """The grouping columns of a rollout file whose rows were checked whole elsewhere (``check_rollouts`` by the
     orchestrator at upload; the caller has matched these bytes to that upload's hash): what ``GroupRule`` needs to
     count usable groups, without decoding the token, logprob and proof columns. Size, footer, row count, schema
     and decoded size are still bounded before anything is read."""

@@ -172,7 +172,7 @@ class TrainerAdapter:
             sha = self.client.fetch_file(it.submission_id, tmp, inline, max_bytes=self.cfg.max_file_bytes)
             if sha != it.sha256:
                 raise RolloutError("downloaded bytes do not match the submission's hash")
-            # the orchestrator read these bytes whole at upload (read_rollouts) and the trainer reads them whole
+            # the orchestrator checked these bytes whole at upload (check_rollouts) and the trainer reads them whole
             # again: counting the usable groups for the file's name needs only the grouping columns
             g = len(self.rule.select([("f", read_group_keys(tmp))], step, self.window)[0])
         except (ApiError, RolloutError, OSError) as e:

@@ -86,6 +86,11 @@ class SubmissionsMixin:
         a = s.get(Assignment, assignment_id)
         if a is None or a.node_id != p.node_id:
             raise ProtocolError(404, f"assignment {assignment_id} is not assigned to this node")
+        # ejected while its upload streamed in (admitted before): refused now. PostgreSQL: the node's row is locked,
+        # so an ejection committing meanwhile either comes first (seen here) or rejects this upload as pending work
+        node = s.get(Node, p.node_id, with_for_update=lock and not self.db.is_sqlite)
+        if node is not None and node.status == "ejected":
+            raise ProtocolError(403, f"node is ejected: {node.status_reason or 'slashed'}")
         if lock and not self.db.is_sqlite:  # SQLite: transactions are serialised already
             s.execute(select(Assignment.id).where(*family(a)).order_by(Assignment.id).with_for_update()).all()
             s.refresh(a)
