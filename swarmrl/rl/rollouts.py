@@ -127,15 +127,7 @@ def _read_checked(path: str | Path, limits: RolloutLimits, convert: Callable[[pa
                   ) -> list[_T]:
     path = Path(path)
     try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise RolloutError(f"cannot read {path}: {e}") from None
-    if size > limits.max_bytes:
-        raise RolloutTooLarge("max_bytes", f"file is {size} bytes, over the {limits.max_bytes}-byte limit (max_bytes)")
-    try:
-        _check_footer(path, size, limits)
-        pf = pq.ParquetFile(path)
-        _check_metadata(pf, limits)
+        pf = _open_checked(path, limits)
         pf = pq.ParquetFile(path, metadata=pf.metadata, read_dictionary=_DICT_COLUMNS)  # the columns exist now
         rows: list[_T] = []
         decoded = 0
@@ -172,16 +164,7 @@ def read_group_keys(path: str | Path, limits: RolloutLimits = RolloutLimits()) -
     and decoded size are still bounded before anything is read."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise RolloutError(f"cannot read {path}: {e}") from None
-    if size > limits.max_bytes:
-        raise RolloutTooLarge("max_bytes", f"file is {size} bytes, over the {limits.max_bytes}-byte limit (max_bytes)")
-    try:
-        _check_footer(path, size, limits)
-        pf = pq.ParquetFile(path)
-        _check_metadata(pf, limits)
-        t = pf.read(columns=list(GroupKey._fields), use_threads=False)
+        t = _open_checked(path, limits).read(columns=list(GroupKey._fields), use_threads=False)
         cols = [t.column(name).to_pylist() for name in GroupKey._fields]
     except RolloutError:
         raise
@@ -214,6 +197,21 @@ def rows_from_table(table: pa.Table, limits: RolloutLimits = RolloutLimits()) ->
         decoded += _check_batch(batch, limits, len(rows), decoded)
         rows.extend(_rows(batch))
     return rows
+
+
+def _open_checked(path: Path, limits: RolloutLimits) -> pq.ParquetFile:
+    """The file, once its size, footer, row count, schema and the decoded size its metadata implies are within
+    ``limits``: nothing of its data is read yet."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise RolloutError(f"cannot read {path}: {e}") from None
+    if size > limits.max_bytes:
+        raise RolloutTooLarge("max_bytes", f"file is {size} bytes, over the {limits.max_bytes}-byte limit (max_bytes)")
+    _check_footer(path, size, limits)
+    pf = pq.ParquetFile(path)
+    _check_metadata(pf, limits)
+    return pf
 
 
 def _check_footer(path: Path, size: int, limits: RolloutLimits) -> None:

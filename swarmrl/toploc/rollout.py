@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from swarmrl.inference.sampler import _LMHeadInputHook
+from swarmrl.inference.sampler import _left_pad, _LMHeadInputHook
 from swarmrl.toploc.sampling_check import SamplingCheck, SamplingClaim, SamplingThresholds, check_sampling
 from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs_batch
 
@@ -191,12 +191,7 @@ def _recompute_shared(model: torch.nn.Module, batch: Sequence[tuple[Sequence[int
     prompts: dict[tuple[int, ...], int] = {}
     which = [prompts.setdefault(tuple(p), len(prompts)) for p, _ in batch]
     plist = list(prompts)
-    width = max(len(p) for p in plist)
-    ids = torch.full((len(plist), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(plist), width), dtype=torch.long)
-    for i, p in enumerate(plist):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+    ids, mask = _left_pad([list(p) for p in plist], pad_id)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     hook = _LMHeadInputHook(model)
     try:
