@@ -164,19 +164,19 @@ def read_group_keys(path: str | Path, limits: RolloutLimits = RolloutLimits()) -
     and decoded size are still bounded before anything is read."""
     path = Path(path)
     try:
-        t = _open_checked(path, limits).read(columns=list(GroupKey._fields), use_threads=False)
-        cols = [t.column(name).to_pylist() for name in GroupKey._fields]
+        keys = _keys(_open_checked(path, limits).read(columns=list(GroupKey._fields), use_threads=False))
     except RolloutError:
         raise
     except Exception as e:  # pyarrow raises many types on corrupt input
         raise RolloutError(f"not a readable parquet file: {type(e).__name__}: {e}") from None
-    if any(None in c for c in cols):
+    if any(None in k for k in keys):
         raise RolloutError("null values in the grouping columns")
-    return [GroupKey(*v) for v in zip(*cols)]
+    return keys
 
 
-def _keys(batch: pa.RecordBatch) -> list[GroupKey]:
-    """A checked batch's grouping fields (``_check_batch`` checked types and nulls)."""
+def _keys(batch: pa.RecordBatch | pa.Table) -> list[GroupKey]:
+    """The grouping fields of a batch (``_check_batch`` checked its types and nulls) or of a table read by
+    ``read_group_keys`` (which checks for nulls after)."""
     cols = [batch.column(name).to_pylist() for name in GroupKey._fields]
     return [GroupKey(*vals) for vals in zip(*cols)]
 
