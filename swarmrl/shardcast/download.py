@@ -13,11 +13,13 @@ per attempt."""
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -82,6 +84,9 @@ class _Deadline:
 
 
 class ShardSink(Protocol):
+    """Where shard bytes go. A sink whose ``threadsafe`` attribute is true has ``write`` (and what it calls)
+    called from a writer thread, in order per shard, while the event loop reads the next bytes."""
+
     def resume_from(self, index: int) -> tuple[int, Any]:
         """(bytes already held for this shard, blake3 hasher fed with them)."""
 
@@ -93,7 +98,9 @@ class ShardSink(Protocol):
 
 
 class FileSink:
-    """Writes every shard at its offset of one preallocated file."""
+    """Writes every shard at its offset of one preallocated file (from writer threads: ``threadsafe``)."""
+
+    threadsafe = True
 
     def __init__(self, path: Path, manifest: Manifest) -> None:
         self.path = path
@@ -101,7 +108,8 @@ class FileSink:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(self.fd).st_size != manifest.size:
             os.ftruncate(self.fd, manifest.size)
-        self.on_write: Callable[[int, int], None] | None = None  # (shard, contiguous bytes written)
+        # (shard, contiguous bytes written, the bytes just written: valid during the call)
+        self.on_write: Callable[[int, int, memoryview], None] | None = None
         self.on_reset: Callable[[int], None] | None = None
 
     def resume_from(self, index: int) -> tuple[int, Any]:
@@ -116,7 +124,7 @@ class FileSink:
             view = view[n:]
             off += n
         if self.on_write is not None:
-            self.on_write(index, end)
+            self.on_write(index, end, memoryview(data))
 
     def reset(self, index: int) -> None:
         if self.on_reset is not None:
@@ -146,12 +154,15 @@ class _BodyState:
     hasher: Any
     sources: set[str]
     n0: int  # bytes held when this request started
+    write_failed: bool = False  # a writer thread's write or hash failed: what is held is unknown
 
 
 async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: int,
                            sink: ShardSink, max_attempts: int, read_timeout: float,
                            min_bps: float | None = None, not_ready_s: float = 600.0, stall_s: float | None = None,
-                           window_s: float | None = None) -> None:
+                           window_s: float | None = None, writer: ThreadPoolExecutor | None = None) -> None:
+    """``writer``: a one-thread executor that writes and hashes each received buffer while the event loop reads
+    the next (a ``threadsafe`` sink only); without it both happen on the event loop."""
     min_bps = DEFAULT_MIN_BPS if min_bps is None else min_bps  # module defaults read per call (tests tune them)
     stall_s = STALL_S if stall_s is None else stall_s
     window_s = STALL_WINDOW_S if window_s is None else window_s
@@ -193,6 +204,7 @@ async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: i
         attempts += 1
         s.active += 1
         t0 = time.perf_counter()
+        local_failure = False
         deadline = _Deadline(read_timeout, stall_s, min_bps, window_s)
         try:
             headers = {"Range": f"bytes={got}-{info.size - 1}"} if got else {}
@@ -216,14 +228,18 @@ async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: i
                     raise _BadShard(f"shard {index} longer than {info.size} bytes")
                 return info.size - st.got
 
-            def on_data(view: memoryview, st: _BodyState = state, dl: _Deadline = deadline) -> None:
+            def on_data(view: memoryview, st: _BodyState = state, dl: _Deadline = deadline) -> Future | None:
                 n = len(view)
                 if st.got + n > info.size:
                     raise _BadShard(f"shard {index} longer than {info.size} bytes")
-                sink.write(index, st.got, view)
-                st.hasher.update(view)
-                st.got += n
-                dl.data(n)
+                dl.data(n)  # (a missed deadline drops these bytes: not counted, not written)
+                if writer is None:
+                    _write_and_hash(sink, index, st.got, view, st)
+                    st.got += n
+                    return None
+                fut = writer.submit(_write_and_hash, sink, index, st.got, view, st)
+                st.got += n  # counted now, held once the thread is done (a request ends after its threads)
+                return fut
 
             try:
                 async with asyncio.timeout(None) as timer:
@@ -235,6 +251,10 @@ async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: i
                 raise
             finally:
                 got, hasher, sources, n0 = state.got, state.hasher, state.sources, state.n0
+                if state.write_failed:  # what this shard holds is unknown: start it over
+                    local_failure = True
+                    got, hasher, sources = 0, blake3.blake3(), set()
+                    sink.reset(index)
             if got < info.size:
                 raise BadResponse(f"short shard: {got}/{info.size} bytes")
             pool.success(s, got - n0, time.perf_counter() - t0)
@@ -254,6 +274,9 @@ async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: i
             else:
                 pool.failure(s, msg)
         except (TimeoutError, OSError) as e:
+            if local_failure:  # writing here failed (a full disk, a closed file): the fetch ends, no server blamed
+                raise FetchError(f"shard {index} of v{m.version}: could not write it here: "
+                                 f"{type(e).__name__}: {e}") from e
             msg = f"{type(e).__name__}: {e}"
             errors.append(f"{s.url}: {msg}")
             avoid.add(s.url)
@@ -271,6 +294,17 @@ async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: i
             s.active -= 1
 
 
+def _write_and_hash(sink: ShardSink, index: int, pos: int, view: memoryview, st: _BodyState) -> None:
+    """Write and hash one received buffer (on a writer thread, in order per shard, or on the event loop); a
+    failure marks the request's bytes unknown (``write_failed``)."""
+    try:
+        sink.write(index, pos, view)
+        st.hasher.update(view)
+    except BaseException:
+        st.write_failed = True
+        raise
+
+
 async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indices: list[int],
                           sink: ShardSink, *, parallel: int = 8, max_attempts: int = 6,
                           read_timeout: float = 30.0, on_shard: Callable[[int], None] | None = None,
@@ -283,12 +317,16 @@ async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indic
     queue = list(indices)
     queue.reverse()
     raw = session
+    n_workers = max(1, min(parallel, len(indices)))
+    # a threadsafe sink is written and hashed on one thread per worker (in order per shard), off the event loop
+    writers = [ThreadPoolExecutor(1, thread_name_prefix="shardcast-write") for _ in range(n_workers)] \
+        if getattr(sink, "threadsafe", False) else []
 
-    async def worker() -> None:
+    async def worker(writer: ThreadPoolExecutor | None) -> None:
         while queue:
             idx = queue.pop()
             await _fetch_one_shard(raw, pool, m, idx, sink, max_attempts, read_timeout, min_bps,
-                                   stall_s=stall_s, window_s=window_s)
+                                   stall_s=stall_s, window_s=window_s, writer=writer)
             if on_shard:
                 on_shard(idx)
 
@@ -299,7 +337,7 @@ async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indic
             if lagging:
                 await discover(session, pool, lagging)
 
-    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(parallel, len(indices))))]
+    tasks = [asyncio.create_task(worker(writers[i] if writers else None)) for i in range(n_workers)]
     helper = [asyncio.create_task(refresher())] if refresh_s else []
     try:
         await asyncio.gather(*tasks)
@@ -307,12 +345,15 @@ async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indic
         for t in tasks + helper:
             t.cancel()
         await asyncio.gather(*tasks, *helper, return_exceptions=True)
+        for w in writers:
+            w.shutdown(wait=True)  # (idle: every request waits for its writes before it ends)
 
 
 class _InOrderHasher:
     """Hashes the output file's whole-file BLAKE3 on a thread, in file order, following the download: it
     reads back each byte of shard ``next`` as soon as it is on disk (``progress``), before the shard is
-    complete, so the whole-file check runs alongside the download instead of after it. If a shard the
+    complete, so the whole-file check runs alongside the download instead of after it. Bytes written exactly
+    where the hash stands are hashed by the writer from its buffer instead (no read-back). If a shard the
     hash has already read into is reset (a bad or restarted transfer), the running hash is void and
     ``finish`` hashes the finished file again from the start."""
 
@@ -338,14 +379,25 @@ class _InOrderHasher:
             self.written.pop(index, None)
             self.cv.notify()
 
-    def progress(self, index: int, end: int) -> None:
-        """``end`` contiguous bytes of shard ``index`` are on disk."""
+    def progress(self, index: int, end: int, data: memoryview | None = None) -> None:
+        """``end`` contiguous bytes of shard ``index`` are on disk, the last of them ``data`` (if given): hashed
+        here from that buffer when they are the next bytes of the file to hash and the thread is not reading."""
         if index != self.next:
             self.written[index] = end  # read without the lock by nobody else: the GIL keeps it whole
             return
         with self.cv:
             self.written[index] = end
-            self.cv.notify()
+            if data is None or self.busy or self.dirty or self.pos != end - len(data) or index != self.next:
+                self.cv.notify()  # the thread reads them back
+                return
+            self.busy = True
+        try:
+            self.h.update(data)
+        finally:
+            with self.cv:
+                self.busy = False
+                self.pos = end
+                self.cv.notify()
 
     def reset(self, index: int) -> None:
         with self.cv:
@@ -371,7 +423,7 @@ class _InOrderHasher:
                         if self.next > n:
                             return
                         continue
-                    if self.dirty or self.closed or self._available() > self.pos:
+                    if not self.busy and (self.dirty or self.closed or self._available() > self.pos):
                         break
                     self.cv.wait()
                 if self.dirty or self._available() <= self.pos:
@@ -379,17 +431,23 @@ class _InOrderHasher:
                 upto = self._available()
                 self.busy = True
             off = self.m.shard_offset(self.next) + self.pos
-            left = upto - self.pos
-            while left:
-                data = os.pread(self.fd, min(left, 8 << 20), off)
-                if not data:
-                    return  # file shorter than expected: finish() reports a mismatch
-                self.h.update(data)
-                off += len(data)
-                left -= len(data)
+            if not self._hash_range(off, upto - self.pos):
+                return  # file shorter than expected: finish() reports a mismatch
             with self.cv:
                 self.busy = False
                 self.pos = upto
+
+    def _hash_range(self, off: int, n: int) -> bool:
+        """Hash ``n`` bytes of the file at ``off`` from the page cache (mapped: no copy); False if it is short."""
+        if os.fstat(self.fd).st_size < off + n:
+            return False
+        if n == 0:
+            return True
+        start = off - off % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(self.fd, off + n - start, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ, offset=start) as mm, memoryview(mm) as view:
+            self.h.update(view[off - start:])
+        return True
 
     def finish(self) -> str | None:
         """The digest once every shard was hashed (None if the thread stopped early)."""

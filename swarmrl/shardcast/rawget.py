@@ -1,6 +1,8 @@
-"""A small HTTP/1.1 GET client for shard bodies: the socket reads straight into one reusable buffer
+"""A small HTTP/1.1 GET client for shard bodies: the socket reads straight into reusable buffers
 (``asyncio.BufferedProtocol``), and each filled buffer (or what arrived within ``FLUSH_S``) goes to a callback (write to disk + hash) from the
-event loop's read callback itself, with no per-chunk objects, tasks or copies in between.
+event loop's read callback itself, with no per-chunk objects, tasks or copies in between. The callback may lend the
+buffer to a thread (it returns a ``concurrent.futures.Future``): the socket then reads into the connection's other
+buffer meanwhile, reading pauses while every buffer is lent, and a request ends only once its buffers are back.
 
 Used only for shard bodies (``download._fetch_one_shard``); everything else (discovery, manifests) goes
 through aiohttp. Responses are untrusted: the status line and headers are bounded (``MAX_HEAD``,
@@ -11,6 +13,7 @@ the caller's progress deadline bounds time. Connections are kept alive per serve
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +23,9 @@ __all__ = ["RawPool", "RawResponse", "HTTPStatus", "BadResponse", "MAX_HEAD", "B
 
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
-BUFFER = 1 << 20
+BUFFER = 4 << 20  # a body's buffer (a shorter body gets one its size): fewer, larger hand-offs to the callback
+BUFFERS = 2  # per request: one filling from the socket while the other is lent (DataCallback)
+HEAD_BUFFER = 16384
 FLUSH_S = 0.05  # a slow body is handed on at least this often (progress deadlines, relays streaming onward)
 
 
@@ -44,15 +49,21 @@ class RawResponse:
     length: int | None  # Content-Length (None: until the connection closes)
 
 
-# on_head(response) -> max body bytes accepted; on_data(memoryview) consumes a filled buffer
+# on_head(response) -> max body bytes accepted; on_data(memoryview) consumes a filled buffer before it returns
+# (None), or lends it until the returned future is done (the work on it runs on another thread meanwhile)
 HeadCallback = Callable[[RawResponse], int]
-DataCallback = Callable[[memoryview], None]
+DataCallback = Callable[[memoryview], "concurrent.futures.Future[object] | None"]
 
 
 class _Conn(asyncio.BufferedProtocol):
     def __init__(self) -> None:
-        self.buf = bytearray(BUFFER)
-        self.view = memoryview(self.buf)
+        self.head_view = memoryview(bytearray(HEAD_BUFFER))
+        self.views: list[memoryview] = []  # the body's buffers: made when its headers arrive, dropped after it
+        self.cur = 0
+        self.view = self.head_view
+        self.lent: set[int] = set()  # buffers a DataCallback holds (their futures not done yet)
+        self._paused = False  # reading paused until a lent buffer comes back
+        self._settled: list[asyncio.Future[None]] = []  # woken when nothing is lent
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.got_any = False
@@ -70,6 +81,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.on_head: HeadCallback | None = None
         self.on_data: DataCallback | None = None
         self.keep_alive = True
+        self._complete = False  # the body is all here: done once no buffer is lent
 
     # ---- protocol callbacks -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -77,20 +89,20 @@ class _Conn(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.in_head:
-            return self.view[:16384]
-        room = BUFFER - self.filled
+            return self.head_view
+        room = len(self.view) - self.filled
         if self.left is not None:
             room = min(room, max(self.left - self.filled, 1))
         return self.view[self.filled:self.filled + room]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self.done is None or self.done.done():
+        if self.done is None or self.done.done() or self._complete:
             self._drop()  # bytes nobody asked for
             return
         self.got_any = True
         try:
             if self.in_head:
-                self._head_bytes(bytes(self.view[:nbytes]))
+                self._head_bytes(bytes(self.head_view[:nbytes]))
             else:
                 self.filled += nbytes
                 self._maybe_flush(final=False)
@@ -99,7 +111,7 @@ class _Conn(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self.keep_alive = False
-        if self.done is not None and not self.done.done():
+        if self.done is not None and not self.done.done() and not self._complete:
             try:
                 if self.in_head:
                     raise BadResponse("connection closed before the response headers")
@@ -114,8 +126,8 @@ class _Conn(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(exc or BadResponse("connection lost"))
+        if self.done is not None and not self.done.done() and not self._complete:  # (complete: lent buffers
+            self.done.set_exception(exc or BadResponse("connection lost"))  # finish the request)
 
     # ---- parsing ------------------------------------------------------------------------------
     def _head_bytes(self, data: bytes) -> None:
@@ -170,6 +182,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._limit = limit
         self.in_head = False
         self.head = bytearray()
+        self._body_buffers(BUFFER if self.left is None else min(BUFFER, max(self.left, 1)))
         if rest:
             n = len(rest)
             if self.left is not None and n > self.left:
@@ -181,7 +194,7 @@ class _Conn(asyncio.BufferedProtocol):
     def _maybe_flush(self, final: bool) -> None:
         expected_end = self.left is not None and self.filled >= self.left
         now = time.monotonic()
-        if self.filled and (self.filled >= BUFFER or expected_end or final or now - self.flushed_at >= FLUSH_S):
+        if self.filled and (self.filled >= len(self.view) or expected_end or final or now - self.flushed_at >= FLUSH_S):
             self.flushed_at = now
             n = self.filled
             if self.left is None:
@@ -192,7 +205,9 @@ class _Conn(asyncio.BufferedProtocol):
                 self.left -= n
             self.filled = 0
             assert self.on_data is not None
-            self.on_data(self.view[:n])
+            lent = self.on_data(self.view[:n])
+            if lent is not None:
+                self._lend(lent)
         elif self.filled and self._flush_timer is None and self.transport is not None:
             # bytes held and none arriving: hand them on within FLUSH_S anyway (a stalling server's last bytes
             # count as progress, a relay streams a slow body onward)
@@ -210,9 +225,66 @@ class _Conn(asyncio.BufferedProtocol):
             self._fail(e)
 
     def _finish(self) -> None:
-        if self.done is not None and not self.done.done():
+        self._complete = True
+        if self.done is not None and not self.done.done() and not self.lent:
             assert self.resp is not None
             self.done.set_result(self.resp)
+
+    # ---- body buffers, lent ---------------------------------------------------------------------
+    def _body_buffers(self, size: int) -> None:
+        """One buffer of ``size`` bytes for the body now (a second is made if the first is lent)."""
+        self.views = [memoryview(bytearray(size))]
+        self.cur = 0
+        self.view = self.views[0]
+
+    def release_buffers(self) -> None:
+        """Drop the body buffers of an idle connection (nothing lent)."""
+        if not self.lent:
+            self.views = []
+            self.view = self.head_view
+
+    def _lend(self, fut: concurrent.futures.Future[object]) -> None:
+        """The current buffer is held until ``fut`` is done; read into a free one meanwhile (a second buffer is
+        made on the first lend), or pause reading until one comes back."""
+        idx = self.cur
+        self.lent.add(idx)
+        loop = asyncio.get_running_loop()
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._returned, idx, f))
+        if len(self.views) < BUFFERS:
+            self.views.append(memoryview(bytearray(len(self.views[0]))))
+        free = [i for i in range(len(self.views)) if i not in self.lent]
+        if free:
+            self.cur = free[0]
+            self.view = self.views[self.cur]
+        elif self.transport is not None and not self._paused and not self.transport.is_closing():
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _returned(self, idx: int, fut: concurrent.futures.Future[object]) -> None:
+        self.lent.discard(idx)
+        if self._paused:
+            self._paused = False
+            self.cur = idx
+            self.view = self.views[idx]
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None:
+            self._fail(exc)
+        elif self._complete:
+            self._finish()
+        if not self.lent:
+            for w in self._settled:
+                if not w.done():
+                    w.set_result(None)
+            self._settled.clear()
+
+    async def settled(self) -> None:
+        """Return once no buffer is lent (the threads holding them are done with them)."""
+        if self.lent:
+            w = asyncio.get_running_loop().create_future()
+            self._settled.append(w)
+            await w
 
     def _fail(self, e: BaseException) -> None:
         self.keep_alive = False
@@ -278,6 +350,10 @@ class RawPool:
                     continue  # the server closed the idle kept-alive connection: once more on a new one
                 raise
             finally:
+                if conn.lent:  # failed or cancelled with buffers still lent: their work ends before the caller
+                    conn._drop()  # goes on (it may reset what that work writes to)
+                    await asyncio.shield(conn.settled())
+                conn.release_buffers()
                 if ok and conn.keep_alive and not conn.closed \
                         and len(self.idle.setdefault(key, [])) < self.idle_per_host:
                     self.idle[key].append(conn)
