@@ -232,3 +232,40 @@ def test_bytes_written_where_the_hash_stands_are_hashed_from_the_buffer(tmp_path
     hasher.mark(2)
     assert hasher.finish() == m.blake3
     sink.close()
+
+
+def _no_room(fd: int, offset: int, length: int) -> None:
+    raise OSError(28, "No space left on device")
+
+
+def _unsupported(fd: int, offset: int, length: int) -> None:
+    raise OSError(95, "Operation not supported")
+
+
+@pytest.mark.parametrize("fallocate", [_no_room, _unsupported])
+def test_the_output_is_reserved_up_front_or_extended_where_it_cannot_be(tmp_path, monkeypatch, fallocate):
+    """No room for the file: the fetch fails before a shard is requested. A file system without fallocate: the
+    file is extended sparse and the fetch works."""
+    origin = Origin(tmp_path / "origin", shard_size=SHARD)
+    url = origin.serve()
+    ckpt = make_file(tmp_path / "ckpt.bin", 3 * SHARD + 5, seed=7)
+    origin.publish_sync(ckpt, version=1)
+    requested: list[str] = []
+    real_get = RawPool.get
+
+    async def counting_get(self, u, *a, **kw):  # noqa: ANN001, ANN202
+        requested.append(u)
+        return await real_get(self, u, *a, **kw)
+
+    monkeypatch.setattr(RawPool, "get", counting_get)
+    monkeypatch.setattr(dl.os, "posix_fallocate", fallocate)
+    try:
+        if fallocate is _no_room:
+            with pytest.raises(FetchError, match=r"cannot make .*out\.bin\.part.*No space left"):
+                asyncio.run(fetch_async([url], tmp_path / "out.bin", origin.public_key))
+            assert not [u for u in requested if "/shard_" in u]
+        else:
+            res = asyncio.run(fetch_async([url], tmp_path / "out.bin", origin.public_key))
+            assert same_file(res.path, ckpt)
+    finally:
+        origin.close()

@@ -146,7 +146,10 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                                          read_timeout, stall_s, min_bps, window_s, t0, deadline)
         tmp = out.parent / f".{out.name}.part"
         state_path = out.parent / f".{out.name}.part.json"
-        sink = FileSink(tmp, manifest)
+        try:
+            sink = FileSink(tmp, manifest)
+        except OSError as e:  # no room for it (the blocks are reserved up front), a directory not writable
+            raise FetchError(f"v{manifest.version}: cannot make {tmp} ({manifest.size:,} bytes) here: {e}") from e
         done: set[int] = set()
         try:
             # resume across runs: shards recorded as done for this exact manifest, re-verified

@@ -13,6 +13,7 @@ per attempt."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import mmap
 import os
 import threading
@@ -97,6 +98,22 @@ class ShardSink(Protocol):
     def done(self, index: int) -> None: ...
 
 
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the file's blocks now: a disk without room fails here, before any byte is fetched, and the writes
+    that follow fill allocated blocks (faster than allocating them write by write). Where the file system cannot
+    (EOPNOTSUPP, EINVAL), the file is only extended, sparse."""
+    if size == 0:
+        os.ftruncate(fd, 0)
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)
+
+
 class FileSink:
     """Writes every shard at its offset of one preallocated file (from writer threads: ``threadsafe``)."""
 
@@ -106,8 +123,13 @@ class FileSink:
         self.path = path
         self.m = manifest
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        if os.fstat(self.fd).st_size != manifest.size:
-            os.ftruncate(self.fd, manifest.size)
+        try:
+            if os.fstat(self.fd).st_size > manifest.size:
+                os.ftruncate(self.fd, manifest.size)
+            _preallocate(self.fd, manifest.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
         # (shard, contiguous bytes written, the bytes just written: valid during the call)
         self.on_write: Callable[[int, int, memoryview], None] | None = None
         self.on_reset: Callable[[int], None] | None = None
