@@ -269,3 +269,31 @@ def test_the_output_is_reserved_up_front_or_extended_where_it_cannot_be(tmp_path
             assert same_file(res.path, ckpt)
     finally:
         origin.close()
+
+
+def test_body_buffers_are_reused_across_requests_and_the_spares_stay_bounded():
+    from swarmrl.shardcast import rawget
+
+    body = random.Random(11).randbytes(3 * rawget.BUFFER + 999)
+
+    async def main() -> None:
+        runner, url = await _body_server(body)
+        pool = RawPool()
+        seen: list[object] = []  # the buffers themselves (kept alive: no id is reused)
+        with ThreadPoolExecutor(1) as ex:
+            for _ in range(3):
+                got: list[bytes] = []
+
+                def on_data(view: memoryview, got: list[bytes] = got):  # noqa: ANN202
+                    seen.append(view.obj)
+                    return ex.submit(lambda v=view: got.append(bytes(v)))
+
+                await pool.get(url, {}, lambda resp: len(body), on_data)
+                assert b"".join(got) == body
+                assert len(rawget._spare) <= rawget.SPARE
+        pool.close()
+        await runner.cleanup()
+        # two buffers per request at most, and the later requests took the first one's buffers back
+        assert len({id(o) for o in seen}) <= rawget.BUFFERS
+
+    asyncio.run(main())
