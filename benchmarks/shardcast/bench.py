@@ -4,7 +4,8 @@
    a checkpoint from one origin server, against curl fetching the same shards from the same server into one
    file (``fetch_over_curl`` = curl time / ours, higher is better).
 2. cli: ``swarmrl shardcast fetch`` of ``--cli-mib`` (200 MiB) as a new process, start-up included, against
-   curl of the same shards (``cli_over_curl`` = CLI wall time / curl wall time, lower is better).
+   curl of the same shards (``cli_over_curl`` = CLI wall time / curl wall time, lower is better). The code's
+   package is byte-compiled first, as an installed package is (``--no-compile`` to time it without .pyc files).
 3. tree, capped (``relay_tree_over_direct``): machines with equal uplinks. The origin and each of the 2 relays
    cap their upload at ``--uplink-mbps`` (``max_upload_mbps``); baseline: 8 concurrent curls straight from the
    capped origin; ours: origin -> 2 relays -> 8 clients (4 per relay), from publish to the last client verified.
@@ -170,6 +171,9 @@ def bench_cli(args: argparse.Namespace, code: Path, base: Path, procs: list) -> 
     root, pub, n = publish(code, base, "cli", size, args.shard_mb)
     p, url = spawn(code, SERVE_ORIGIN, root, 0)
     procs.append(p)
+    if not args.no_compile:  # the bytecode an installed package has (PYTHONDONTWRITEBYTECODE would skip writing it)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "swarmrl")], check=True,
+                       capture_output=True)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-P", "-c", CLI, "shardcast", "fetch", "--help"], env=_env(code), check=True,
                    capture_output=True)
@@ -189,8 +193,10 @@ def bench_cli(args: argparse.Namespace, code: Path, base: Path, procs: list) -> 
     c, o = statistics.median(curl_t), statistics.median(cli_t)
     print(f"[cli] {args.cli_mib} MiB: curl median {c:.2f} s (runs {', '.join(f'{x:.2f}' for x in curl_t)}); "
           f"`swarmrl shardcast fetch` median {o:.2f} s incl. start-up (runs {', '.join(f'{x:.2f}' for x in cli_t)}); "
-          f"`shardcast fetch --help` {help_s:.2f} s; cli_over_curl = {o / c:.2f}x")
-    return {"size_mib": args.cli_mib, "curl_s": curl_t, "cli_s": cli_t, "cli_help_s": help_s, "cli_over_curl": o / c}
+          f"`shardcast fetch --help` {help_s:.2f} s; cli_over_curl = {o / c:.2f}x"
+          + ("" if not args.no_compile else " (--no-compile: modules without .pyc compiled on each start)"))
+    return {"size_mib": args.cli_mib, "curl_s": curl_t, "cli_s": cli_t, "cli_help_s": help_s, "cli_over_curl": o / c,
+            "compiled": not args.no_compile}
 
 
 def bench_tree(args: argparse.Namespace, code: Path, base: Path, procs: list, mbps: float) -> dict:
@@ -258,6 +264,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--shard-mb", type=float, default=50.0, help="shard size in MB (50 = public default)")
     ap.add_argument("--skip", default="", help="comma list of scenarios to skip: single,cli,capped,uncapped")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="cli: do not byte-compile the code under test first (where PYTHONDONTWRITEBYTECODE is set, "
+                         "its modules are then compiled from source on every start)")
     ap.add_argument("--code", type=Path, default=REPO, help="checkout whose swarmrl to run (default: this one)")
     ap.add_argument("--out", type=Path, default=None, help="optional JSON results file")
     args = ap.parse_args()
@@ -285,6 +294,7 @@ def main() -> None:
             r = results["cli"] = bench_cli(args, code, base, procs)
             summary["cli_over_curl"] = round(r["cli_over_curl"], 3)
             summary["cli_help_s"] = round(r["cli_help_s"], 3)
+            summary["cli_compiled"] = r["compiled"]
         if "uncapped" not in skip:
             r = results["tree_uncapped"] = bench_tree(args, code, base, procs, 0.0)
             summary["relay_tree_over_direct_uncapped"] = round(r["ratio"], 3)
