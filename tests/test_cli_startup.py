@@ -109,7 +109,10 @@ def test_fetch_loads_only_what_it_uses(tmp_path: Path) -> None:
     o.publish_sync(src, 4)
     url = o.serve()
     unused = ["rich", "swarmrl.shardcast.config", "swarmrl.utils.serving", "cryptography.hazmat.primitives.serialization",
-              "swarmrl.shardcast.server", "swarmrl.shardcast.relay", "swarmrl.shardcast.origin"]
+              "swarmrl.shardcast.server", "swarmrl.shardcast.relay", "swarmrl.shardcast.origin",
+              # the other command modules: only the one naming the command line's first word is registered
+              "swarmrl.cli.rl", "swarmrl.cli.toploc", "swarmrl.cli.protocol", "swarmrl.cli.diloco",
+              "swarmrl.cli.models", "swarmrl.cli.train"]
     try:
         proc = subprocess.run([sys.executable, "-c", _WRAPPER, json.dumps(
             ["shardcast", "fetch", "--server", url, "--origin-pubkey", pub, "--out", "got.bin"]), json.dumps(unused)],
@@ -149,3 +152,39 @@ def test_short_command_pauses_the_collector_and_skips_the_exit_collection_on_suc
     assert gc.isenabled() and not errors.exit_gc_skipped()  # a failed command: the exit collects as usual
     assert ok(1) == 2
     assert seen == [False, False] and gc.isenabled() and errors.exit_gc_skipped()
+
+
+def test_command_table_matches_what_each_module_registers() -> None:
+    """`swarmrl.cli.COMMANDS` (first word -> module) must name exactly what each module's `register` adds, or a
+    command would be missing when its module is the only one registered."""
+    import importlib
+
+    import typer
+
+    from swarmrl.cli import COMMANDS
+
+    for module in set(COMMANDS.values()):
+        root = typer.Typer()
+        importlib.import_module(f"swarmrl.cli.{module}").register(root)
+        names = {g.name for g in root.registered_groups} | {c.name for c in root.registered_commands}
+        assert names == {k for k, v in COMMANDS.items() if v == module}, module
+
+
+def test_full_tree_and_one_module_tree_agree(tmp_path: Path) -> None:
+    """`swarmrl --help` lists every command of the table; a command line naming one group registers that group
+    only, and still runs (here: its help)."""
+    from swarmrl.cli import COMMANDS
+
+    res = run_cli(["--help"], tmp_path)
+    assert res["code"] == 0
+    listed = {line.split()[0] for line in res["stdout"].splitlines() if line.startswith("  ") and line.split()}
+    assert set(COMMANDS) <= listed, set(COMMANDS) - listed
+    wrapper = _WRAPPER.replace('print("\\n@@"', 'print("\\n@@" + json.dumps(sorted(m for m in sys.modules if '
+                               'm.startswith("swarmrl.cli."))) + "\\n@@"')
+    proc = subprocess.run([sys.executable, "-c", wrapper, json.dumps(["--debug", "toploc", "verify", "--help"]),
+                           json.dumps([])], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _, mods, last = proc.stdout.rsplit("\n@@", 2)
+    assert json.loads(last)["code"] == 0 and "Usage: swarmrl toploc verify" in proc.stdout
+    loaded = {m.rsplit(".", 1)[1] for m in json.loads(mods)} & set(COMMANDS.values())
+    assert loaded == {"toploc"}, loaded

@@ -47,3 +47,7 @@ def import_(source: Annotated[str, typer.Argument(help="HF model dir, .gguf file
         fail(f"{e}")
     console.print(f"imported {info['architecture'][0]} ({info['parameters']:,} parameters, {info['dtype']}) "
                   f"from {info['source']} to {cfg.out}")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="model")

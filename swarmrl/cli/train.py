@@ -134,3 +134,9 @@ def tasks() -> None:
 
     for name in available_envs():
         typer.echo(name)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sft")(sft)
+    app.command("eval")(eval_)
+    app.command("tasks")(tasks)
