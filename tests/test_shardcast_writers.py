@@ -20,6 +20,7 @@ from swarmrl.shardcast import download as dl
 from swarmrl.shardcast.layout import Manifest, ShardInfo
 from swarmrl.shardcast.pool import ServerPool, discover, get_manifest, new_session
 from swarmrl.shardcast.rawget import BUFFERS, RawPool
+from swarmrl.shardcast.wholehash import InOrderHasher
 
 SHARD = 1 << 20
 
@@ -151,6 +152,19 @@ def test_fetch_through_writer_threads_is_whole_and_verified(tmp_path):
     assert same_file(res.path, ckpt) and res.blake3 == blake3.blake3(ckpt.read_bytes()).hexdigest()
 
 
+def _hashed_sink(path, data: bytes, shard_size: int) -> tuple[Manifest, dl.FileSink, InOrderHasher]:
+    """A manifest of ``data`` cut into ``shard_size`` shards, a FileSink for it at ``path`` and an in-order hasher
+    fed by the sink's writes and resets."""
+    shards = tuple(ShardInfo(len(data[i:i + shard_size]), blake3.blake3(data[i:i + shard_size]).hexdigest())
+                   for i in range(0, len(data), shard_size))
+    m = Manifest(version=1, size=len(data), shard_size=shard_size, blake3=blake3.blake3(data).hexdigest(),
+                 shards=shards)
+    sink = dl.FileSink(path, m)
+    hasher = InOrderHasher(path, m, set())
+    sink.on_write, sink.on_reset = hasher.progress, hasher.reset
+    return m, sink, hasher
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_whole_file_hash_is_right_whatever_order_the_writers_go_in(tmp_path, seed):
     """Writer threads write chunks of several shards in a shuffled order (each shard in order): the in-order hash,
@@ -158,14 +172,9 @@ def test_whole_file_hash_is_right_whatever_order_the_writers_go_in(tmp_path, see
     rnd = random.Random(seed)
     shard_size, n_shards = 300_000, 5
     data = rnd.randbytes(shard_size * (n_shards - 1) + 77_777)
-    shards = tuple(ShardInfo(len(data[i:i + shard_size]), blake3.blake3(data[i:i + shard_size]).hexdigest())
-                   for i in range(0, len(data), shard_size))
-    m = Manifest(version=1, size=len(data), shard_size=shard_size, blake3=blake3.blake3(data).hexdigest(),
-                 shards=shards)
     path = tmp_path / "out.bin"
-    sink = dl.FileSink(path, m)
-    hasher = dl._InOrderHasher(path, m, set())
-    sink.on_write, sink.on_reset = hasher.progress, hasher.reset
+    m, sink, hasher = _hashed_sink(path, data, shard_size)
+    shards = m.shards
 
     def write_shard(index: int) -> None:
         off = m.shard_offset(index)
@@ -192,14 +201,8 @@ def test_whole_file_hash_is_right_whatever_order_the_writers_go_in(tmp_path, see
 def test_a_reset_shard_voids_the_running_hash_and_finish_rehashes(tmp_path):
     """A shard the hash has read into is reset (a bad transfer) and rewritten: the result is still the file's hash."""
     data = random.Random(9).randbytes(250_000)
-    shards = tuple(ShardInfo(len(data[i:i + 100_000]), blake3.blake3(data[i:i + 100_000]).hexdigest())
-                   for i in range(0, len(data), 100_000))
-    m = Manifest(version=1, size=len(data), shard_size=100_000, blake3=blake3.blake3(data).hexdigest(),
-                 shards=shards)
-    path = tmp_path / "out.bin"
-    sink = dl.FileSink(path, m)
-    hasher = dl._InOrderHasher(path, m, set())
-    sink.on_write, sink.on_reset = hasher.progress, hasher.reset
+    m, sink, hasher = _hashed_sink(tmp_path / "out.bin", data, 100_000)
+    shards = m.shards
     sink.write(1, 0, b"\xff" * 50_000)  # wrong bytes, hashed from the buffer at once
     sink.reset(1)
     for i in (1, 2, 3):
@@ -214,13 +217,7 @@ def test_bytes_written_where_the_hash_stands_are_hashed_from_the_buffer(tmp_path
     """No read-back for them: the hash has moved past them when the write returns (the thread only reads back bytes
     written elsewhere, here shard 2's, once shard 1 is done)."""
     data = random.Random(10).randbytes(200_000)
-    shards = tuple(ShardInfo(100_000, blake3.blake3(data[i:i + 100_000]).hexdigest()) for i in (0, 100_000))
-    m = Manifest(version=1, size=len(data), shard_size=100_000, blake3=blake3.blake3(data).hexdigest(),
-                 shards=shards)
-    path = tmp_path / "out.bin"
-    sink = dl.FileSink(path, m)
-    hasher = dl._InOrderHasher(path, m, set())
-    sink.on_write, sink.on_reset = hasher.progress, hasher.reset
+    m, sink, hasher = _hashed_sink(tmp_path / "out.bin", data, 100_000)
     sink.write(2, 0, data[100_000:150_000])  # not where the hash stands: left for the thread
     assert (hasher.next, hasher.pos) == (1, 0)
     sink.write(1, 0, data[:60_000])

@@ -42,9 +42,7 @@ from swarmrl.shardcast.download import (  # noqa: F401  (re-exported)
     FileSink,
     ShardSink,
     Stalled,
-    _InOrderHasher,
     download_shards,
-    hash_file,
 )
 from swarmrl.shardcast.layout import Manifest, atomic_write
 from swarmrl.shardcast.pool import (  # noqa: F401  (re-exported)
@@ -59,6 +57,7 @@ from swarmrl.shardcast.pool import (  # noqa: F401  (re-exported)
     server_versions,
 )
 from swarmrl.shardcast.signing import load_public_key
+from swarmrl.shardcast.wholehash import InOrderHasher, hash_file
 
 __all__ = ["FetchError", "FetchResult", "ManifestNotVerified", "ServerPool", "fetch", "fetch_async", "discover", "get_manifest",
            "download_shards", "ShardSink", "FileSink", "hash_file"]
@@ -169,7 +168,7 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
                 atomic_write(state_path, json.dumps({"version": manifest.version, "blake3": manifest.blake3,
                                                      "done": sorted(done)}).encode(), fsync=False)
 
-            hasher = _InOrderHasher(tmp, manifest, done) if verify_whole else None
+            hasher = InOrderHasher(tmp, manifest, done) if verify_whole else None
             if hasher is not None:
                 sink.on_write, sink.on_reset = hasher.progress, hasher.reset
 
