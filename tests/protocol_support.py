@@ -33,15 +33,26 @@ def database_url(tmp: Path) -> str:
     return url
 
 
-def make_cfg(tmp: Path, **kw) -> tuple[OrchestratorConfig, dict]:
+# the protocol tests' contract: groups of 2, thinking budgets on (a node's tier from its throughput)
+CONTRACT = {"group_size": 2, "budget": {"enabled": True, "tiers": [64, 128, 256], "step_time_s": 60.0}}
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def make_cfg(tmp: Path, contract: dict | None = None, **kw) -> tuple[OrchestratorConfig, dict]:
     """A config with validator, trainer and stake authority keys (returned by role). Nodes declare their own stake
     here (``self_declared_stake``) so the tests of everything else need no deposits; tests/attacks/test_sybils.py
-    runs the deposit model (``self_declared_stake=False``)."""
+    runs the deposit model (``self_declared_stake=False``). ``contract``: changes to ``CONTRACT``."""
     validator, trainer, authority = generate_key(), generate_key(), generate_key()
     base = dict(data_dir=str(tmp / "orch"), database_url=database_url(tmp), run_secret="test-secret",
                 validator_keys=[public_key_hex(validator)], trainer_keys=[public_key_hex(trainer)],
-                tasks_per_node=3, group_size=2, heartbeat_interval_s=10.0, sweep_interval_s=0.1,
-                rate_limit_per_s=1000.0, rate_limit_burst=1000,
+                tasks_per_node=3, heartbeat_interval_s=10.0, sweep_interval_s=0.1,
+                rate_limit_per_s=1000.0, rate_limit_burst=1000, contract=_merged(CONTRACT, contract or {}),
                 stake_authority_keys=[public_key_hex(authority)], self_declared_stake=True)
     base.update(kw)
     return OrchestratorConfig(**base), {"validator": validator, "trainer": trainer, "authority": authority}
@@ -104,24 +115,24 @@ def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge
     from swarmrl.envs import make_env
 
     tok = tokenizer()
-    env = make_env(a.env, **a.env_params)
+    env = make_env(a.contract.task.name, **a.contract.task.params)
     if tasks is None:
         tasks = [(t.task_id, t.prompt, t.verification_info["answer"]) for t in env.sample(a.seed, len(a.tasks))]
     rows = []
     for gi, (task_id, prompt, answer) in enumerate(tasks):
-        for k in range(a.group_size):
+        for k in range(a.contract.group_size):
             text = str(answer) if correct else str(answer + 1)
             comp = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
             reward = 1.0 if correct else 0.0
             if forge_rewards:
                 reward = 1.0
-            pen = 0.0 if a.target_length is None else a.budget_penalty * abs(a.target_length - (len(comp) - 1))
+            pen = 0.0 if a.target_length is None else a.contract.budget.penalty * abs(a.target_length - (len(comp) - 1))
             pen = pen if length_penalty is None else length_penalty
             shown = prompt if bare_prompt or a.target_length is None else \
                 format_prompt(prompt, a.budget())
             rows.append(Rollout(worker_id=node_id, step=a.step,
                                 policy_version=a.policy_version if policy_version is None else policy_version,
-                                task_id=task_id, env=a.env, group_id=f"{a.assignment_id}-{gi}",
+                                task_id=task_id, env=a.contract.task.name, group_id=f"{a.assignment_id}-{gi}",
                                 prompt_ids=tok.encode(shown, add_special_tokens=False), completion_ids=comp,
                                 logprobs=[-0.1] * len(comp), reward=reward - pen, task_reward=reward, length_penalty=pen,
                                 advantage=0.0, target_length=a.target_length, temperature=1.0, finished=True,

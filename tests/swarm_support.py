@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.job import RunConfig, SwarmSection, WarmstartSection
 from swarmrl.job.launch import launch
@@ -36,10 +37,13 @@ CAUGHT_BY = {
 }
 
 
-def _cfg(tmp_path, model, adversaries, *, nodes=2, steps=6, prompts=4, tasks=2, rl_extra=None, **swarm) -> RunConfig:
-    rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), task=TaskConfig(name="add", params={"digits": 2}),
-                  steps=steps, async_level=1, keep_versions=3, prompts_per_step=prompts, group_size=2,
-                  filter_ties=False, eval=EvalSection(every_steps=0, n=16),
+def _cfg(tmp_path, model, adversaries, *, nodes=2, steps=6, prompts=4, tasks=2, rl_extra=None, contract_extra=None,
+         **swarm) -> RunConfig:
+    contract = RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=2,
+                          filter_ties=False, **(contract_extra or {}))
+    rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), contract=contract,
+                  steps=steps, keep_versions=3, prompts_per_step=prompts,
+                  eval=EvalSection(every_steps=0, n=16),
                   workers=WorkerSection(num=0, prompts_per_batch=tasks), **(rl_extra or {}))
     sw = dict(nodes=nodes, adversaries=adversaries, overassign=2.0, assignment_timeout_s=10.0)
     sw.update(swarm)

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from swarmrl.cli import app
 from swarmrl.config import dump_config
+from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import RLConfig
 
@@ -24,7 +25,7 @@ def run_dir(tmp_path):
     (root / "policy" / "LATEST").write_text("3")
     (root / "final_model").mkdir()
     (root / "final_model" / "config.json").write_text("{}")
-    rl = RLConfig(run_dir=str(root), task=TaskConfig(name="add", params={"digits": 2}), chat_template=False)
+    rl = RLConfig(run_dir=str(root), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), chat_template=False))
     rl.eval.max_new_tokens = 6
     (root / "rl.toml").write_text(dump_config(rl))
     return root

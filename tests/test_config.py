@@ -9,14 +9,14 @@ from swarmrl.rl.config import RLConfig
 
 def test_toml_and_overrides(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text('async_level = 1\n[optim]\nlr = 3e-4\n[task]\nname = "add"\nparams = {digits = 2}\n')
+    p.write_text('[contract]\nasync_level = 1\n[optim]\nlr = 3e-4\n[contract.task]\nname = "add"\nparams = {digits = 2}\n')
     cfg = load_config(RLConfig, p, ["optim.lr=1e-3", "loss.normalization=sequence", "run_dir=/tmp/x"])
-    assert cfg.async_level == 1 and cfg.optim.lr == 1e-3 and cfg.task.params == {"digits": 2}
+    assert cfg.contract.async_level == 1 and cfg.optim.lr == 1e-3 and cfg.contract.task.params == {"digits": 2}
     assert cfg.loss.normalization == "sequence" and cfg.run_dir == "/tmp/x"
 
 
 def test_dump_round_trips():
-    cfg = load_config(RunConfig, None, ["rl.steps=7", "rl.loss.delta=5.0", "rl.task.params.digits=4"])
+    cfg = load_config(RunConfig, None, ["rl.steps=7", "rl.loss.delta=5.0", "rl.contract.task.params.digits=4"])
     p = dump_config(cfg)
     import tomllib
 
@@ -25,7 +25,8 @@ def test_dump_round_trips():
 
 
 @pytest.mark.parametrize("overrides,field", [
-    (["async_level=-1"], "async_level"),
+    (["contract.async_level=-1"], "contract.async_level"),
+    (["async_level=1"], "async_level -> contract.async_level"),
     (["optim.lr=fast"], "optim.lr"),
     (["optim.lrr=1"], "optim.lrr: unknown field"),
     (["loss.normalization=avg"], "loss.normalization"),

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from swarmrl.contract import (
     AsyncWindow,
     Budget,
+    BudgetRule,
     GroupRule,
+    RLContract,
     Rollout,
     assigned_tasks,
     group_advantages,
@@ -19,6 +21,7 @@ from swarmrl.contract import (
     score_groups,
 )
 from swarmrl.envs import make_env
+from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import AssignmentSpec, PendingSubmission, SubmissionInfo, TaskSpec
@@ -46,7 +49,7 @@ def _pending(a: AssignmentSpec, rows: list[Rollout]) -> PendingSubmission:
     sub = SubmissionInfo(submission_id=1, node_id="n" * 16, assignment_id=a.assignment_id, step=a.step,
                          sha256="0" * 64, size=1, n_rows=len(rows), status="pending", created_at=0.0)
     return PendingSubmission(submission=sub, assignment=a, origin_node_id="n" * 16, current_step=a.step,
-                             current_policy_version=a.step, async_window=2)
+                             current_policy_version=a.step)
 
 
 completion = st.lists(st.integers(0, 11), min_size=0, max_size=6).flatmap(
@@ -62,11 +65,11 @@ def test_node_and_validator_score_alike(seed, n_tasks, group, target, penalty, d
     claimed reward, task reward or length penalty moves by more than the tolerance fails it."""
     tok = CharTokenizer()
     tasks = assigned_tasks("add", {"digits": 1}, seed, n_tasks)
-    a = AssignmentSpec(assignment_id=1, step=3, policy_version=3, seed=seed, env="add", env_params={"digits": 1},
-                       group_size=group, target_length=target, tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt)
-                                                                       for t in tasks],
-                       budget_prompt_format="{prompt}[{target}]" if target is not None else "",
-                       budget_penalty=penalty if target is not None else 0.0)
+    budget = BudgetRule(enabled=target is not None, prompt_format="{prompt}[{target}]", penalty=penalty)
+    a = AssignmentSpec(assignment_id=1, step=3, policy_version=3, seed=seed,
+                       contract=RLContract(task=TaskConfig(name="add", params={"digits": 1}), group_size=group,
+                                           budget=budget),
+                       target_length=target, tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
     # the sampler's output: some completions are the right answer, the rest random
     comps = []
     for t in tasks:
@@ -109,8 +112,8 @@ def test_validator_states_prompts_as_the_assignment_says(tiny_model_dir):
     tok.chat_template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>"
     tasks = assigned_tasks("add", {"digits": 2}, 7, 2)
     for chat in (False, True):
-        a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=7, env="add", env_params={"digits": 2},
-                           group_size=2, target_length=None, chat_template=chat,
+        a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=7, contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), group_size=2, chat_template=chat),
+                           target_length=None,
                            tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
         rows = [Rollout(worker_id="n", step=0, policy_version=0, task_id=t.task_id, env="add", group_id=f"g{i}",
                         prompt_ids=encode_prompt(tok, t.prompt, chat), completion_ids=[1], logprobs=[-1.0],
@@ -200,8 +203,8 @@ def test_score_groups_refuses_mismatched_output():
 
 def test_budget_is_one_definition():
     b = Budget(target=4, penalty=0.5, prompt_format="[{target}]{prompt}")
-    a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=0, env="add", env_params={}, group_size=2,
-                       target_length=4, tasks=[], budget_prompt_format="[{target}]{prompt}", budget_penalty=0.5)
+    a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=0, contract=RLContract(task=TaskConfig(name="add", params={}), group_size=2, budget=BudgetRule(prompt_format="[{target}]{prompt}", penalty=0.5)),
+                       target_length=4, tasks=[])
     assert a.budget() == b
     assert AssignmentSpec(**{**a.model_dump(), "target_length": None}).budget() is None
 

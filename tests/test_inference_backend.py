@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from swarmrl.cli import app
 from swarmrl.config import ConfigError, load_config
+from swarmrl.contract import RLContract
 from swarmrl.envs import make_env
 from swarmrl.eval.config import EvalConfig
 from swarmrl.eval.heldout import evaluate, evaluate_path
@@ -62,7 +63,7 @@ def test_ours_is_the_sampler_exactly(tiny_model_dir, params, hidden):
 def test_rollout_batch_through_a_backend_equals_through_a_model(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
-    cfg = RLConfig(group_size=3, task={"name": "add", "params": {"digits": 2}})
+    cfg = RLConfig(contract=RLContract(group_size=3, task={"name": "add", "params": {"digits": 2}}))
     kw = dict(worker_id="w0", step=1, policy_version=0, seed=5, budgets=None, proofs=True)
     a = rollout_batch(model, tok, env, env.sample(5, 4), cfg, generator=torch.Generator().manual_seed(3), **kw)
     backend = as_backend(model, tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(3))

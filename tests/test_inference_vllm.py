@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from swarmrl.contract import RLContract
 from swarmrl.envs import make_env  # noqa: E402
 from swarmrl.inference import SamplingParams  # noqa: E402
 from swarmrl.inference.backend import OursBackend  # noqa: E402
@@ -76,7 +77,7 @@ def test_seeds_are_per_request(backend, vllm_model_dir):
 def test_proofs_from_captured_states_verify(backend, vllm_model_dir):
     model, tok = load_model(vllm_model_dir), load_tokenizer(vllm_model_dir)
     env = make_env("add", digits=2)
-    cfg = RLConfig(group_size=4, task={"name": "add", "params": {"digits": 2}},
+    cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}}),
                    sampling={"max_new_tokens": 12, "temperature": 1.0})
     res = rollout_batch(backend, tok, env, env.sample(3, 2), cfg, worker_id="w0", step=0, policy_version=0, seed=3,
                         budgets=None, proofs=True)

@@ -31,20 +31,18 @@ def _swarm(cfg: RunConfig):
 
 
 def test_swarm_plan_ties_every_role_to_the_run_config():
-    cfg = load_config(RunConfig, "configs/run.toml", ["swarm.adversaries=[\"forge_rewards\"]", "rl.async_level=3",
-                                                      "rl.filter_ties=false", "rl.budget.enabled=true"])
+    cfg = load_config(RunConfig, "configs/run.toml", ["swarm.adversaries=[\"forge_rewards\"]", "rl.contract.async_level=3",
+                                                      "rl.contract.filter_ties=false", "rl.contract.budget.enabled=true"])
     plan = _swarm(cfg)
     rl, o, v = plan.rl, plan.orchestrator, plan.validator
     # the files the roles read are the configs of the plan, and they load back
     assert RLConfig.model_validate(tomllib.loads(plan.files["rl.toml"])) == rl
     assert OrchestratorConfig.model_validate(tomllib.loads(plan.files["orchestrator.toml"])) == o
     assert ValidatorConfig.model_validate(tomllib.loads(plan.files["validator.toml"])) == v
-    # one staleness window, one usable-group rule, one task, one budget, one secret
-    assert o.async_window == o.lookahead == rl.async_level == 3
+    # one contract (staleness window, usable-group rule, task, budget, proofs), carried as it is; one secret
+    assert o.contract == v.contract == rl.contract and rl.contract.async_level == 3
+    assert o.lookahead == 3 and not o.contract.filter_ties and o.contract.budget.enabled
     assert o.last_step == rl.steps - 1 and o.groups_per_step == rl.prompts_per_step
-    assert o.count_tied_groups is True and o.group_size == rl.group_size and o.task == rl.task
-    assert o.budget_tiers == sorted(rl.budget.targets) and o.budget_prompt_format == rl.budget.prompt_format
-    assert o.budget_penalty == rl.budget.penalty and o.chat_template == rl.chat_template
     assert o.run_secret == v.run_secret == "s3cret" and v.orchestrator == plan.url == "http://127.0.0.1:8765"
     assert o.validator_keys == ["a" * 64] and o.trainer_keys == ["b" * 64] and v.key == "/keys/validator.pem"
     # stake is deposited by the run's authority key, one deposit per member, before the nodes register with it

@@ -37,7 +37,7 @@ def test_too_many_waiters_answer_at_once():
 
 
 def test_an_idle_nodes_heartbeat_waits_for_the_next_step(tmp_path):
-    cfg, keys = make_cfg(tmp_path, async_window=0)
+    cfg, keys = make_cfg(tmp_path, contract={"async_level": 0})
     with running(cfg, run_sweeper=False) as srv:
         node = NodeClient(srv.url, generate_key())
         node.register(throughput=10.0, stake=100.0)
@@ -71,7 +71,7 @@ def test_an_idle_node_long_polls_instead_of_sleeping_its_interval(tmp_path):
     from swarmrl.protocol.schemas import HeartbeatReply
 
     def reply(long_poll: bool) -> HeartbeatReply:
-        return HeartbeatReply(node_id="n", step=0, policy_version=0, async_window=0, heartbeat_interval_s=30.0,
+        return HeartbeatReply(node_id="n", step=0, policy_version=0, heartbeat_interval_s=30.0,
                               weight_relays=[], assignments=[], long_poll=long_poll)
 
     class Fake:
@@ -97,7 +97,7 @@ def test_an_idle_node_long_polls_instead_of_sleeping_its_interval(tmp_path):
 
 
 def test_pending_and_accepted_long_polls_answer_when_an_upload_or_a_verdict_comes(tmp_path):
-    cfg, keys = make_cfg(tmp_path, async_window=2)
+    cfg, keys = make_cfg(tmp_path, contract={"async_level": 2})
     with running(cfg, run_sweeper=False) as srv:
         node = NodeClient(srv.url, generate_key())
         node.register(throughput=10.0, stake=100.0)

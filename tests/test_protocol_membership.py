@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -46,14 +47,14 @@ def test_register_stake_heartbeat_assignment(tmp_path):
         assert hb.step == 0 and hb.weight_relays == ["http://127.0.0.1:9/r1"] and len(hb.assignments) == 1
         a = hb.assignments[0]
         assert a.seed == task_seed(slow.node_id, 0, cfg.run_secret)
-        want = make_env(cfg.task.name).sample(a.seed, cfg.tasks_per_node)
+        want = make_env(cfg.contract.task.name).sample(a.seed, cfg.tasks_per_node)
         assert [t.task_id for t in a.tasks] == [t.task_id for t in want]
-        assert a.group_size == cfg.group_size
+        assert a.contract == cfg.contract
         # a second heartbeat returns the same assignment, not a new one
         assert [x.assignment_id for x in slow.heartbeat().assignments] == [a.assignment_id]
         fa = fast.heartbeat().assignments[0]
         assert fa.seed != a.seed  # tasks differ per node
-        assert a.target_length == cfg.budget_tiers[0] and fa.target_length == cfg.budget_tiers[-1]
+        assert a.target_length == cfg.contract.budget.tiers[0] and fa.target_length == cfg.contract.budget.tiers[-1]
 
         # the trainer advances the step; new assignments follow, old ones stay inside the async window
         tc = TrainerClient(srv.url, keys["trainer"])
@@ -133,11 +134,13 @@ def test_assignment_budget_format_is_checked_where_a_node_reads_it():
 
     from swarmrl.protocol.schemas import AssignmentSpec
 
-    base = dict(assignment_id=1, step=0, policy_version=0, seed=1, env="add", env_params={}, group_size=2,
-                target_length=8, tasks=[])
-    assert AssignmentSpec(**base, budget_prompt_format="[{target}]{prompt}").budget_prompt_format
+    def reply(budget: dict) -> str:  # the assignment as a node reads it off the wire
+        return json.dumps({"assignment_id": 1, "step": 0, "policy_version": 0, "seed": 1, "target_length": 8,
+                           "tasks": [], "contract": {"task": {"name": "add"}, "group_size": 2, "budget": budget}})
+
+    assert AssignmentSpec.model_validate_json(reply({"prompt_format": "[{target}]{prompt}"})).budget() is not None
     for bad in ("{prompt.__class__.__init__.__globals__}{target}", "{target}", "{prompt}{target}{x}"):
         with pytest.raises(ValidationError):
-            AssignmentSpec(**base, budget_prompt_format=bad)
+            AssignmentSpec.model_validate_json(reply({"prompt_format": bad}))
     with pytest.raises(ValidationError):
-        AssignmentSpec(**base, budget_penalty=-1.0)
+        AssignmentSpec.model_validate_json(reply({"penalty": -1.0}))

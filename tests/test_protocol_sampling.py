@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
 
+from swarmrl.contract import RLContract
+from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.sampling import SAMPLED_CHECKS, cheating_margin, draw, min_stake
@@ -118,12 +120,12 @@ def test_sampled_out_work_still_gets_every_cheap_check(env, fake_model_checks):
 
 
 def _item(sid: int, sha: str, node: str = "n") -> PendingSubmission:
-    a = AssignmentSpec(assignment_id=sid, step=0, policy_version=0, seed=1, env="add", env_params={}, tasks=[],
-                       group_size=2, target_length=None)
+    a = AssignmentSpec(assignment_id=sid, step=0, policy_version=0, seed=1, contract=RLContract(task=TaskConfig(name="add", params={}), group_size=2), tasks=[],
+                       target_length=None)
     s = SubmissionInfo(submission_id=sid, node_id=node, assignment_id=sid, step=0, sha256=sha, size=1, n_rows=4,
                        status="pending", created_at=0.0)
     return PendingSubmission(submission=s, assignment=a, origin_node_id=node, current_step=0,
-                             current_policy_version=0, async_window=2)
+                             current_policy_version=0)
 
 
 def test_sample_rate_is_respected_and_the_draw_is_keyed(tmp_path):
@@ -166,7 +168,7 @@ def test_stake_arithmetic_and_run_config_refuses_a_losing_sample_rate():
     from swarmrl.config import load_config
     from swarmrl.job import RunConfig
 
-    base = ['mode="swarm"', "rl.workers.prompts_per_batch=16", "rl.group_size=8"]
+    base = ['mode="swarm"', "rl.workers.prompts_per_batch=16", "rl.contract.group_size=8"]
     ok = load_config(RunConfig, None, [*base, "swarm.full_check_rate=0.25", "swarm.stake=1000"])
     assert ok.swarm.full_check_rate == 0.25
     with pytest.raises(Exception, match="at least 512"):

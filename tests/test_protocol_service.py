@@ -66,10 +66,10 @@ def test_register_then_heartbeat_gets_seeded_assignment(service):
     assert hb.node_id == p.node_id and hb.step == 0 and len(hb.assignments) == 1
     a = hb.assignments[0]
     assert a.seed == task_seed(p.node_id, 0, cfg.run_secret) and a.reassigned_from is None
-    want = assigned_tasks(a.env, a.env_params, a.seed, cfg.tasks_per_node)
+    want = assigned_tasks(a.contract.task.name, a.contract.task.params, a.seed, cfg.tasks_per_node)
     assert len(want) == cfg.tasks_per_node
     assert [(t.task_id, t.prompt) for t in a.tasks] == [(t.task_id, t.prompt) for t in want]
-    assert a.group_size == cfg.group_size
+    assert a.contract == cfg.contract
     # the next heartbeat (here signed, through the hot path) hands back the same assignment, not a new one
     hb_body = HeartbeatRequest().model_dump_json().encode()
     hb_path = "/v1/nodes/heartbeat"
@@ -163,7 +163,7 @@ def test_rejecting_verdict_slashes_and_ejects(service, tmp_path):
     sha = hashlib.sha256(data).hexdigest()
     orch.precheck_upload(cheat, a.assignment_id)
     rep = orch.accept_upload(cheat, a.assignment_id, path, sha, len(data))
-    assert rep.status == "pending" and rep.n_rows == len(a.tasks) * a.group_size
+    assert rep.status == "pending" and rep.n_rows == len(a.tasks) * a.contract.group_size
     assert orch.store.path_for(sha).read_bytes() == data
     assert [x.submission.submission_id for x in orch.pending(16).items] == [rep.submission_id]
 
@@ -214,7 +214,7 @@ def test_demand_mode_counts_open_work_at_the_usable_share_uploads_showed(tmp_pat
     uploads tie often hands out more work at once instead of waiting for each upload to come short."""
     import dataclasses
 
-    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=6, overassign=1.0, tasks_per_node=3, group_size=2)
+    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=6, overassign=1.0, tasks_per_node=3, contract={"group_size": 2})
     orch = Orchestrator(cfg)
     try:
         first = join(orch)

@@ -25,7 +25,7 @@ def test_honest_upload_is_stored_by_hash(setup):
     asg = a.heartbeat().assignments[0]
     path = write(rollouts_for(a.node_id, asg), tmp / "a.parquet")
     rep = a.submit(asg.assignment_id, path)
-    assert rep.status == "pending" and rep.n_rows == len(asg.tasks) * asg.group_size
+    assert rep.status == "pending" and rep.n_rows == len(asg.tasks) * asg.contract.group_size
     stored = srv.orch.store.path_for(rep.sha256)
     assert stored.read_bytes() == path.read_bytes()
     # the same file again (a retry after a lost reply: the orchestrator stopped after its commit) gets the same

@@ -25,24 +25,24 @@ torch.set_num_threads(1)
 
 
 def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
-    env = make_env(a.env, **a.env_params)
+    env = make_env(a.contract.task.name, **a.contract.task.params)
     tasks = env.sample(a.seed, len(a.tasks))
     from swarmrl.contract import completion_length, format_prompt
 
     # stated under the assigned thinking budget, as an honest node does (the validator re-derives the prompt)
     shown = [format_prompt(t.prompt, a.budget()) if a.target_length is not None
              else t.prompt for t in tasks]
-    prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.group_size)]
+    prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.contract.group_size)]
     out = generate(model, prompts, SamplingParams(max_new_tokens=12, temperature=1.0), tok.eos_token_id,
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(seed))
     rows = []
     for i, (p, c, lp, fin, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
                                                out.hidden)):
-        t = tasks[i // a.group_size]
+        t = tasks[i // a.contract.group_size]
         r = float(env.verify(t, decode_completion(tok, c)))
-        pen = 0.0 if a.target_length is None else a.budget_penalty * abs(a.target_length - completion_length(c, fin))
+        pen = 0.0 if a.target_length is None else a.contract.budget.penalty * abs(a.target_length - completion_length(c, fin))
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
-                            env=a.env, group_id=f"g{i // a.group_size}", prompt_ids=p, completion_ids=c, logprobs=lp,
+                            env=a.contract.task.name, group_id=f"g{i // a.contract.group_size}", prompt_ids=p, completion_ids=c, logprobs=lp,
                             reward=r - pen, task_reward=r, length_penalty=pen, advantage=0.0, target_length=a.target_length,
                             temperature=1.0, finished=fin, seed=a.seed, proofs=proofs_for_sample(h)))
     return rows
@@ -56,7 +56,7 @@ def test_real_toploc_proofs(tmp_path):
     from swarmrl.models import load_model
 
     policy = load_model(tmp_path / "policy")
-    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, group_size=2)
+    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, contract={"group_size": 2})
     with running(cfg, run_sweeper=False) as srv:
         # logprob_rows=0: this test is about TOPLOC and the sampling check catching cheats on their own
         val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"), logprob_rows=0,

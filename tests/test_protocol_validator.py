@@ -28,7 +28,7 @@ def _node(srv) -> NodeClient:
 
 @pytest.fixture()
 def env(tmp_path):
-    cfg, keys = make_cfg(tmp_path, slash_fraction=0.25, async_window=1)
+    cfg, keys = make_cfg(tmp_path, slash_fraction=0.25, contract={"async_level": 1})
     with running(cfg, run_sweeper=False) as srv:
         yield srv, keys, tmp_path, cfg
 
@@ -43,7 +43,7 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     assert v0.accepted, v0.reason
     assert {c.name for c in v0.checks if c.skipped} >= {"toploc", "sampling"}  # module absent or no model here
     bal = node.ledger()
-    assert bal.credits_locked == cfg.credit_per_sample * len(a0.tasks) * a0.group_size and bal.stake == 200.0
+    assert bal.credits_locked == cfg.credit_per_sample * len(a0.tasks) * a0.contract.group_size and bal.stake == 200.0
     tc = TrainerClient(srv.url, keys["trainer"])
     assert [x.submission_id for x in tc.accepted(0).items] == [sid0]
 
@@ -261,8 +261,7 @@ def test_thinking_budget_is_checked(env):
     val = _validator(srv, keys, tmp)
     honest, bare, forger = _node(srv), _node(srv), _node(srv)
     a = honest.heartbeat().assignments[0]
-    assert a.target_length in cfg.budget_tiers
-    assert a.budget_prompt_format == cfg.budget_prompt_format and a.budget_penalty == cfg.budget_penalty
+    assert a.target_length in cfg.contract.budget.tiers and a.contract.budget == cfg.contract.budget
     rows = rollouts_for(honest.node_id, a)
     assert rows[0].length_penalty > 0 and tokenizer().decode(rows[0].prompt_ids).startswith(f"[{a.target_length}]")
     honest.submit(a.assignment_id, write(rows, tmp / "h.parquet"))

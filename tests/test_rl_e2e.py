@@ -28,7 +28,7 @@ def test_main_job_learns(tmp_path, mode):
     last = sum(r["task_reward"] for r in rows[-30:]) / 30
     assert last > first + 0.05, (first, last)
     assert summary["heldout_acc_final"] > summary["heldout_acc_initial"] + 0.05, summary
-    assert all(r["lag_max"] <= cfg.rl.async_level for r in rows)
+    assert all(r["lag_max"] <= cfg.rl.contract.async_level for r in rows)
     if mode == "swarm":
         totals = summary["swarm"]["totals"]
         assert totals["accepted"] > 0 and totals["rejected"] == 0 and totals["slashed_nodes"] == 0, totals

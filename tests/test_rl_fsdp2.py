@@ -18,10 +18,11 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from swarmrl.contract import Rollout
+from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, OptimConfig, RLConfig, TrainerSection
 from swarmrl.rl.rollouts import write_rollouts
+from swarmrl.rl.state import read_saved_state
 from swarmrl.rl.store import RunDir
 from swarmrl.rl.trainer import Trainer
 from swarmrl.utils.metrics import read_metrics
@@ -32,8 +33,8 @@ STEPS = 3
 
 def _cfg(run_dir, model_dir, parallel="ddp", steps=STEPS) -> RLConfig:
     # 3 groups of 3 = 9 sequences, micro-batches of 2: rank 0 makes 3 passes, rank 1 makes 2 (+ 1 empty pass)
-    return RLConfig(run_dir=str(run_dir), model=str(model_dir), task=TaskConfig(name="add", params={"digits": 1}),
-                    steps=steps, async_level=0, prompts_per_step=3, group_size=3, filter_ties=False,
+    return RLConfig(run_dir=str(run_dir), model=str(model_dir), contract=RLContract(task=TaskConfig(name="add", params={"digits": 1}), async_level=0, group_size=3, filter_ties=False),
+                    steps=steps, prompts_per_step=3,
                     eval=EvalSection(every_steps=0, n=2, max_new_tokens=1),
                     optim=OptimConfig(lr=1e-3, warmup_steps=0, micro_batch=2),
                     trainer=TrainerSection(parallel=parallel))
@@ -86,7 +87,7 @@ def _result(run_dir):
     run = RunDir(run_dir)
     rows = sorted((r for r in read_metrics(run.metrics / "trainer.jsonl") if "reward" in r), key=lambda r: r["step"])
     vdir = run.version_dir(STEPS)
-    state = torch.load(vdir / "trainer_state.pt", weights_only=False)
+    state = read_saved_state(vdir)["trainer"]
     return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows], "steps": [r["step"] for r in rows],
             "weights": load_file(str(vdir / "model.safetensors")), "optimizer": state["optimizer"],
             "scheduler": state["scheduler"], "files": sorted(p.name for p in vdir.iterdir())}
@@ -120,7 +121,7 @@ def test_fsdp2_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
                 assert a == pytest.approx(b, rel=1e-5, abs=1e-7), (name, key, got[key], one[key])
         wdiff = _max_diff(got["weights"], one["weights"])
         assert wdiff <= 1e-5, (name, wdiff)
-        # the committed optimizer state: the same format (torch.optim's, by parameter index) and values
+        # the committed optimizer state: the same format (by parameter name) and values
         assert got["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
         assert got["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
         for i, s in one["optimizer"]["state"].items():

@@ -22,7 +22,7 @@ def test_positive_advantage_clips_high_side_only():
     st.loss.backward()
     # d/dlogp of -r*A*w = -r*w ; the clipped token has zero gradient
     assert logp.grad[0].tolist() == pytest.approx([-0.5 / 3, -1.0 / 3, 0.0])
-    assert st.clip_high_frac == pytest.approx(1 / 3) and st.clip_low_frac == 0.0
+    assert st.stats.clip_high_frac == pytest.approx(1 / 3) and st.stats.clip_low_frac == 0.0
 
 
 def test_negative_advantage_low_clip_and_delta_cap():
@@ -34,7 +34,7 @@ def test_negative_advantage_low_clip_and_delta_cap():
     assert st.loss.item() == pytest.approx((0.8 + 1.0 + 1.5 + 4.0) / 4)
     st.loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([0.0, 0.25, 1.5 * 0.25, 0.0])
-    assert st.delta_frac == pytest.approx(0.25) and st.clip_low_frac == pytest.approx(0.25)
+    assert st.stats.delta_frac == pytest.approx(0.25) and st.stats.clip_low_frac == pytest.approx(0.25)
     # without delta the ratio 6 token is unbounded
     st2 = grpo_token_loss(_lp([0.5, 1.0, 1.5, 6.0]), old, torch.tensor([-1.0], dtype=torch.float64), w,
                           torch.ones(1, 4), delta=None)
@@ -48,7 +48,7 @@ def test_mask_ignores_padding_values():
     w = torch.full((1, 3), 0.5)
     st = grpo_token_loss(logp, old, torch.tensor([2.0]), w, mask)
     assert st.loss.item() == pytest.approx(-2.0)  # two tokens at ratio 1, A=2, weight 0.5
-    assert st.tokens == 2 and st.ratio_max == pytest.approx(1.0)
+    assert st.stats.tokens == 2 and st.stats.ratio_max == pytest.approx(1.0)
     st.loss.backward()
     assert logp.grad[0, 2].item() == 0.0
 
@@ -76,9 +76,9 @@ def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
     logp = torch.tensor([[-1.0, -2.0]])
     w = torch.full((1, 2), 0.5)
     same = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp, kl_coef=1.0)
-    assert same.kl == pytest.approx(0.0)
+    assert same.stats.kl == pytest.approx(0.0)
     diff = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=1.0)
-    assert diff.kl == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
+    assert diff.stats.kl == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
     assert diff.loss.item() == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
 
 
@@ -89,7 +89,7 @@ def test_entropy_bonus_lowers_loss():
     base = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent, entropy_coef=0.0)
     bonus = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent, entropy_coef=0.1)
     assert base.loss.item() == 0.0 and bonus.loss.item() == pytest.approx(-0.2)
-    assert bonus.entropy == pytest.approx(2.0)
+    assert bonus.stats.entropy == pytest.approx(2.0)
 
 
 def test_group_advantages_with_and_without_std():
@@ -109,10 +109,9 @@ def test_tied_groups_are_uninformative():
 def test_budget_helpers():
     import random
 
-    from swarmrl.contract import Budget, allowed_targets, draw_targets, format_prompt, length_penalty
-    from swarmrl.rl.budget import BudgetConfig
+    from swarmrl.contract import Budget, BudgetRule, allowed_targets, draw_targets, format_prompt, length_penalty
 
-    cfg = BudgetConfig(enabled=True, targets=[16, 4, 8], match_throughput=True, max_batch_seconds=1.0)
+    cfg = BudgetRule(enabled=True, tiers=[4, 8, 16], match_throughput=True, step_time_s=1.0)
     assert format_prompt("1+1=", cfg.budget(8)) == "[8]1+1=" and format_prompt("1+1=", cfg.budget(None)) == "1+1="
     assert length_penalty(5, Budget(8, 0.1)) == pytest.approx(0.3) and length_penalty(5, None) == 0.0
     # 100 sequences in 1 s: 800 tok/s allows 8 tokens each, 300 tok/s only the shortest
@@ -129,11 +128,16 @@ def test_budget_prompt_format_is_validated(fmt):
     """The format travels in assignments and configs: anything but {prompt} once and {target} is refused."""
     from pydantic import ValidationError
 
+    from swarmrl.contract import BudgetRule
     from swarmrl.protocol.config import OrchestratorConfig
-    from swarmrl.rl.budget import BudgetConfig
+    from swarmrl.rl.config import RLConfig
 
     with pytest.raises(ValidationError, match="format"):
-        BudgetConfig(prompt_format=fmt)
+        BudgetRule(prompt_format=fmt)
     with pytest.raises(ValidationError, match="format"):
-        OrchestratorConfig(budget_prompt_format=fmt)
-    assert BudgetConfig(prompt_format="Budget {target}: {prompt}").prompt_format == "Budget {target}: {prompt}"
+        OrchestratorConfig(contract={"budget": {"prompt_format": fmt}})
+    with pytest.raises(ValidationError, match="format"):
+        RLConfig(contract={"budget": {"prompt_format": fmt}})
+    assert BudgetRule(prompt_format="Budget {target}: {prompt}").prompt_format == "Budget {target}: {prompt}"
+    with pytest.raises(ValidationError, match="ascending"):
+        BudgetRule(tiers=[16, 4, 8])

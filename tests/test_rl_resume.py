@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from swarmrl.config import dump_config
+from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, RLConfig, WorkerSection
 from swarmrl.rl.store import RunDir
@@ -25,9 +26,9 @@ def _spawn(args, log):
 @pytest.mark.timeout(420)
 def test_kill_and_resume(tiny_model_dir, tmp_path):
     steps = 24  # room to kill the trainer mid-run (8 could all be trained between two polls of the wait)
-    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), task=TaskConfig(name="add", params={"digits": 2}),
-                   steps=steps, async_level=1, keep_versions=3, prompts_per_step=4, group_size=2,
-                   filter_ties=False, eval=EvalSection(every_steps=0, n=16),
+    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=2, filter_ties=False),
+                   steps=steps, keep_versions=3, prompts_per_step=4,
+                   eval=EvalSection(every_steps=0, n=16),
                    workers=WorkerSection(num=1, prompts_per_batch=4))
     cfg_path = tmp_path / "rl.toml"
     cfg_path.write_text(dump_config(cfg))
@@ -68,5 +69,5 @@ def test_kill_and_resume(tiny_model_dir, tmp_path):
     # the restarted worker rejoined and produced rollouts for late steps
     wrows = read_metrics(run.metrics / "worker-w0.jsonl")
     assert max(r["step"] for r in wrows) == steps - 1
-    assert all(r["lag"] <= cfg.async_level for r in wrows)
-    assert json.loads(json.dumps(rows[-1]))["lag_max"] <= cfg.async_level
+    assert all(r["lag"] <= cfg.contract.async_level for r in wrows)
+    assert json.loads(json.dumps(rows[-1]))["lag_max"] <= cfg.contract.async_level

@@ -2,7 +2,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swarmrl.contract import AsyncWindow, GroupRule
+from swarmrl.contract import GroupRule, RLContract
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import (
     SCHEMA,
@@ -19,7 +19,7 @@ from swarmrl.rl.rollouts import (
 
 def select_groups(rows_by_file, step, cfg):
     """The trainer's selection for ``cfg`` (its rule and window come from the RL config)."""
-    return GroupRule(cfg.group_size, cfg.filter_ties).select(rows_by_file, step, AsyncWindow(cfg.async_level))
+    return cfg.contract.group_rule().select(rows_by_file, step, cfg.contract.window())
 
 
 def row(**kw) -> Rollout:
@@ -107,7 +107,7 @@ def _group(gid, rewards, version, step=5, worker="w0"):
 
 
 def test_staleness_gate_and_filters():
-    cfg = RLConfig(async_level=2, group_size=4, prompts_per_step=10)
+    cfg = RLConfig(contract=RLContract(async_level=2, group_size=4), prompts_per_step=10)
     rows = (_group("fresh", [1, 0, 0, 1], 5) + _group("ok_old", [1, 0, 0, 0], 3)
             + _group("too_old", [1, 0, 1, 0], 2) + _group("future", [0, 1, 0, 0], 6)
             + _group("tied", [1, 1, 1, 1], 4) + _group("short", [1, 0, 1], 4)
@@ -117,15 +117,15 @@ def test_staleness_gate_and_filters():
     assert stats["stale_rows"] == 8 and stats["tied_groups"] == 1 and stats["incomplete_groups"] == 1
     assert stats["wrong_step_rows"] == 4
     # synchronous mode accepts only the current policy
-    usable0, _ = select_groups([("f", rows)], 5, RLConfig(async_level=0, group_size=4))
+    usable0, _ = select_groups([("f", rows)], 5, RLConfig(contract=RLContract(async_level=0, group_size=4)))
     assert [g[0].group_id for g in usable0] == ["fresh"]
     # without the tie filter the tied group is kept
-    usable_nf, _ = select_groups([("f", rows)], 5, RLConfig(async_level=2, group_size=4, filter_ties=False))
+    usable_nf, _ = select_groups([("f", rows)], 5, RLConfig(contract=RLContract(async_level=2, group_size=4, filter_ties=False)))
     assert "tied" in [g[0].group_id for g in usable_nf]
 
 
 def test_same_group_id_from_two_workers_stays_separate():
-    cfg = RLConfig(async_level=1, group_size=2)
+    cfg = RLConfig(contract=RLContract(async_level=1, group_size=2))
     rows = _group("g", [1, 0], 5, worker="a") + _group("g", [0, 1], 5, worker="b")
     usable, _ = select_groups([("f", rows)], 5, cfg)
     assert len(usable) == 2 and all(len(g) == 2 for g in usable)
@@ -135,4 +135,4 @@ def test_config_rejects_keep_versions_below_async_window():
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="keep_versions"):
-        RLConfig(async_level=4, keep_versions=2)
+        RLConfig(contract=RLContract(async_level=4), keep_versions=2)

@@ -11,9 +11,9 @@ from swarmrl.utils.metrics import read_metrics
 @pytest.mark.timeout(400)
 def test_workers_fetch_policies_through_a_relay(tiny_model_dir, tmp_path):
     cfg = load_config(RunConfig, None, [
-        f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tiny_model_dir}"', "rl.steps=4", "rl.async_level=1",
-        "rl.keep_versions=3", "rl.prompts_per_step=4", "rl.group_size=2", "rl.filter_ties=false",
-        'rl.task.name="add"', "rl.task.params.digits=2", "rl.eval.every_steps=0", "rl.eval.n=16",
+        f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tiny_model_dir}"', "rl.steps=4", "rl.contract.async_level=1",
+        "rl.keep_versions=3", "rl.prompts_per_step=4", "rl.contract.group_size=2", "rl.contract.filter_ties=false",
+        'rl.contract.task.name="add"', "rl.contract.task.params.digits=2", "rl.eval.every_steps=0", "rl.eval.n=16",
         "rl.workers.num=1", "rl.workers.prompts_per_batch=4", "rl.shardcast.enabled=true", "rl.shardcast.relays=1",
         "rl.shardcast.shard_size=65536", "final_eval_n=16", "warmstart.enabled=false"])
     summary = launch(cfg, progress=lambda m: None)
@@ -44,14 +44,14 @@ def test_relays_wait_for_the_new_trainers_origin_not_a_stale_one(tmp_path):
     import threading
     import time
 
-    from swarmrl.job.launch import forget_origin, wait_for_origin
+    from swarmrl.job.launch import wait_for_origin
     from swarmrl.rl.store import RunDir
 
     run = RunDir(tmp_path / "run")
     run.write_json("origin.json", {"url": "http://127.0.0.1:1", "public_key": "00" * 32})  # from the last run
     fake_trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        forget_origin(run)
+        run.forget_servers()
         t = threading.Timer(0.5, lambda: run.write_json("origin.json", {"url": "http://127.0.0.1:2",
                                                                         "public_key": "11" * 32}))
         t.start()

@@ -1,5 +1,6 @@
-"""Policy versions on disk: only the newest keeps the optimizer state (trainer_state.pt, twice the weights with
-AdamW), every version carries the base model's TOPLOC calibration file, and a trainer resumes from the newest."""
+"""Policy versions on disk: only the newest keeps the trainer's state (trainer_state/, the optimizer's is twice the
+weights with AdamW), every version carries the base model's TOPLOC calibration file, and a trainer resumes from the
+newest with its optimizer, schedule, RNG and counters as they were."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import torch
 from attacks._honest import row
 
+from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.policy.store import PolicyDir
 from swarmrl.rl.config import EvalSection, RLConfig
@@ -25,8 +27,8 @@ def _group(step: int) -> list[Rollout]:
 def _trainer(tmp_path, model, steps: int, monkeypatch):
     from swarmrl.rl.trainer import Batch, Trainer  # noqa: PLC0415  # lazy: torch-heavy, only these tests
 
-    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), task=TaskConfig(name="add"), steps=steps,
-                   async_level=0, keep_versions=10, prompts_per_step=1, group_size=2, filter_ties=False,
+    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), contract=RLContract(task=TaskConfig(name="add"), async_level=0, group_size=2, filter_ties=False), steps=steps,
+                   keep_versions=10, prompts_per_step=1,
                    eval=EvalSection(every_steps=0, n=2, max_new_tokens=2))
     t = Trainer(cfg)
     monkeypatch.setattr(t, "gather", lambda step, deadline: Batch([_group(step)], [f"f{step}"], 0.0))
@@ -34,7 +36,7 @@ def _trainer(tmp_path, model, steps: int, monkeypatch):
 
 
 def _with_state(run_dir) -> list[str]:
-    return sorted(p.parent.name for p in (run_dir / "policy").glob("v*/trainer_state.pt"))
+    return sorted(p.parent.name for p in (run_dir / "policy").glob("v*/trainer_state"))
 
 
 def test_only_the_newest_version_keeps_the_optimizer_state_and_resume_works(tmp_path, tiny_model_dir, monkeypatch):
@@ -61,14 +63,22 @@ def test_only_the_newest_version_keeps_the_optimizer_state_and_resume_works(tmp_
 
 def test_drop_older_states_never_leaves_none(tmp_path):
     pd = PolicyDir(tmp_path)
+
+    def state(v: int) -> None:
+        (pd.version_dir(v) / "trainer_state").mkdir(parents=True, exist_ok=True)
+        (pd.version_dir(v) / "trainer_state" / "meta.json").write_text("{}")
+
     for v in range(3):
         d = pd.staging_dir(v)
-        (d / "trainer_state.pt").write_bytes(b"s")
+        (d / "trainer_state").mkdir()
         pd.commit_version(v, d)
     pd.version_dir(3).mkdir()  # renamed into place but LATEST not moved yet (a crash in between): untouched
-    (pd.version_dir(3) / "trainer_state.pt").write_bytes(b"s")
+    state(3)
     assert pd.drop_older_states() == 2
-    assert [p.parent.name for p in sorted(tmp_path.glob("v*/trainer_state.pt"))] == ["v000002", "v000003"]
-    (pd.version_dir(2) / "trainer_state.pt").unlink()  # LATEST without a state (an older trainer): keep the rest
+    assert [p.parent.name for p in sorted(tmp_path.glob("v*/trainer_state"))] == ["v000002", "v000003"]
+    shutil.rmtree(pd.version_dir(2) / "trainer_state")  # LATEST without a state (an older trainer): keep the rest
+    state(1)
+    assert pd.drop_older_states() == 0 and (pd.version_dir(1) / "trainer_state").is_dir()
+    (pd.version_dir(2) / "trainer_state.pt").write_bytes(b"s")  # a file of that name goes the same way
     (pd.version_dir(1) / "trainer_state.pt").write_bytes(b"s")
-    assert pd.drop_older_states() == 0 and (pd.version_dir(1) / "trainer_state.pt").is_file()
+    assert pd.drop_older_states("trainer_state.pt") == 1 and not (pd.version_dir(1) / "trainer_state.pt").exists()

@@ -2,7 +2,7 @@
 
 import torch
 
-from swarmrl.contract import group_advantages
+from swarmrl.contract import RLContract, group_advantages
 from swarmrl.envs import make_env
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.rl.config import RLConfig
@@ -13,7 +13,7 @@ from swarmrl.toploc import verify_rows
 def test_batch_rows_and_proofs_verify(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
-    cfg = RLConfig(group_size=4, task={"name": "add", "params": {"digits": 2}})
+    cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}}))
     tasks = env.sample(3, 5)
     res = rollout_batch(model, tok, env, tasks, cfg, worker_id="w0", step=2, policy_version=1, seed=3, budgets=None,
                         generator=torch.Generator().manual_seed(0), proofs=True)
@@ -37,9 +37,9 @@ def test_batch_rows_and_proofs_verify(tiny_model_dir):
 def test_budget_targets_and_penalties(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
-    cfg = RLConfig(group_size=2, budget={"enabled": True, "targets": [3], "penalty": 0.1})
+    cfg = RLConfig(contract=RLContract(group_size=2, budget={"enabled": True, "tiers": [3], "penalty": 0.1}))
     res = rollout_batch(model, tok, env, env.sample(0, 3), cfg, worker_id="w0", step=0, policy_version=0, seed=0,
-                        budgets=[cfg.budget.budget(3)] * 3, generator=torch.Generator().manual_seed(0))
+                        budgets=[cfg.contract.budget.budget(3)] * 3, generator=torch.Generator().manual_seed(0))
     for r in res.rows:
         n = len(r.completion_ids) - (1 if r.finished else 0)
         assert r.target_length == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 
+from swarmrl.contract import RLContract
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
 from swarmrl.swarm.adapter import AdapterConfig, TrainerAdapter
@@ -31,7 +32,7 @@ def _commit(run: RunDir, v: int) -> None:
 
 
 def test_adapter_polls_later_steps_every_ahead_every_rounds_and_at_each_new_step(tmp_path):
-    rl = RLConfig(run_dir=str(tmp_path / "run"), async_level=2, steps=100)
+    rl = RLConfig(run_dir=str(tmp_path / "run"), contract=RLContract(async_level=2), steps=100)
     rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(update={"enabled": False})})
     run = RunDir(rl.run_dir)
     _commit(run, 0)
@@ -57,7 +58,7 @@ def test_adapter_announces_a_new_step_at_once_not_at_the_next_poll(tmp_path):
     import threading
     import time
 
-    rl = RLConfig(run_dir=str(tmp_path / "run"), async_level=2, steps=100)
+    rl = RLConfig(run_dir=str(tmp_path / "run"), contract=RLContract(async_level=2), steps=100)
     rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(update={"enabled": False})})
     run = RunDir(rl.run_dir)
     _commit(run, 0)

@@ -31,8 +31,8 @@ def _open(c, step=None):
 
 def test_demand_fills_steps_in_window_with_rounds(tmp_path):
     # 4 usable groups per step, 2 tasks per assignment, lookahead 1 = async window 1, steps 0..2 only
-    cfg, keys = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, group_size=2, lookahead=1, async_window=1,
-                         last_step=2, budget_tiers=[])
+    cfg, keys = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, contract={"group_size": 2, "async_level": 1, "budget": {"enabled": False}}, lookahead=1,
+                         last_step=2)
     with running(cfg, run_sweeper=False) as srv:
         a, b, c, d, e = _nodes(srv.url, 5)
         [xa], [xb], [xc], [xd] = _open(a), _open(b), _open(c), _open(d)
@@ -68,8 +68,8 @@ def test_demand_fills_steps_in_window_with_rounds(tmp_path):
 
 
 def test_refused_upload_and_timeout_release_work(tmp_path):
-    cfg, _ = make_cfg(tmp_path, groups_per_step=2, tasks_per_node=2, group_size=2, async_window=0,
-                      assignment_timeout_s=0.5, budget_tiers=[])
+    cfg, _ = make_cfg(tmp_path, groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "budget": {"enabled": False}},
+                      assignment_timeout_s=0.5)
     with running(cfg, run_sweeper=False) as srv:
         bad, slow, honest = _nodes(srv.url, 3)
         [xb] = _open(bad)
@@ -95,8 +95,8 @@ def test_refused_upload_and_timeout_release_work(tmp_path):
 
 
 def test_dead_node_work_reassigned_and_restart_keeps_assignments(tmp_path):
-    cfg, _ = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, group_size=2, async_window=0,
-                      budget_tiers=[], heartbeat_interval_s=0.2, dead_after_missed=2)
+    cfg, _ = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "budget": {"enabled": False}},
+                      heartbeat_interval_s=0.2, dead_after_missed=2)
     keys = [generate_key() for _ in range(3)]
     with running(cfg, run_sweeper=False) as srv:
         a, b, c = (NodeClient(srv.url, k) for k in keys)
@@ -118,8 +118,8 @@ def test_a_restarted_orchestrator_does_not_blame_nodes_for_its_outage(tmp_path):
     """Work in progress survives an orchestrator restart: right after it, every node's last heartbeat is as old as
     the outage, and the sweep must not mark them dead or put their open work up for others; once the orchestrator
     has been up for the intervals, a node that stays silent is dead as before."""
-    cfg, _ = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, group_size=2, async_window=0,
-                      budget_tiers=[], heartbeat_interval_s=0.2, dead_after_missed=2, idle_after_missed=1)
+    cfg, _ = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "budget": {"enabled": False}},
+                      heartbeat_interval_s=0.2, dead_after_missed=2, idle_after_missed=1)
     keys = [generate_key() for _ in range(2)]
     with running(cfg, run_sweeper=False) as srv:
         a, b = (NodeClient(srv.url, k) for k in keys)

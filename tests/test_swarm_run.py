@@ -89,12 +89,12 @@ def test_swarm_run_weights_through_shardcast_with_thinking_budgets(tiny_model_di
     version through the relay (signed manifest, verified shards) instead of reading the run directory.
     Thinking budgets are on: nodes state the assigned budget and score its length penalty, the validator
     re-derives both, and no honest node is rejected."""
-    from swarmrl.rl.budget import BudgetConfig
+    from swarmrl.contract import BudgetRule
     from swarmrl.rl.config import ShardcastSection
 
-    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=4, rl_extra={
-        "shardcast": ShardcastSection(enabled=True, relays=1),
-        "budget": BudgetConfig(enabled=True, targets=[3, 6], penalty=0.05, prompt_format="<{target}>{prompt}")})
+    cfg = _cfg(tmp_path, tiny_model_dir, [], steps=4, rl_extra={"shardcast": ShardcastSection(enabled=True, relays=1)},
+               contract_extra={"budget": BudgetRule(enabled=True, tiers=[3, 6], penalty=0.05,
+                                                    prompt_format="<{target}>{prompt}")})
     run_dir = tmp_path / "run"
     t, out = _run_in_thread(cfg)
     t.join(timeout=360)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from swarmrl.contract import ProofGeometry
 from swarmrl.toploc import (
     ProofError,
     Thresholds,
@@ -37,7 +38,7 @@ def test_spec_vector_2_modulus_collision():
     assert proof.hex() == "ffd840805633aa26"
     assert proof_to_b64(proof) == "/9hAgFYzqiY="
     # honest verification must reduce indices mod m (here m = 65496 < 65497)
-    (check,) = verify_proofs(z[None], [proof], chunk=1, k=3)
+    (check,) = verify_proofs(z[None], [proof], ProofGeometry(chunk=1, k=3))
     assert check.passed and check.exp_mismatches == 0 and check.mant_err_mean == 0
 
 
@@ -45,7 +46,7 @@ def test_spec_verification_example():
     h = torch.tensor([[0.5, -3.0, 1.0, 2.0, -0.25, 8.0]], dtype=torch.bfloat16)
     proofs = build_proofs(h, chunk=1, k=3)
     h2 = torch.tensor([[0.5, -3.015625, 1.0, 2.0, -0.25, 8.0625]], dtype=torch.bfloat16)
-    (c,) = verify_proofs(h2, proofs, chunk=1, k=3)
+    (c,) = verify_proofs(h2, proofs, ProofGeometry(chunk=1, k=3))
     assert c.exp_mismatches == 0
     assert c.mant_err_mean == pytest.approx(2 / 3)
     assert c.mant_err_median == 1  # upper median of [0, 1, 1]
@@ -153,7 +154,7 @@ def test_thresholds_are_configurable():
     h = torch.tensor([[0.5, -3.0, 1.0, 2.0, -0.25, 8.0]], dtype=torch.bfloat16)
     proofs = build_proofs(h, chunk=1, k=3)
     h2 = torch.tensor([[0.5, -3.015625, 1.0, 2.0, -0.25, 8.0625]], dtype=torch.bfloat16)
-    (c,) = verify_proofs(h2, proofs, chunk=1, k=3, thresholds=Thresholds(max_mant_err_median=0))
+    (c,) = verify_proofs(h2, proofs, ProofGeometry(chunk=1, k=3), thresholds=Thresholds(max_mant_err_median=0))
     assert not c.passed and "median" in c.reason
 
 

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from swarmrl.contract import RLContract
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
@@ -69,8 +71,8 @@ def swarm(steps: int) -> dict:
     if not (model / "config.json").is_file():
         model = tmp / "model"
         init_model(ModelInitConfig(), model)
-    rl = RLConfig(run_dir=str(tmp / "run"), model=str(model), task=TaskConfig(name="add", params={"digits": 2}),
-                  steps=steps, async_level=1, keep_versions=3, prompts_per_step=8, group_size=4,
+    rl = RLConfig(run_dir=str(tmp / "run"), model=str(model), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=4),
+                  steps=steps, keep_versions=3, prompts_per_step=8,
                   eval=EvalSection(every_steps=0, n=16), workers=WorkerSection(num=0, prompts_per_batch=4),
                   shardcast=ShardcastSection(enabled=True, relays=1))
     cfg = RunConfig(mode="swarm", rl=rl, warmstart=WarmstartSection(enabled=False), final_eval_n=64,

@@ -116,8 +116,8 @@ def attack(url: str, key: str, decoded: int, stake: float, wait_s: float) -> dic
     a = assignments[0]
     with tempfile.TemporaryDirectory() as d:
         path = write_bomb(Path(d) / "bomb.parquet", decoded, worker_id=c.node_id, step=a.step,
-                          policy_version=a.policy_version, seed=a.seed, env=a.env,
-                          task_ids=[t.task_id for t in a.tasks] or ["t0"], group_size=a.group_size,
+                          policy_version=a.policy_version, seed=a.seed, env=a.contract.task.name,
+                          task_ids=[t.task_id for t in a.tasks] or ["t0"], group_size=a.contract.group_size,
                           group_prefix=str(a.assignment_id))
         out = {"node_id": c.node_id, "assignment_id": a.assignment_id, "file_bytes": path.stat().st_size,
                "decoded_bytes": metadata_decoded_bytes(pq.ParquetFile(path).metadata)}

@@ -50,8 +50,9 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="starve-"))
     kw = dict(data_dir=str(tmp / "orch"), run_secret="s", self_declared_stake=True, groups_per_step=4,
-              tasks_per_node=2, group_size=2, async_window=1, lookahead=1, budget_tiers=[], count_tied_groups=True,
-              task={"name": "add", "params": {"digits": 2}}, rate_limit_per_s=1e6, rate_limit_burst=10**6,
+              tasks_per_node=2, lookahead=1, rate_limit_per_s=1e6, rate_limit_burst=10**6,
+              contract={"group_size": 2, "async_level": 1, "filter_ties": False,
+                        "task": {"name": "add", "params": {"digits": 2}}},
               **PRESETS[a.preset])
     kw = {k: v for k, v in kw.items() if k in OrchestratorConfig.model_fields}  # older code lacks some
     cfg = OrchestratorConfig(**kw)

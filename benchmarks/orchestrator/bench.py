@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from swarmrl.contract import task_seed, thinking_budget  # noqa: E402
+from swarmrl.contract import RLContract, task_seed, thinking_budget  # noqa: E402
 from swarmrl.protocol.config import OrchestratorConfig  # noqa: E402
 from swarmrl.protocol.db import Database, sqlite_url  # noqa: E402
 from swarmrl.protocol.models import Assignment, LedgerEntry, Node  # noqa: E402
@@ -58,7 +58,9 @@ def free_port() -> int:
 
 def bulk_register(db: Database, cfg: OrchestratorConfig, keys: list, start: int, stop: int) -> None:
     now = time.time()
-    tl = thinking_budget(1000.0, cfg.budget_tiers, cfg.tasks_per_node, cfg.group_size, cfg.target_step_time_s)
+    c = cfg.contract
+    tl = thinking_budget(1000.0, c.budget.tiers, cfg.tasks_per_node, c.group_size, c.budget.step_time_s) \
+        if c.budget.enabled else None
     with db.tx() as s:
         for k in keys[start:stop]:
             pub = public_key_hex(k)
@@ -70,7 +72,7 @@ def bulk_register(db: Database, cfg: OrchestratorConfig, keys: list, start: int,
             nid = node_id_for(public_key_hex(k))
             s.add(LedgerEntry(node_id=nid, kind="stake", amount=100.0, created_at=now, note="bench"))
             s.add(Assignment(node_id=nid, origin_node_id=nid, step=0, seed=task_seed(nid, 0, cfg.run_secret),
-                             env=cfg.task.name, env_params={}, n_tasks=cfg.tasks_per_node, group_size=cfg.group_size,
+                             env=c.task.name, env_params={}, n_tasks=cfg.tasks_per_node, group_size=c.group_size,
                              policy_version=0, target_length=tl, status="open", created_at=now))
 
 
@@ -141,7 +143,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="swarmrl-bench-"))
     cfg = OrchestratorConfig(data_dir=str(tmp), database_url=args.database_url, port=free_port(),
                              heartbeat_interval_s=3600.0, rate_limit_per_s=1e6, rate_limit_burst=1_000_000,
-                             run_secret="bench", tasks_per_node=8, group_size=4, workers=args.workers,
+                             run_secret="bench", tasks_per_node=8, workers=args.workers,
+                             contract=RLContract(group_size=4, budget={"enabled": True, "tiers": [64, 128, 256],
+                                                                       "step_time_s": 60.0}),
                              fast_heartbeats=not args.full_path)
     db = Database(cfg.database_url or sqlite_url(tmp / "orchestrator.db"))
     if args.database_url:

@@ -23,7 +23,7 @@ from swarmrl.utils.metrics import read_metrics
 
 def one(base: list[str], async_level: int, run_dir: Path, minutes: float) -> dict:
     cfg = load_config(RunConfig, Path("configs/run.toml") if Path("configs/run.toml").is_file() else None,
-                      base + [f"rl.async_level={async_level}", f'rl.run_dir="{run_dir}"', f"rl.max_minutes={minutes}",
+                      base + [f"rl.contract.async_level={async_level}", f'rl.run_dir="{run_dir}"', f"rl.max_minutes={minutes}",
                               "rl.steps=100000", "rl.eval.every_steps=5"])
     summary = launch(cfg, progress=lambda m: print(m, file=sys.stderr))
     rows = read_metrics(run_dir / "metrics" / "trainer.jsonl")

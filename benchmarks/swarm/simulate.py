@@ -57,6 +57,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from sqlalchemy import insert, select  # noqa: E402
 
+from swarmrl.contract import RLContract
 from swarmrl.protocol.config import OrchestratorConfig  # noqa: E402
 from swarmrl.protocol.db import Database  # noqa: E402
 from swarmrl.protocol.models import Assignment, LedgerEntry, Node, Submission  # noqa: E402
@@ -96,7 +97,7 @@ class SimConfig:
     trainer_poll_s: float = 2.0
     tasks_per_node: int = 8
     group_size: int = 4
-    async_window: int = 2
+    async_level: int = 2
     lookahead: int = 2  # demand mode (swarmrl.job.derive: lookahead = async_level)
     overassign: float = 1.5  # demand mode: > 1 / informative, or a step waits on its slowest holders
     assignment_timeout_s: float = 300.0  # demand mode: open work older than this is reassigned (configs/smollm2.toml)
@@ -199,7 +200,7 @@ class Sim:
         self.counts: Counter = Counter()
         self.bulk_note = bulk_note
         self.uploads_dir = Path(orch.store.tmp)
-        self.env_name = orch.cfg.task.name
+        self.env_name = orch.cfg.contract.task.name
 
     # ---- events ----------------------------------------------------------------------------------
     def at(self, t: float, kind: str, i: int = -1, epoch: int = 0) -> None:
@@ -270,13 +271,13 @@ class Sim:
             self.tm.cpu["submission"] += time.process_time() - c0
 
     def rollout_table(self, n: SimNode, a: Any) -> pa.Table:
-        g, rows = a.group_size, len(a.tasks) * a.group_size
+        g, rows = a.contract.group_size, len(a.tasks) * a.contract.group_size
         rewards = []
         for _ in a.tasks:
             tied = self.rng.random() >= self.sc.informative
             rewards += [1.0] * g if tied else [k / max(1, g - 1) for k in range(g)]
         cols = {"worker_id": [n.nid] * rows, "step": [a.step] * rows, "policy_version": [a.policy_version] * rows,
-                "task_id": [t.task_id for t in a.tasks for _ in range(g)], "env": [a.env] * rows,
+                "task_id": [t.task_id for t in a.tasks for _ in range(g)], "env": [a.contract.task.name] * rows,
                 "group_id": [f"{a.assignment_id}-{gi}" for gi in range(len(a.tasks)) for _ in range(g)],
                 "prompt_ids": [[1, 2, 3]] * rows, "completion_ids": [[4, 5]] * rows,
                 "logprobs": [[-0.1, -0.2]] * rows, "reward": rewards, "task_reward": rewards,
@@ -361,12 +362,12 @@ class Sim:
         if not (n.alive and n.epoch == epoch and n.busy is not None):
             return
         a = n.todo.pop(0)
-        rollouts = len(a.tasks) * a.group_size
+        rollouts = len(a.tasks) * a.contract.group_size
         sid, status = self.upload(n, a)
         g = {"node": n.i, "assignment": a.assignment_id, "step": a.step, "rollouts": rollouts,
              "gen_s": self.t - n.gen_start, "uploaded_at": self.t, "submission": sid,
              "outcome": "uploaded" if sid is not None else f"refused_{status}",
-             "past_window": self.step - a.step > self.sc.async_window,
+             "past_window": self.step - a.step > self.sc.async_level,
              "reassigned": a.reassigned_from is not None}
         self.gens.append(g)
         if sid is not None:
@@ -382,7 +383,7 @@ class Sim:
             a = n.todo[0]
             frac = (self.t - n.gen_start) / max(1e-9, n.gen_end - n.gen_start)
             self.gens.append({"node": n.i, "assignment": a.assignment_id, "step": a.step,
-                              "rollouts": frac * len(a.tasks) * a.group_size, "gen_s": self.t - n.gen_start,
+                              "rollouts": frac * len(a.tasks) * a.contract.group_size, "gen_s": self.t - n.gen_start,
                               "uploaded_at": None, "crashed_at": self.t, "submission": None,
                               "outcome": "lost_in_crash",
                               "past_window": False, "reassigned": a.reassigned_from is not None})
@@ -618,7 +619,7 @@ def build(sc: SimConfig, data_dir: Path) -> tuple[Orchestrator, list[SimNode], P
         validator_keys=[public_key_hex(vkey)], trainer_keys=[public_key_hex(tkey)],
         stake_authority_keys=[public_key_hex(akey)], self_declared_stake=False,
         heartbeat_interval_s=sc.heartbeat_s, sweep_interval_s=sc.sweep_s, tasks_per_node=sc.tasks_per_node,
-        group_size=sc.group_size, async_window=sc.async_window,
+        contract=RLContract(group_size=sc.group_size, async_level=sc.async_level),
         groups_per_step=sc.batch() if sc.mode == "demand" else 0,
         lookahead=sc.lookahead, overassign=sc.overassign, assignment_timeout_s=sc.assignment_timeout_s,
         # the per-key token bucket runs on the wall clock; a simulated hour passes in seconds here

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from swarmrl.contract import RLContract
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -41,7 +43,7 @@ def main() -> None:
         model_dir = Path(tempfile.mkdtemp()) / "model"
         init_model(ModelInitConfig(seed=0), model_dir)
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
-    rl = RLConfig(model=str(model_dir), group_size=a.group)
+    rl = RLConfig(model=str(model_dir), contract=RLContract(group_size=a.group))
     rl = rl.model_copy(update={"sampling": rl.sampling.model_copy(update={"max_new_tokens": 6})})
     env = make_env("add", digits=2)
     res = rollout_batch(model, tok, env, env.sample(1, a.tasks), rl, worker_id="n", step=0, policy_version=0, seed=1,

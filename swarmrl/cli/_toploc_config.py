@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from swarmrl.config import StrictModel
+from swarmrl.contract.params import ProofGeometry
 from swarmrl.toploc.sampling_check import SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
 
@@ -14,8 +15,7 @@ class VerifyFileConfig(StrictModel):
     model: str = ""
     rollouts: str = ""
     dtype: str = "float32"
-    chunk: int = Field(32, ge=1)
-    k: int = Field(128, ge=1)
+    proof: ProofGeometry = Field(default_factory=ProofGeometry)  # the run's contract.proof
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int | None = Field(None, ge=1)
     batch_size: int = Field(8, ge=1)

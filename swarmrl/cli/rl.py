@@ -85,7 +85,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     from swarmrl.job.config import RunConfig  # noqa: PLC0415  # lazy: startup
     from swarmrl.job.launch import launch  # noqa: PLC0415  # lazy: startup
 
-    extra = (opt("rl.steps", steps) + opt("rl.workers.num", workers) + opt("rl.async_level", async_level)
+    extra = (opt("rl.steps", steps) + opt("rl.workers.num", workers) + opt("rl.contract.async_level", async_level)
              + opt("rl.run_dir", run_dir)
              + (['mode="swarm"'] if swarm or (adversary and swarm is None) else ['mode="local"'] if swarm is False else [])
              + opt("swarm.nodes", nodes) + ([f"swarm.adversaries={json.dumps(adversary)}"] if adversary else []))
@@ -98,7 +98,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
     swarm_mode = cfg.mode == "swarm"
     who = (f"{cfg.swarm.nodes} nodes + {len(cfg.swarm.adversaries)} adversaries" if swarm_mode
            else f"{cfg.rl.workers.num} workers")
-    title = f"swarmrl run: {cfg.rl.task.name}, {who}, async_level {cfg.rl.async_level}"
+    title = f"swarmrl run: {cfg.rl.contract.task.name}, {who}, async_level {cfg.rl.contract.async_level}"
 
     def table(s: dict):  # noqa: ANN202
         from rich.table import Table  # noqa: PLC0415  # lazy: startup
@@ -145,7 +145,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
 
     if json_:
         typer.echo(json.dumps(summary, indent=2))
-    typer.echo(f"swarmrl run finished: {cfg.rl.task.name}, {who}")
+    typer.echo(f"swarmrl run finished: {cfg.rl.contract.task.name}, {who}")
     for line in summary_lines(summary):
         typer.echo(f"  {line}")
 

@@ -113,14 +113,14 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
     try:  # thresholds set in the config > the model dir's calibration file > defaults
         st = toploc_settings(cfg.model, {k: getattr(cfg.thresholds, k) for k in cfg.thresholds.model_fields_set},
                              {k: getattr(cfg.sampling, k) for k in cfg.sampling.model_fields_set},
-                             use_file=cfg.calibration, chunk=cfg.chunk, k=cfg.k)
+                             use_file=cfg.calibration, chunk=cfg.proof.chunk, k=cfg.proof.k)
     except CalibrationError as e:
         fail(f"{e} (or --set calibration=false)")
     typer.echo(f"thresholds from {st.source}: {(st.thresholds or cfg.thresholds).model_dump()}")
     m = load_model(cfg.model, dtype=cfg.dtype)
     eos = load_tokenizer(cfg.model).eos_token_id
     res = verify_rows(m, rows, eos, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                      check_sampling=cfg.check_sampling, chunk=cfg.chunk, k=cfg.k,
+                      check_sampling=cfg.check_sampling, geometry=cfg.proof,
                       thresholds=st.thresholds or cfg.thresholds, sampling_thresholds=st.sampling or cfg.sampling,
                       batch_size=cfg.batch_size)
     bad = 0
@@ -144,16 +144,30 @@ def _load_hidden(path: Path, key: str):
     return tensors[key]
 
 
+def _geometry(chunk: int | None, k: int | None):  # noqa: ANN202
+    """The proof geometry of the options, the contract's where one is not given (refused when out of range)."""
+    from pydantic import ValidationError  # noqa: PLC0415  # lazy: startup
+
+    from swarmrl.contract.params import PROOF_GEOMETRY, ProofGeometry  # noqa: PLC0415  # lazy: startup
+
+    try:
+        return ProofGeometry(chunk=PROOF_GEOMETRY.chunk if chunk is None else chunk,
+                             k=PROOF_GEOMETRY.k if k is None else k)
+    except ValidationError as e:
+        fail(f"--chunk/--k: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}")
+
+
 @app.command("prove")
 def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
           out: Annotated[Path, typer.Option("--out", "-o", help="Write one base64 proof per line here.")],
           key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
-          chunk: Annotated[int, typer.Option(help="Positions per proof chunk.")] = 32,
-          k: Annotated[int, typer.Option(help="Top-k hidden values committed per chunk.")] = 128) -> None:
+          chunk: Annotated[Optional[int], typer.Option(help="Positions per proof chunk (default: the contract's, 32).")] = None,
+          k: Annotated[Optional[int], typer.Option(help="Top-k hidden values committed per chunk (default 128).")] = None) -> None:
     """Build TOPLOC proofs for the last hidden states stored in a safetensors file."""
     from swarmrl.toploc.proof import build_proofs, proof_to_b64  # noqa: PLC0415  # lazy: startup
 
-    proofs = build_proofs(_load_hidden(hidden, key), chunk=chunk, k=k)
+    g = _geometry(chunk, k)
+    proofs = build_proofs(_load_hidden(hidden, key), chunk=g.chunk, k=g.k)
     out.write_text("".join(proof_to_b64(p) + "\n" for p in proofs), encoding="ascii")
     console.print(f"wrote {len(proofs)} proofs to {out}")
 
@@ -162,12 +176,14 @@ def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
 def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors file with a [positions, hidden] tensor.")],
           proofs: Annotated[Path, typer.Option("--proofs", help="One base64 proof per line.")],
           key: Annotated[str, typer.Option(help="Tensor name in the file.")] = "hidden",
-          chunk: Annotated[int, typer.Option(help="Positions per proof chunk.")] = 32,
-          k: Annotated[int, typer.Option(help="Top-k hidden values committed per chunk.")] = 128, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+          chunk: Annotated[Optional[int], typer.Option(help="Positions per proof chunk (default: the contract's, 32).")] = None,
+          k: Annotated[Optional[int], typer.Option(help="Top-k hidden values committed per chunk (default 128).")] = None,
+          config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Check base64 proofs against hidden states (thresholds via --config/--set); exit 1 if a chunk fails."""
     from swarmrl.toploc.verify import Thresholds, verify_proofs  # noqa: PLC0415  # lazy: startup
 
     th = resolve(Thresholds, config, set_)
+    g = _geometry(chunk, k)
     h = _load_hidden(hidden, key)
     try:
         lines = proofs.read_text(encoding="ascii", errors="replace").split()
@@ -179,11 +195,11 @@ def check(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
     b64_errors: dict[int, str] = {}
     for i, line in enumerate(lines):
         try:
-            raw.append(proof_from_b64(line, k))
+            raw.append(proof_from_b64(line, g.k))
         except ProofError as e:
             raw.append(None)  # rejected by the verifier; the base64 reason replaces its message below
             b64_errors[i] = f"proof {i} rejected: {e}"
-    checks = verify_proofs(h, raw, chunk=chunk, k=k, thresholds=th)
+    checks = verify_proofs(h, raw, g, thresholds=th)
     for c in checks:
         if c.index in b64_errors and len(raw) == len(checks):
             c.reason = b64_errors[c.index]

@@ -45,8 +45,9 @@ def _recorded(model: Path) -> tuple[Path, dict] | None:
         try:
             if rl.is_file():
                 data = tomllib.loads(rl.read_text(encoding="utf-8"))
-                if isinstance(data.get("task"), dict):
-                    return rl, {"task": data["task"], "chat_template": data.get("chat_template"),
+                contract = data.get("contract") if isinstance(data.get("contract"), dict) else {}
+                if isinstance(contract.get("task"), dict):
+                    return rl, {"task": contract["task"], "chat_template": contract.get("chat_template"),
                                 "max_new_tokens": (data.get("eval") or {}).get("max_new_tokens")}
             if sft.is_file():
                 data = json.loads(sft.read_text(encoding="utf-8"))

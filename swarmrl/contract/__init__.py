@@ -9,6 +9,9 @@ Pure and torch-free. Each rule has one home here, and the roles call it instead 
   how a budget is stated in the prompt, and the validator's re-check of a claimed score.
 - ``assignment``: seeded task assignment (protocol and local workers) and throughput-matched budgets.
 - ``rows``: the rollout row and how sampler output is packed into scored rows (logprobs, proofs).
+- ``demand``: which step still needs work (local workers and the orchestrator).
+- ``params``: ``RLContract``, every parameter the roles must agree on, as one typed object that every role's
+  config and the wire schemas carry under the name ``contract``.
 """
 
 from swarmrl.contract.assignment import (
@@ -19,7 +22,9 @@ from swarmrl.contract.assignment import (
     thinking_budget,
     worker_task_seed,
 )
+from swarmrl.contract.demand import Demand
 from swarmrl.contract.groups import GroupRule, group_advantages, is_informative
+from swarmrl.contract.params import PROOF_GEOMETRY, BudgetRule, ProofGeometry, RLContract
 from swarmrl.contract.rows import Rollout, ScoredBatch, score_groups
 from swarmrl.contract.scoring import (
     Budget,
@@ -34,7 +39,8 @@ from swarmrl.contract.scoring import (
 from swarmrl.contract.window import AsyncWindow
 
 __all__ = [
-    "AsyncWindow", "Budget", "GroupRule", "Rollout", "Score", "ScoredBatch", "allowed_targets", "assigned_tasks",
+    "AsyncWindow", "Budget", "BudgetRule", "Demand", "GroupRule", "PROOF_GEOMETRY", "ProofGeometry", "RLContract",
+    "Rollout", "Score", "ScoredBatch", "allowed_targets", "assigned_tasks",
     "check_prompt_format", "check_score", "completion_length", "draw_targets", "format_prompt", "group_advantages",
     "is_informative", "length_penalty", "score_completion", "score_groups", "task_seed", "thinking_budget",
     "worker_task_seed",

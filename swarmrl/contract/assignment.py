@@ -49,20 +49,20 @@ def thinking_budget(throughput: float, tiers: list[int], n_tasks: int, group_siz
     return best
 
 
-class _BudgetSettings(Protocol):
-    targets: list[int]
+class _BudgetSettings(Protocol):  # ``params.BudgetRule``
+    tiers: list[int]
     match_throughput: bool
-    max_batch_seconds: float
+    step_time_s: float
 
 
 def allowed_targets(cfg: _BudgetSettings, tokens_per_s: float | None, sequences_per_batch: int) -> list[int]:
     """Targets a local worker of the given throughput may get (always at least the shortest one)."""
-    targets = sorted(set(cfg.targets))
+    targets = sorted(set(cfg.tiers))
     if not targets:
-        raise ValueError("budget.targets is empty")
+        raise ValueError("budget.tiers is empty")
     if not cfg.match_throughput or not tokens_per_s:
         return targets
-    cap = tokens_per_s * cfg.max_batch_seconds / max(1, sequences_per_batch)
+    cap = tokens_per_s * cfg.step_time_s / max(1, sequences_per_batch)
     fit = [t for t in targets if t <= cap]
     return fit or targets[:1]
 

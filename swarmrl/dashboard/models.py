@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarmrl.rundir.records import EvalRecord, StepRecord, parse_trainer_row
+
 MAX_NODES = 1000  # nodes listed by GET /v1/stats/nodes (the total is counted)
 MAX_POINTS = 2000  # trainer points returned by GET /v1/stats/trainer (the newest ones)
 MAX_VERSIONS = 64  # rows of the policy-version spread
@@ -108,19 +110,20 @@ def _num(v: Any) -> float | None:
 
 
 def point_from_row(row: dict[str, Any]) -> TrainerPoint | None:
-    """The point of a trainer metrics row (``metrics/trainer.jsonl``): a step row (it has ``reward``) or an
-    ``eval``/``final`` event (``heldout_acc``); None for other rows. Non-finite numbers become null."""
-    if "reward" in row and isinstance(row.get("step"), int):
-        version = row.get("version", row["step"] + 1)
-        step = row["step"]
-    elif row.get("event") in ("eval", "final") and "heldout_acc" in row:
-        version, step = row.get("version"), None
+    """The point of a trainer metrics row (``metrics/trainer.jsonl``, ``rundir.parse_trainer_row``): a step record
+    or an ``eval``/``final`` evaluation; None for other rows. Non-finite numbers become null."""
+    rec = parse_trainer_row(row)
+    if isinstance(rec, StepRecord):
+        step = rec.step
+    elif isinstance(rec, EvalRecord):
+        step = None
     else:
         return None
-    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= 2**62:
+    if not 0 <= rec.version <= 2**62:
         return None
-    return TrainerPoint(version=version, step=step, time=_num(row.get("time")),
-                        **{k: _num(row.get(k)) for k in _POINT_FIELDS})
+    fields = rec.model_dump()
+    return TrainerPoint(version=rec.version, step=step, time=_num(rec.time),
+                        **{k: _num(fields.get(k)) for k in _POINT_FIELDS})
 
 
 def merge_points(points: list[TrainerPoint]) -> list[TrainerPoint]:

@@ -24,6 +24,7 @@ from swarmrl.dashboard.models import (
     merge_points,
     point_from_row,
 )
+from swarmrl.rundir import RunLayout
 
 TAIL_BYTES = 1 << 20  # of each metrics file
 IDLE_AFTER_S = 60.0  # a worker with no row for this long is shown idle
@@ -66,21 +67,21 @@ class RunDirStats:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.metrics = self.root / "metrics"
+        self.layout = RunLayout(self.root)
 
     def _trainer_points(self):  # noqa: ANN202
-        pts = [p for r in tail_rows(self.metrics / "trainer.jsonl") if (p := point_from_row(r)) is not None]
+        pts = [p for r in tail_rows(self.layout.trainer_metrics) if (p := point_from_row(r)) is not None]
         return merge_points(pts)
 
     def latest_version(self) -> int:
         try:
-            return int((self.root / "policy" / "LATEST").read_text().strip())
+            return int(self.layout.latest_file.read_text().strip())
         except (OSError, ValueError):
             return 0
 
     def _workers(self, now: float) -> list[NodeStats]:
         out = []
-        for f in sorted(self.metrics.glob("worker-*.jsonl"))[:MAX_WORKER_FILES]:
+        for f in self.layout.role_metrics_files("worker")[:MAX_WORKER_FILES]:
             rows = [r for r in tail_rows(f, TAIL_BYTES // 4) if "tokens_per_s" in r]
             last = rows[-1] if rows else {}
             seen = last.get("time")
@@ -112,9 +113,8 @@ class RunDirStats:
                              points=pts[-min(limit, MAX_POINTS):])
 
     def policy(self) -> PolicyStats:
-        sc = self.root / "shardcast"
-        origin = _read_json(sc / "origin.json")
-        relays = _read_json(sc / "relays.json")
+        origin = _read_json(self.layout.origin_file)
+        relays = _read_json(self.layout.relays_file)
         origin_url = origin.get("url") if isinstance(origin, dict) else None
         servers = [str(u) for u in relays] if isinstance(relays, list) and relays else \
             ([origin_url] if origin_url else [])

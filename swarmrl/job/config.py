@@ -91,7 +91,7 @@ class RunConfig(StrictModel):
 
         o = OrchestratorConfig.model_fields
         slash, per_row = o["slash_fraction"].default, o["credit_per_sample"].default
-        credit = per_row * (sw.tasks_per_node or self.rl.workers.prompts_per_batch) * self.rl.group_size
+        credit = per_row * (sw.tasks_per_node or self.rl.workers.prompts_per_batch) * self.rl.contract.group_size
         if cheating_margin(sw.full_check_rate, sw.stake, slash, credit) < 1.0:
             raise ValueError(
                 f"swarm.full_check_rate = {sw.full_check_rate:g} with swarm.stake = {sw.stake:g} does not make cheating "

@@ -6,8 +6,9 @@ Rules that tie the roles together live here once, each from the contract's point
 - the RL config all local workers, nodes, the trainer and the adapter read (``rl.toml``), with what swarm
   mode needs on top (TOPLOC proofs on honest nodes; enough policy versions kept for the validator's lag,
   ``AsyncWindow.versions_to_keep``);
-- the orchestrator's assignment settings (task, group size, staleness window, demand, budgets, the usable
-  group rule) and the validator's checks, from the same RL settings.
+- the orchestrator's and the validator's configs, which carry the run config's ``rl.contract`` as it is (task,
+  group size, staleness window, tie rule, budget, proof geometry: nothing re-derived), with the orchestrator's
+  demand settings and the validator's checks.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 from swarmrl.config import dump_config
-from swarmrl.contract import AsyncWindow
 from swarmrl.job.config import RunConfig
 from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
 from swarmrl.rl.config import RLConfig
+from swarmrl.rundir import RunLayout
 
 Restart = Literal["never", "always", "unless_refused"]
 
@@ -82,7 +83,7 @@ def derive_rl(cfg: RunConfig, origin_port: int = 0) -> RLConfig:
         rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(update={"origin_port": origin_port})})
     if cfg.mode != "swarm":
         return rl
-    keep = AsyncWindow(rl.async_level).versions_to_keep(lag=cfg.swarm.validator_lag)
+    keep = rl.contract.window().versions_to_keep(lag=cfg.swarm.validator_lag)
     if rl.keep_versions < keep:
         rl = rl.model_copy(update={"keep_versions": keep})
     if cfg.swarm.proofs and not rl.workers.proofs:
@@ -127,15 +128,12 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
         idle_after_missed=max(2, sw.dead_after_missed // 2),
         heartbeat_interval_s=sw.heartbeat_interval_s, dead_after_missed=sw.dead_after_missed, sweep_interval_s=0.5,
         rate_limit_per_s=200.0, rate_limit_burst=400, min_stake=min(100.0, sw.stake),
-        task=rl.task, tasks_per_node=sw.tasks_per_node or rl.workers.prompts_per_batch, group_size=rl.group_size,
-        async_window=rl.async_level, lookahead=rl.async_level, last_step=rl.steps - 1,
-        budget_tiers=sorted(rl.budget.targets) if rl.budget.enabled else [],
-        target_step_time_s=rl.budget.max_batch_seconds, budget_prompt_format=rl.budget.prompt_format,
-        budget_penalty=rl.budget.penalty, chat_template=rl.chat_template, groups_per_step=rl.prompts_per_step,
-        overassign=sw.overassign, count_tied_groups=not rl.filter_ties, max_upload_bytes=sw.max_upload_bytes,
+        contract=rl.contract, tasks_per_node=sw.tasks_per_node or rl.workers.prompts_per_batch,
+        lookahead=rl.contract.async_level, last_step=rl.steps - 1, groups_per_step=rl.prompts_per_step,
+        overassign=sw.overassign, max_upload_bytes=sw.max_upload_bytes,
         optimistic=sw.optimistic, assignment_timeout_s=sw.assignment_timeout_s, metrics_interval_s=1.0)
-    vcfg = ValidatorConfig(orchestrator=url, key=validator.key, model_dir=rl.model,
-                           model_dir_template=str(root / "policy" / "v{policy_version:06d}"), run_secret=secret,
+    vcfg = ValidatorConfig(orchestrator=url, key=validator.key, model_dir=rl.model, contract=rl.contract,
+                           model_dir_template=RunLayout(root).version_template(), run_secret=secret,
                            poll_interval_s=sw.validator_poll_s, long_poll_s=sw.long_poll_s, work_dir=str(root / "validator"),
                            logprob_rows=sw.logprob_rows, require_proofs=sw.require_proofs,
                            sampling_thresholds={"min_token_logprob": sw.min_token_logprob},

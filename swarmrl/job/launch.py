@@ -61,19 +61,12 @@ def run_secret(root: Path) -> str:
     return secret
 
 
-def forget_origin(run: RunDir) -> None:
-    """Before (re)starting a trainer: a resumed run's ``origin.json`` and ``relays.json`` name the previous
-    trainer's and relays' ports (roles that start before the new ones are up must not read them)."""
-    (run.shardcast / "origin.json").unlink(missing_ok=True)
-    (run.shardcast / "relays.json").unlink(missing_ok=True)
-
-
 def wait_for_origin(run: RunDir, trainer: subprocess.Popen, logs: Path, timeout_s: float = 180.0) -> dict:
     """The trainer's SHARDCAST origin (``origin.json``: url, public_key), once it is up."""
     t0 = time.monotonic()
     while True:
-        origin = run.read_json("origin.json")
-        if isinstance(origin, dict):
+        origin = run.origin()
+        if origin is not None:
             return origin
         if trainer.poll() is not None:
             raise RuntimeError(f"trainer exited with {trainer.returncode} before its SHARDCAST origin came up; "
@@ -140,7 +133,7 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     try:
         # the trainer first: it needs nothing from the other roles (the adapter speaks for it), and its startup
         # (imports, model load, origin) is on the run's critical path, so the orchestrator comes up beside it
-        forget_origin(run)
+        run.forget_servers()  # a resumed run's announcements name the previous processes' ports
         trainer = sup.start(plan.role("trainer"))
         if swarm:
             sup.start(plan.role("orchestrator"))
@@ -163,7 +156,7 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
                                        restart="always" if swarm else "never", max_restarts=cfg.swarm.max_restarts)
             for r in relays:
                 sup.start(r)
-            run.write_json("relays.json", urls)
+            run.announce_relays(urls)
             if swarm:
                 progress(f"SHARDCAST: origin {origin['url']}, relays {', '.join(urls) or 'none'} "
                          "(announced to nodes in heartbeats)")

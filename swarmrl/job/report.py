@@ -13,6 +13,8 @@ import httpx
 
 from swarmrl.job.config import RunConfig
 from swarmrl.rl.store import RunDir
+from swarmrl.rundir import RunLayout, read_trainer_log
+from swarmrl.rundir.layout import STATE_DIR
 from swarmrl.utils.metrics import read_metrics
 
 
@@ -26,17 +28,16 @@ def _recent_tps(files: list[Path]) -> float | None:
 
 
 def snapshot(root: Path, t0: float, swarm: bool = False) -> dict:
-    rows = read_metrics(root / "metrics" / "trainer.jsonl")
-    steps = [r for r in rows if "reward" in r]
-    evals = [r for r in rows if "heldout_acc" in r]
-    last = steps[-1] if steps else {}
-    pattern = "node-*.jsonl" if swarm else "worker-*.jsonl"
-    s = {"elapsed_s": time.monotonic() - t0, "step": last.get("step", -1) + 1 if last else 0,
-         "reward": last.get("task_reward"), "lag": last.get("lag_mean"),
-         "heldout_acc": evals[-1]["heldout_acc"] if evals else None,
-         "first_acc": evals[0]["heldout_acc"] if evals else None,
-         "tokens_per_s": _recent_tps(sorted((root / "metrics").glob(pattern))),
-         "wait_frac": (sum(r["wait_s"] for r in steps) / max(1e-9, steps[-1]["wall_s"])) if steps else None}
+    layout = RunLayout(root)
+    log = read_trainer_log(layout.trainer_metrics)
+    steps, evals = log.steps, log.evals
+    last = steps[-1] if steps else None
+    s = {"elapsed_s": time.monotonic() - t0, "step": last.step + 1 if last else 0,
+         "reward": last.task_reward if last else None, "lag": last.lag_mean if last else None,
+         "heldout_acc": evals[-1].heldout_acc if evals else None,
+         "first_acc": evals[0].heldout_acc if evals else None,
+         "tokens_per_s": _recent_tps(layout.role_metrics_files("node" if swarm else "worker")),
+         "wait_frac": (sum(r.wait_s or 0.0 for r in steps) / max(1e-9, last.wall_s or 0.0)) if last else None}
     if swarm:
         s.update(orchestrator_counts(root))
     return s
@@ -56,12 +57,12 @@ def _caught(info: dict, root: Path, nid: str) -> bool:
     if info["rejected"] or info.get("status") == "ejected" or (info["refused_uploads"] and not info["accepted"]):
         return True
     if info["adversary"] == "flood":
-        bursts = [r for r in read_metrics(root / "metrics" / f"flood-{nid}.jsonl") if r.get("event") == "flood"]
+        bursts = [r for r in read_metrics(RunLayout(root).role_metrics("flood", nid)) if r.get("event") == "flood"]
         info["sybils_attempted"] = sum(r.get("attempted", 0) for r in bursts)
         info["sybils_registered"] = sum(r.get("registered", 0) for r in bursts)
         return info["sybils_attempted"] > 0 and info["sybils_registered"] == 0
     if info["adversary"] == "idle_connections":
-        rounds = [r for r in read_metrics(root / "metrics" / f"idle-{nid}.jsonl") if r.get("event") == "idle_round"]
+        rounds = [r for r in read_metrics(RunLayout(root).role_metrics("idle", nid)) if r.get("event") == "idle_round"]
         info["idle_closed_by_server"] = sum(r.get("closed_by_server", 0) for r in rounds)
         return info["idle_closed_by_server"] > 0
     return False
@@ -75,7 +76,7 @@ def swarm_report(root: Path, url: str, members: dict[str, dict]) -> dict:
     for name, m in members.items():
         nid = m["node_id"]
         mine = [v for v in verdicts if v.get("node_id") == nid]
-        node_rows = read_metrics(root / "metrics" / f"node-{nid}.jsonl")
+        node_rows = read_metrics(RunLayout(root).role_metrics("node", nid))
         refused = [r for r in node_rows if r.get("submitted") is False]
         info = {"node_id": nid, "adversary": m["adversary"] or None,
                 "accepted": sum(v["status"] == "accepted" for v in mine),
@@ -108,24 +109,22 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
     final_dir = root / "final_model"
     if final_dir.exists():
         shutil.rmtree(final_dir)
-    shutil.copytree(run.version_dir(run.latest_version()), final_dir,
-                    ignore=shutil.ignore_patterns("trainer_state.pt"))
+    shutil.copytree(run.version_dir(run.latest_version()), final_dir, ignore=shutil.ignore_patterns(STATE_DIR))
     png = plot_run(root)
-    rows = read_metrics(root / "metrics" / "trainer.jsonl")
-    evals = [r for r in rows if "heldout_acc" in r]
-    steps = {r["step"]: r for r in rows if "reward" in r}
-    ev = EvalConfig(model=str(final_dir), task=cfg.rl.task, n=cfg.final_eval_n,
-                    max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.chat_template)
+    log = read_trainer_log(run.trainer_metrics)
+    steps = log.steps
+    ev = EvalConfig(model=str(final_dir), task=cfg.rl.contract.task, n=cfg.final_eval_n,
+                    max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.contract.chat_template)
     final = evaluate_path(ev)
     init = evaluate_path(ev.model_copy(update={"model": cfg.rl.model}))
-    last_wall = max((r["wall_s"] for r in steps.values()), default=1e-9)
+    last_wall = max((r.wall_s or 0.0 for r in steps), default=1e-9)
     summary = {
         "run_dir": str(root), "final_model": str(final_dir), "curves": str(png), "steps": len(steps),
         "wall_s": round(wall_s, 1), "heldout_acc_initial": init["accuracy"], "heldout_acc_final": final["accuracy"],
-        "heldout_n": final["n"], "async_level": cfg.rl.async_level, "workers": cfg.rl.workers.num,
-        "trainer_wait_frac": round(sum(r["wait_s"] for r in steps.values()) / max(1e-9, last_wall), 3),
-        "mean_lag": round(sum(r["lag_mean"] for r in steps.values()) / max(1, len(steps)), 3),
-        "curve": [{"version": r["version"], "wall_s": r.get("wall_s"), "heldout_acc": r["heldout_acc"]} for r in evals],
+        "heldout_n": final["n"], "async_level": cfg.rl.contract.async_level, "workers": cfg.rl.workers.num,
+        "trainer_wait_frac": round(sum(r.wait_s or 0.0 for r in steps) / max(1e-9, last_wall), 3),
+        "mean_lag": round(sum(r.lag_mean or 0.0 for r in steps) / max(1, len(steps)), 3),
+        "curve": [{"version": e.version, "wall_s": e.wall_s, "heldout_acc": e.heldout_acc} for e in log.evals],
         **(extra or {}),
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -18,7 +18,7 @@ def prepare_warmstart(cfg: RunConfig, progress: Callable[[str], None]) -> str:
         raise FileNotFoundError(f"initial model {model} does not exist and warm start is disabled")
     from swarmrl.sft.train import run_sft  # noqa: PLC0415  # lazy: torch, only when a warm start is made
 
-    sft = cfg.warmstart.sft.model_copy(update={"task": cfg.rl.task})
+    sft = cfg.warmstart.sft.model_copy(update={"task": cfg.rl.contract.task})
     progress(f"warm start: SFT of a fresh tiny model on {sft.task.name} for {sft.minutes} min")
 
     def cb(row: dict) -> None:

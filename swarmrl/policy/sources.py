@@ -2,7 +2,8 @@
 
 ``PolicySource`` is the small interface: ``latest()`` names the newest version it knows, ``fetch(version)``
 returns a local HF model directory holding it (waiting up to ``timeout_s`` for it to appear) or raises
-``PolicyUnavailable``.
+``PolicyUnavailable``, and ``take_fetch_report()`` hands out the figures of the newest download (once; None when
+nothing was downloaded since), for the holder's metrics.
 
 - ``RunDirPolicySource``: the trainer's policy dir (one machine, shared disk);
 - ``TemplatePolicySource``: a path template such as ``runs/x/policy/v{policy_version:06d}`` (the validator);
@@ -34,8 +35,17 @@ class PolicySource(Protocol):
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path: ...
 
+    def take_fetch_report(self) -> dict | None: ...
 
-class RunDirPolicySource:
+
+class _NoDownloads:
+    """Sources that read local directories: nothing is downloaded, so there is nothing to report."""
+
+    def take_fetch_report(self) -> dict | None:
+        return None
+
+
+class RunDirPolicySource(_NoDownloads):
     """Policy versions straight from ``run_dir/policy/v{n:06d}`` (written atomically by the trainer)."""
 
     def __init__(self, run_dir: str | Path, poll_s: float = 0.05) -> None:
@@ -58,7 +68,7 @@ class RunDirPolicySource:
         return d
 
 
-class TemplatePolicySource:
+class TemplatePolicySource(_NoDownloads):
     """Version N at ``template.format(policy_version=N)``; a template without the field names one model for
     every version. Nothing is waited for: a missing directory is unavailable at once."""
 
@@ -94,10 +104,14 @@ class ShardcastPolicySource:
         self.keep = keep
         self.discover = discover
         self._latest: int | None = None
-        self.last_fetch: dict | None = None  # the newest download's figures (for metrics)
+        self._report: dict | None = None  # the newest download's figures, until taken
 
     def set_servers(self, servers: list[str], origin_pubkey: str) -> None:
         self.servers, self.origin_pubkey = list(servers), origin_pubkey
+
+    def take_fetch_report(self) -> dict | None:
+        report, self._report = self._report, None
+        return report
 
     def latest(self) -> int | None:
         return self._latest
@@ -122,7 +136,7 @@ class ShardcastPolicySource:
             res = fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version, wait_s=timeout_s)
         except (FetchError, OSError) as e:
             raise PolicyUnavailable(f"policy v{version} via SHARDCAST: {e}") from None
-        self.last_fetch = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
+        self._report = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
                            "bytes_by_server": res.bytes_by_server, "excluded": res.excluded}
         self._latest = max(version, self._latest or 0)
         for old in sorted(self.cache.glob("v*"))[: -self.keep]:
@@ -153,8 +167,11 @@ class AnnouncedPolicySource:
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         return (self.shardcast if self.using_shardcast else self.fallback).fetch(version, timeout_s)
 
+    def take_fetch_report(self) -> dict | None:
+        return (self.shardcast if self.using_shardcast else self.fallback).take_fetch_report()
 
-class _Unannounced:
+
+class _Unannounced(_NoDownloads):
     def latest(self) -> int | None:
         return None
 

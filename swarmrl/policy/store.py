@@ -1,6 +1,6 @@
 """The on-disk layout of committed policy versions (written by the trainer, read by every holder):
 
-    <dir>/v000007/        HF model dir of policy version 7 (+ trainer_state.pt, the optimizer's state: only
+    <dir>/v000007/        HF model dir of policy version 7 (+ trainer_state/, the trainer's own state: only
                           the newest version keeps it, ``drop_older_states``; + toploc_thresholds.json when the
                           base model has a TOPLOC calibration file)
     <dir>/LATEST          "7": newest complete version (written after the dir rename)
@@ -35,8 +35,12 @@ class PolicyDir:
         except (FileNotFoundError, ValueError):
             return None
 
+    def staging_path(self, v: int) -> Path:
+        return self.root / f".staging-v{v:06d}"
+
     def staging_dir(self, v: int) -> Path:
-        d = self.root / f".staging-v{v:06d}"
+        """An empty staging directory for version ``v`` (what a crash left there is deleted)."""
+        d = self.staging_path(v)
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
@@ -51,11 +55,12 @@ class PolicyDir:
         atomic_write_text(self.root / "LATEST", str(v))
         return final
 
-    def drop_older_states(self, name: str = "trainer_state.pt") -> int:
-        """Delete ``name`` from every version older than LATEST, once LATEST's own copy is in place (so a crash at
-        any point leaves at least one version, the newest complete one, with it). Returns how many were deleted."""
+    def drop_older_states(self, name: str = "trainer_state") -> int:
+        """Delete ``name`` (a file or a directory) from every version older than LATEST, once LATEST's own copy is
+        in place (so a crash at any point leaves at least one version, the newest complete one, with it). Returns
+        how many were deleted."""
         latest = self.latest_version()
-        if latest is None or not (self.version_dir(latest) / name).is_file():
+        if latest is None or not (self.version_dir(latest) / name).exists():
             return 0
         n = 0
         for d in self.root.glob("v*"):
@@ -64,7 +69,10 @@ class PolicyDir:
             except ValueError:
                 continue
             f = d / name
-            if v < latest and f.is_file():
+            if v < latest and f.is_dir():
+                shutil.rmtree(f, ignore_errors=True)
+                n += 1
+            elif v < latest and f.exists():
                 f.unlink(missing_ok=True)
                 n += 1
         return n

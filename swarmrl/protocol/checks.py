@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from swarmrl.contract import AsyncWindow, assigned_tasks, check_score, format_prompt, task_seed
-from swarmrl.envs import Task, make_env
+from swarmrl.contract import PROOF_GEOMETRY, assigned_tasks, check_score, format_prompt, task_seed
+from swarmrl.envs import Task
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import PendingSubmission
@@ -41,11 +41,6 @@ from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
 from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
 from swarmrl.toploc.sampling_check import SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
-
-# the proof parameters of the wire spec (shared/specs/toploc-proof-format.md) that nodes build
-# (proofs_for_sample) and verify_rollouts checks: one proof per chunk of 32 decode positions, k = 128
-PROOF_CHUNK = 32
-PROOF_K = 128
 
 
 class SkipCheck(Exception):
@@ -67,7 +62,7 @@ class CheckContext:
     def expected_tasks(self) -> list[Task]:
         if "tasks" not in self.cache:
             a = self.item.assignment
-            self.cache["tasks"] = assigned_tasks(a.env, a.env_params, a.seed, len(a.tasks))
+            self.cache["tasks"] = assigned_tasks(a.contract.task.name, a.contract.task.params, a.seed, len(a.tasks))
         return self.cache["tasks"]
 
     def model(self, policy_version: int) -> Any:
@@ -135,8 +130,8 @@ def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
         ids = {r.task_id for r in rows}
         if len(ids) != 1:
             return False, f"group {gid[:64]!r} mixes tasks {sorted(ids)[:3]}"
-        if len(rows) != a.group_size:
-            return False, f"group {gid[:64]!r} has {len(rows)} completions, expected group size {a.group_size}"
+        if len(rows) != a.contract.group_size:
+            return False, f"group {gid[:64]!r} has {len(rows)} completions, expected group size {a.contract.group_size}"
         got[rows[0].task_id] += 1
     want = Counter(t.task_id for t in expected)
     if got != want:
@@ -154,7 +149,7 @@ def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
         enc: dict[str, list[int]] = {}
         for i, r in enumerate(ctx.rows):
             if r.task_id not in enc:
-                enc[r.task_id] = encode_prompt(ctx.tokenizer, text_of[r.task_id], a.chat_template)
+                enc[r.task_id] = encode_prompt(ctx.tokenizer, text_of[r.task_id], a.contract.chat_template)
             if list(r.prompt_ids) != enc[r.task_id]:
                 return False, f"row {i}: prompt tokens are not the assigned task's prompt"
     return True, f"{len(groups)} groups match the seeded tasks"
@@ -162,16 +157,17 @@ def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
 
 def check_policy(ctx: CheckContext) -> tuple[bool, str]:
     a, it = ctx.item.assignment, ctx.item
-    window = AsyncWindow(it.async_window)
+    k = a.contract.async_level
+    window = a.contract.window()
     # judged against the step current at VERDICT time: a validator lagging behind the trainer would slash honest
     # nodes for its own delay, so swarm mode turns this off (late work is harmless: the trainer never uses it)
     if ctx.cfg.reject_late_steps and window.is_late(a.step, it.current_step):
-        return False, f"step {a.step} is older than the async window ({it.async_window}) behind step {it.current_step}"
+        return False, f"step {a.step} is older than the async window ({k}) behind step {it.current_step}"
     versions = window.versions_for_step(a.step)
     for i, r in enumerate(ctx.rows):
         if not window.serves(r.policy_version, a.step):
             return False, (f"row {i}: policy version {r.policy_version} outside the async window "
-                           f"[{a.step - it.async_window}, {a.step}]")
+                           f"[{a.step - k}, {a.step}]")
         if r.policy_version > it.current_policy_version:
             return False, f"row {i}: policy version {r.policy_version} was never published (latest {it.current_policy_version})"
     return True, f"policy versions within [{versions.start}, {a.step}]"
@@ -183,7 +179,8 @@ def check_proofs(ctx: CheckContext) -> tuple[bool, str]:
     A row without proofs is refused only under ``require_proofs`` (otherwise the TOPLOC check decides)."""
     if not ctx.cfg.toploc_check:
         raise SkipCheck("toploc check disabled")
-    size = proof_len(PROOF_K)
+    g = ctx.item.assignment.contract.proof  # the validator refuses to judge under a geometry not its own
+    size = proof_len(g.k)
     n_with = 0
     blobs: list[bytes] = []
     owner: list[int] = []
@@ -193,18 +190,18 @@ def check_proofs(ctx: CheckContext) -> tuple[bool, str]:
                 return False, f"row {i}: no TOPLOC proofs (require_proofs)"
             continue
         n_with += 1
-        want = chunk_count(len(r.completion_ids), PROOF_CHUNK)
+        want = chunk_count(len(r.completion_ids), g.chunk)
         if len(r.proofs) != want:
             return False, (f"row {i}: {len(r.proofs)} TOPLOC proofs for {len(r.completion_ids)} completion tokens "
-                           f"(expected {want}: one per {PROOF_CHUNK} positions)")
+                           f"(expected {want}: one per {g.chunk} positions)")
         for j, p in enumerate(r.proofs):
             if len(p) != size:
-                return False, f"row {i}: proof {j} is {len(p)} bytes, expected {size} (k={PROOF_K})"
+                return False, f"row {i}: proof {j} is {len(p)} bytes, expected {size} (k={g.k})"
         blobs.extend(r.proofs)
         owner.extend([i] * len(r.proofs))
     if blobs:
-        arr = np.frombuffer(b"".join(blobs), dtype=">u2").reshape(len(blobs), 1 + PROOF_K).astype(np.int64)
-        bad = (arr[:, 0] < PROOF_K) | (arr[:, 0] > M_MAX) | (arr[:, 1:] >= P).any(axis=1) | ~arr.any(axis=1)
+        arr = np.frombuffer(b"".join(blobs), dtype=">u2").reshape(len(blobs), 1 + g.k).astype(np.int64)
+        bad = (arr[:, 0] < g.k) | (arr[:, 0] > M_MAX) | (arr[:, 1:] >= P).any(axis=1) | ~arr.any(axis=1)
         if bad.any():
             j = int(np.argmax(bad))
             return False, (f"row {owner[j]}: malformed TOPLOC proof (index modulus {int(arr[j, 0])}, "
@@ -216,7 +213,7 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
     if ctx.tokenizer is None:
         raise SkipCheck("no tokenizer (model_dir) configured")
     a = ctx.item.assignment
-    env = make_env(a.env, **(a.env_params or {}))
+    env = a.contract.task.build()
     env.strict = True  # a verifier that cannot judge (a sandbox that did not start) raises: an internal error
     by_id = {t.task_id: t for t in ctx.expected_tasks}
     budget = a.budget()
@@ -417,6 +414,8 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
             extra: dict[str, Any] = {}
             if st.thresholds is not None:
                 extra["thresholds"] = st.thresholds
+            if ctx.item.assignment.contract.proof != PROOF_GEOMETRY:  # the default needs no argument
+                extra["geometry"] = ctx.item.assignment.contract.proof
             if claim_fn is not None and eos is not None and st.sampling is not None:
                 extra["sampling_thresholds"] = st.sampling
             if extra and _takes(fn, kw) and not _takes(fn, {**kw, **extra}):  # ours, not the node's: internal error

@@ -8,8 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from swarmrl.config import StrictModel
-from swarmrl.contract import check_prompt_format
-from swarmrl.envs.config import TaskConfig
+from swarmrl.contract import PROOF_GEOMETRY, ProofGeometry, RLContract
 from swarmrl.utils.keys import public_key_problem
 
 DEFAULT_RUN_SECRET = "change-me"
@@ -75,26 +74,18 @@ class OrchestratorConfig(StrictModel):
     max_full_heartbeats: int = Field(64, ge=1)  # beats on the full (database) path at once
     max_nonces: int = Field(2_000_000, ge=1000)  # used nonces remembered in memory until they expire
     min_stake: float = Field(100.0, ge=0)
-    # assignments
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    # assignments: the run's shared rules (task, group size, staleness window, tie rule, budget, proof geometry)
+    contract: RLContract = Field(default_factory=RLContract)
     tasks_per_node: int = Field(8, ge=1)
-    group_size: int = Field(4, ge=1)
-    async_window: int = Field(2, ge=0)  # accepted policy versions: [step - async_window, step]
-    budget_tiers: list[int] = Field(default_factory=lambda: [64, 128, 256])  # thinking budgets, ascending
-    target_step_time_s: float = Field(60.0, gt=0)  # a node's budget tier must fit this time at its throughput
-    # how a budget reaches the model and the reward (sent with every assignment; the validator re-derives both):
-    # the prompt is budget_prompt_format with {target} and {prompt}; reward = task_reward - penalty * |target - len|
-    budget_prompt_format: str = "[{target}]{prompt}"
-    budget_penalty: float = Field(0.02, ge=0)
-    chat_template: bool = False  # assignments tell nodes (and the validator) to state prompts in the chat template
+    # a node's budget tier (contract.budget, when enabled) is the largest whose completions fit
+    # contract.budget.step_time_s at the node's announced throughput
     reassign_per_heartbeat: int = Field(1, ge=0)
     # demand-driven assignment (swarm RL): > 0 hands a node a new assignment whenever it holds none open, for
     # the lowest step in [step, step + lookahead] whose usable groups (pending + accepted submissions, plus
     # tasks_per_node per open assignment) are below groups_per_step * overassign. 0: one per node per step.
     groups_per_step: int = Field(0, ge=0)
     overassign: float = Field(1.0, ge=1.0)
-    lookahead: int = Field(0, ge=0)  # capped by async_window: a step is never served with a policy older than that
-    count_tied_groups: bool = False  # True when the trainer keeps groups with equal rewards (filter_ties = false)
+    lookahead: int = Field(0, ge=0)  # capped by the window: a step is never served with a policy older than async_level
     last_step: int = Field(-1, ge=-1)  # no assignments beyond this step (-1: unbounded)
     # demand mode: open work older than this goes back to the pool (0: never), and so does an assignment whose
     # upload was refused as invalid or oversized, so a stalling or broken node cannot starve a step
@@ -161,11 +152,6 @@ class OrchestratorConfig(StrictModel):
     def _secret(cls, v: str, info: ValidationInfo) -> str:
         return _check_secret(v, info.data.get("host"), "the orchestrator listens on")
 
-    @field_validator("budget_prompt_format")
-    @classmethod
-    def _fmt(cls, v: str) -> str:
-        return check_prompt_format(v)
-
     @model_validator(mode="after")
     def _one_role_per_key(self) -> OrchestratorConfig:
         both = set(self.stake_authority_keys) & (set(self.validator_keys) | set(self.trainer_keys))
@@ -173,18 +159,15 @@ class OrchestratorConfig(StrictModel):
             raise ValueError(f"a stake authority key may not also be a validator or trainer key: {sorted(both)}")
         return self
 
-    @field_validator("budget_tiers")
-    @classmethod
-    def _tiers(cls, v: list[int]) -> list[int]:
-        if any(t <= 0 for t in v) or v != sorted(v):
-            raise ValueError("budget_tiers must be positive and ascending")
-        return v
-
 
 class ValidatorConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""  # path to the validator's Ed25519 PEM key (its public key must be in validator_keys)
     model_dir: str = ""  # HF model dir of the policy in use: its tokenizer decodes completions
+    # the run's rules as this validator expects them (swarmrl run sets them to the orchestrator's): an assignment
+    # under other rules is not judged (left pending: the operator's mistake, not the node's). None: each
+    # assignment's own, with proofs checked at the default geometry (contract.proof)
+    contract: RLContract | None = None
     run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # must match the orchestrator's (re-derives task seeds)
     poll_interval_s: float = Field(2.0, gt=0)
     # with nothing to do, wait for the next upload in one long poll of GET /v1/changes up to this long (it
@@ -234,6 +217,10 @@ class ValidatorConfig(StrictModel):
     internal_error_retries: int = Field(5, ge=0)
     internal_error_backoff_s: float = Field(10.0, ge=0)
     internal_error_backoff_max_s: float = Field(600.0, ge=0)
+
+    @property
+    def proof_geometry(self) -> ProofGeometry:
+        return self.contract.proof if self.contract is not None else PROOF_GEOMETRY
 
     @field_validator("run_secret")
     @classmethod

@@ -10,11 +10,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarmrl.contract import Budget, check_prompt_format
+from swarmrl.contract import Budget, RLContract
 from swarmrl.dashboard.models import TrainerPoint
 from swarmrl.utils.keys import public_key_problem
-
-DEFAULT_BUDGET_FORMAT = "[{target}]{prompt}"
 
 
 def nonfinite_path(value: Any) -> str | None:
@@ -95,36 +93,23 @@ class AssignmentSpec(Body):
     step: int
     policy_version: int
     seed: int
-    env: str
-    env_params: FreeForm
-    group_size: int
-    target_length: int | None
+    # the run's shared rules, with this assignment's task: how to prompt (chat template, budget format), group size,
+    # how a completion is scored, the proof geometry; the node samples under it and the validator re-checks by it
+    contract: RLContract
+    target_length: int | None  # the thinking budget's target (contract.budget), None: no budget
     tasks: list[TaskSpec]
     reassigned_from: str | None = None
     round: int = 0  # part of the seed derivation: blake2b(origin node | step | round | secret)
-    # with a thinking budget (target_length): the prompt is budget_prompt_format.format(target=, prompt=) and
-    # reward = task_reward - budget_penalty * |target_length - completion tokens before EOS|
-    budget_prompt_format: str = Field("", max_length=1000)
-    budget_penalty: float = Field(0.0, ge=0, le=1e6)
-    chat_template: bool = False  # prompts go through the tokenizer's chat template (node and validator alike)
-
-    @field_validator("budget_prompt_format")
-    @classmethod
-    def _fmt(cls, v: str) -> str:  # a node formats prompts with it: only {prompt} and {target}, no attribute access
-        return check_prompt_format(v) if v else v
 
     def budget(self) -> Budget | None:
         """The thinking budget as node and validator both apply it (``swarmrl.contract.scoring``)."""
-        if self.target_length is None:
-            return None
-        return Budget(self.target_length, self.budget_penalty, self.budget_prompt_format or DEFAULT_BUDGET_FORMAT)
+        return self.contract.budget.budget(self.target_length)
 
 
 class HeartbeatReply(Body):
     node_id: str
     step: int
     policy_version: int
-    async_window: int
     heartbeat_interval_s: float
     weight_relays: list[str]  # SHARDCAST servers to fetch policy versions from (relays first)
     assignments: list[AssignmentSpec]
@@ -177,7 +162,6 @@ class PendingSubmission(Body):
     origin_node_id: str
     current_step: int
     current_policy_version: int
-    async_window: int
 
 
 class InlineFile(Body):

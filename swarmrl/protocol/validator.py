@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarmrl.contract import PROOF_GEOMETRY
 from swarmrl.models import load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import TemplatePolicySource
 from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' historical home)
-    PROOF_CHUNK,
-    PROOF_K,
     Check,
     CheckContext,
     SkipCheck,
@@ -144,14 +143,32 @@ def _describe(where: str, e: BaseException) -> str:
     return f"{where}: {type(e).__name__}: {e}{at}"[:2000]
 
 
+def contract_mismatch(cfg: ValidatorConfig, item: PendingSubmission) -> str | None:
+    """Why this validator cannot judge ``item`` by its own rules (``cfg.contract``, when set): the assignment
+    carries a different contract (task excepted: an assignment names its own). None when they agree."""
+    if cfg.contract is None:  # the orchestrator's rules, but proofs are checked with this validator's geometry
+        if item.assignment.contract.proof != PROOF_GEOMETRY:
+            return (f"contract mismatch: the assignment's proof geometry {item.assignment.contract.proof!r} is not "
+                    f"this validator's {PROOF_GEOMETRY!r}")
+        return None
+    mine = cfg.contract.model_dump(exclude={"task"})
+    theirs = item.assignment.contract.model_dump(exclude={"task"})
+    diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+    if not diff:
+        return None
+    return ("contract mismatch: the assignment's " + ", ".join(f"{k}={theirs.get(k)!r}" for k in diff)
+            + " differ from this validator's " + ", ".join(f"{k}={mine[k]!r}" for k in diff))
+
+
 def config_problems(cfg: ValidatorConfig) -> list[str]:
     """Why this configuration cannot judge (the CLI refuses to start with them); [] when it can."""
     problems = configured_functions_problems(cfg)
+    geometry = cfg.proof_geometry
     if cfg.model_dir and not Path(cfg.model_dir).is_dir():
         problems.append(f"model_dir = {cfg.model_dir!r} is not a directory")
     elif cfg.model_dir and cfg.toploc_calibration and cfg.toploc_check:
         try:
-            if read_calibration(cfg.model_dir, PROOF_CHUNK, PROOF_K) is not None:
+            if read_calibration(cfg.model_dir, geometry.chunk, geometry.k) is not None:
                 fn = import_dotted(cfg.toploc_check)
                 inspect.signature(fn).bind(None, [], batch_size=1, thresholds=None)
         except CalibrationError as e:
@@ -236,6 +253,7 @@ class Validator:
         model dir's calibration file (cached until the file changes) > defaults. An unusable calibration file
         raises ``CalibrationError``: an internal error (retried), never the node's fault."""
         cfg = self.cfg
+        geometry = cfg.proof_geometry
         if self._source is None or not cfg.toploc_calibration:
             return toploc_settings(None, cfg.toploc_thresholds, cfg.sampling_thresholds)
         d = self._source.fetch(policy_version)
@@ -247,7 +265,7 @@ class Validator:
         hit = self._settings.get(str(d))
         if hit is not None and hit[0] == key:
             return hit[1]
-        settings = toploc_settings(d, cfg.toploc_thresholds, cfg.sampling_thresholds, chunk=PROOF_CHUNK, k=PROOF_K)
+        settings = toploc_settings(d, cfg.toploc_thresholds, cfg.sampling_thresholds, chunk=geometry.chunk, k=geometry.k)
         if len(self._settings) >= 64:
             self._settings.clear()
         self._settings[str(d)] = (key, settings)
@@ -279,6 +297,9 @@ class Validator:
     def _judge_item(self, item: PendingSubmission, sampled_out: str = "",
                     inline: dict[int, InlineFile] | None = None) -> Verdict:
         sid = item.submission.submission_id
+        why = contract_mismatch(self.cfg, item)
+        if why is not None:  # the orchestrator's rules are not this validator's: an operator's fault, not the node's
+            return Verdict(False, why, [], internal_error=why)
         try:
             with tempfile.TemporaryDirectory(dir=self.work) as d:
                 path = Path(d) / "rollouts.parquet"

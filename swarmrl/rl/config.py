@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from swarmrl.config import StrictModel
-from swarmrl.envs.config import TaskConfig
+from swarmrl.contract import RLContract
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.inference.params import SamplingParams
-from swarmrl.rl.budget import BudgetConfig
+
+# settings that moved into ``rl.contract`` (every role shares them): an old config is told where they went
+MOVED_TO_CONTRACT = {"task": "contract.task", "chat_template": "contract.chat_template",
+                     "async_level": "contract.async_level", "group_size": "contract.group_size",
+                     "filter_ties": "contract.filter_ties", "budget": "contract.budget"}
 
 
 class LossConfig(StrictModel):
@@ -72,20 +76,16 @@ class ShardcastSection(StrictModel):
 class RLConfig(StrictModel):
     run_dir: str = "runs/rl"
     model: str = "runs/warmstart/model"  # initial policy (any HF causal LM dir)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    chat_template: bool = False
-    async_level: int = Field(2, ge=0)
+    # what every role must agree on: task, chat template, async_level, group_size, filter_ties, budget, proofs
+    contract: RLContract = Field(default_factory=RLContract)
     steps: int = Field(60, ge=1)
     max_minutes: float | None = Field(None, gt=0)  # trainer stops early after this much wall time
     prompts_per_step: int = Field(32, ge=1)  # informative groups the trainer uses per step
-    group_size: int = Field(8, ge=2)
-    filter_ties: bool = True
     # usable groups a step got beyond prompts_per_step train the next step while its window still serves their
     # policy version, instead of being dropped (work comes in whole assignments, so a step usually gets more)
     carry_surplus: bool = True
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=8, temperature=1.0))
     inference: InferenceConfig = Field(default_factory=InferenceConfig)  # workers' and nodes' sampling backend
-    budget: BudgetConfig = Field(default_factory=BudgetConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalSection = Field(default_factory=EvalSection)
@@ -93,11 +93,25 @@ class RLConfig(StrictModel):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     shardcast: ShardcastSection = Field(default_factory=ShardcastSection)
     keep_versions: int = Field(4, ge=1)
+    # rollout directories of trained steps kept behind the newest version (the trainer never reads them again;
+    # a resumed trainer redoes only the step in flight): older ones are deleted, so disk use stays bounded. -1: all
+    keep_rollout_steps: int = Field(2, ge=-1)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [k for k in MOVED_TO_CONTRACT if k in data]
+            if old:
+                raise ValueError("moved into the run's contract: " + ", ".join(
+                    f"{k} -> {MOVED_TO_CONTRACT[k]}" for k in old) + " (e.g. [rl.contract] async_level = 2)")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:
-        if self.keep_versions < self.async_level + 1:
-            raise ValueError(f"keep_versions ({self.keep_versions}) must be >= async_level + 1 "
-                             f"({self.async_level + 1}) so workers can still load the policies they may use")
+        k = self.contract.async_level
+        if self.keep_versions < k + 1:
+            raise ValueError(f"keep_versions ({self.keep_versions}) must be >= contract.async_level + 1 "
+                             f"({k + 1}) so workers can still load the policies they may use")
         return self

@@ -73,5 +73,5 @@ def run_filter(cfg: FilterConfig, progress: Callable[[str], None] = print) -> di
             for b in range(10)}
     return {"scored": len(tasks), "kept": len(kept), "too_easy": sum(r > hi for r in rates),
             "too_hard": sum(r < lo for r in rates), "band": [lo, hi], "out": str(out), "solve_rate_hist": hist,
-            "use_with": f'--set rl.task.name=filtered --set rl.task.params.path="{out}" '
-                        f'--set rl.task.params.base={env.name}'}
+            "use_with": f'--set rl.contract.task.name=filtered --set rl.contract.task.params.path="{out}" '
+                        f'--set rl.contract.task.params.base={env.name}'}

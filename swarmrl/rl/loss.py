@@ -18,26 +18,18 @@ micro-batching and data-parallel ranks give the same gradient as one big batch):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
+
+from swarmrl.rundir.records import LossStats
 
 Normalization = Literal["sequence", "token", "constant"]
 
 
-@dataclass
-class LossStats:
-    loss: torch.Tensor
-    clip_frac: float  # share of tokens where a clip is active (changes the gradient)
-    clip_low_frac: float
-    clip_high_frac: float
-    delta_frac: float  # share of tokens capped by the upper bound delta
-    ratio_mean: float
-    ratio_max: float
-    entropy: float
-    kl: float
-    tokens: int
+class TokenLoss(NamedTuple):
+    loss: torch.Tensor  # the weighted sum over the batch's tokens (differentiable)
+    stats: LossStats
 
 
 def token_weights(lengths: list[int], normalization: Normalization, constant: float | None = None,
@@ -67,7 +59,7 @@ def token_weights(lengths: list[int], normalization: Normalization, constant: fl
 def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor,
                     mask: torch.Tensor, clip_eps: float = 0.2, delta: float | None = 4.0,
                     entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                    ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> LossStats:
+                    ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> TokenLoss:
     """All tensors are [batch, tokens] (advantages may be [batch] or [batch, tokens]).
 
     ``weights`` already holds the normalisation; ``mask`` is 1 for completion tokens.
@@ -105,8 +97,7 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
         if entropy is not None:
             ent_val = float((entropy.detach() * mask).sum() / n)
         masked_r = torch.where(mask.bool(), r, torch.zeros_like(r))
-        return LossStats(
-            loss=loss,
+        return TokenLoss(loss, LossStats(
             clip_frac=float(((low + high + dcap) > 0).sum() / n),
             clip_low_frac=float(low.sum() / n),
             clip_high_frac=float(high.sum() / n),
@@ -116,4 +107,4 @@ def grpo_token_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torc
             entropy=ent_val,
             kl=kl_val,
             tokens=int(mask.sum()),
-        )
+        ))

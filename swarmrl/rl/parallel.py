@@ -7,11 +7,11 @@ the gradients are summed with one all-reduce (each rank's weights already carry 
 root, so parameters, gradients and optimizer state are split across the ranks (DTensors, one shard each). A
 forward pass all-gathers a layer's parameters and a backward pass reduce-scatters its gradients (averaged over the
 ranks, so each rank's loss is scaled by the world size), so every rank must run as many forward/backward passes
-as the busiest one: ``micro_batches`` says how many. Commits need the full tensors: ``snapshot`` gathers them
-(a collective every rank joins) into a plain copy of the model that rank 0 keeps for evaluation and
-``save_pretrained`` (so a published version is the same HF safetensors directory as under "ddp"), and gathers the
-optimizer's state into ``torch.optim``'s own format, keyed by parameter index as ``Optimizer.state_dict()`` is,
-so a checkpoint can be resumed under either mode and any world size.
+as the busiest one: ``micro_batches`` says how many. Commits and evaluations need the full weights:
+``sync_full_model`` gathers them (a collective every rank joins) into a plain copy of the model that rank 0 keeps
+for evaluation and ``save_pretrained`` (so a published version is the same HF safetensors directory as under
+"ddp"). The optimizer's state is never gathered: ``rl.state`` saves each rank's shard by parameter name through
+``torch.distributed.checkpoint``, so a checkpoint resumes under either mode and any world size.
 
 With one rank there is nothing to shard or reduce: both modes are the plain single-process trainer.
 """
@@ -22,12 +22,7 @@ import copy
 import math
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -52,12 +47,8 @@ class Replicated:
         if self.world > 1:
             allreduce_grads(self.model)
 
-    def snapshot(self, opt: torch.optim.Optimizer) -> dict | None:
-        """The optimizer state a commit saves; ``full_model`` is up to date after it. Every rank calls it."""
-        return opt.state_dict()
-
-    def load_optimizer_state(self, opt: torch.optim.Optimizer, state: dict) -> None:
-        opt.load_state_dict(state)
+    def sync_full_model(self) -> None:
+        """Bring ``full_model`` up to date with the weights (every rank calls it)."""
 
 
 class FullySharded(Replicated):
@@ -83,52 +74,17 @@ class FullySharded(Replicated):
     def reduce_grads(self) -> None:
         pass  # done by the backward passes (reduce-scatter)
 
-    def snapshot(self, opt: torch.optim.Optimizer) -> dict | None:
-        """Collective: gathers the full weights into rank 0's copy and returns the full optimizer state (rank 0;
-        None elsewhere) in ``Optimizer.state_dict()``'s format."""
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.model, options=opts)
-        state = None
-        if opt.state:  # (get_optimizer_state_dict would initialise an empty state: one step with lr = 0)
-            state = get_optimizer_state_dict(self.model, opt, options=opts)
-        if self.rank != 0:
-            return None
-        self._full.load_state_dict(weights)  # in place: a tied LM head stays tied (deepcopy kept the tie)
-        native = opt.state_dict()  # torch.optim's param_groups (hyperparameters as given, parameters by index)
-        return native if state is None else {"state": _by_index(state["state"], _param_names(self.model, opt)),
-                                             "param_groups": native["param_groups"]}
-
-    def load_optimizer_state(self, opt: torch.optim.Optimizer, state: dict) -> None:
-        """Every rank passes the full state (as ``snapshot`` returns it) and keeps its own shard of it."""
-        if not state["state"]:  # nothing to shard (a checkpoint from before the first optimizer step)
-            opt.load_state_dict(state)
-            return
-        full = _by_name(state, _param_names(self.model, opt))
-        set_optimizer_state_dict(self.model, opt, full, options=StateDictOptions(full_state_dict=True))
-        for group, saved in zip(opt.param_groups, state["param_groups"]):  # as saved (it made tuples lists)
-            group.update({k: v for k, v in saved.items() if k != "params"})
+    def sync_full_model(self) -> None:
+        """Collective: gathers the full weights into rank 0's copy."""
+        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            self._full.load_state_dict(weights)  # in place: a tied LM head stays tied (deepcopy kept the tie)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's transformer blocks: the modules HF declares unsplittable (``_no_split_modules``)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     return [m for m in model.modules() if type(m).__name__ in names]
-
-
-def _param_names(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[str]:
-    """The optimizer's parameters by name, in the order ``Optimizer.state_dict()`` numbers them."""
-    name = {id(p): n for n, p in model.named_parameters()}
-    return [name[id(p)] for g in opt.param_groups for p in g["params"]]
-
-
-def _by_index(state: dict, names: list[str]) -> dict:
-    index = {n: i for i, n in enumerate(names)}
-    return {index[k]: v for k, v in state.items()}
-
-
-def _by_name(state: dict, names: list[str]) -> dict:
-    return {"state": {names[i]: v for i, v in state["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
 def allreduce_grads(model: torch.nn.Module) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from swarmrl.rundir import RunLayout, read_trainer_log
 from swarmrl.utils.metrics import read_metrics
 
 
@@ -14,18 +15,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt  # noqa: PLC0415  # lazy: matplotlib
 
     run_dir = Path(run_dir)
-    rows = read_metrics(run_dir / "metrics" / "trainer.jsonl")
-    steps = {}
-    for r in rows:  # a resumed step keeps its last row
-        if "step" in r and "reward" in r:
-            steps[r["step"]] = r
-    srows = [steps[k] for k in sorted(steps)]
-    evals = [(r.get("wall_s", 0.0), r["version"], r["heldout_acc"])
-             for r in rows if "heldout_acc" in r]
+    layout = RunLayout(run_dir)
+    log = read_trainer_log(layout.trainer_metrics)
+    srows = log.steps  # a resumed step keeps its last record
+    evals = [(e.wall_s or 0.0, e.version, e.heldout_acc) for e in log.evals]
     workers = {}
-    for f in sorted((run_dir / "metrics").glob("worker-*.jsonl")):
+    for f in layout.role_metrics_files("worker"):
         workers[f.stem] = read_metrics(f)
-    for f in sorted((run_dir / "metrics").glob("node-*.jsonl")):  # swarm mode: untrusted nodes
+    for f in layout.role_metrics_files("node"):  # swarm mode: untrusted nodes
         workers[f.stem[:13]] = read_metrics(f)
     verdicts = [r for r in read_metrics(run_dir / "orchestrator" / "metrics.jsonl") if r.get("event") == "verdict"]
     swarm = (run_dir / "orchestrator").is_dir()
@@ -37,8 +34,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     a.set(title="held-out accuracy (greedy)", xlabel="policy version (= trainer steps done)", ylabel="%")
     a.grid(alpha=0.3)
     a = ax[0, 1]
-    a.plot([r["step"] for r in srows], [r["task_reward"] for r in srows], label="task reward")
-    a.plot([r["step"] for r in srows], [r["reward"] for r in srows], label="reward", alpha=0.6)
+    a.plot([r.step for r in srows], [r.task_reward for r in srows], label="task reward")
+    a.plot([r.step for r in srows], [r.reward for r in srows], label="reward", alpha=0.6)
     a.set(title="mean reward of trained samples", xlabel="trainer step")
     a.legend()
     a.grid(alpha=0.3)
@@ -48,15 +45,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     a.set(title="held-out accuracy vs wall time", xlabel="minutes", ylabel="%")
     a.grid(alpha=0.3)
     a = ax[1, 0]
-    a.plot([r["step"] for r in srows], [r["lag_mean"] for r in srows], label="mean")
-    a.plot([r["step"] for r in srows], [r["lag_max"] for r in srows], label="max", alpha=0.6)
+    a.plot([r.step for r in srows], [r.lag_mean for r in srows], label="mean")
+    a.plot([r.step for r in srows], [r.lag_max for r in srows], label="max", alpha=0.6)
     a.set(title="off-policy age of trained samples (steps)", xlabel="trainer step")
     a.legend()
     a.grid(alpha=0.3)
     a = ax[1, 1]
-    a.plot([r["step"] for r in srows], [r["clip_frac"] for r in srows], label="clip fraction")
-    a.plot([r["step"] for r in srows], [r["entropy"] for r in srows], label="entropy")
-    a.plot([r["step"] for r in srows], [r["grad_norm"] for r in srows], label="grad norm", alpha=0.6)
+    a.plot([r.step for r in srows], [r.clip_frac for r in srows], label="clip fraction")
+    a.plot([r.step for r in srows], [r.entropy for r in srows], label="entropy")
+    a.plot([r.step for r in srows], [r.grad_norm for r in srows], label="grad norm", alpha=0.6)
     a.set(title="optimisation", xlabel="trainer step")
     a.legend()
     a.grid(alpha=0.3)

@@ -3,7 +3,8 @@ validated (``read_rollouts``) by a background thread while the trainer trains, s
 finds them parsed instead of reading them on its critical path.
 
 Only steps after the trainer's current one are read ahead (the current step's files the trainer reads itself,
-while it waits for them anyway), at most ``ahead`` steps (the async window: no other step can have files yet).
+while it waits for them anyway), up to the window's open steps (``AsyncWindow.open_steps``: no other step can have
+files yet).
 A result is handed out once (``take``) and results of steps the trainer has passed are dropped, so memory holds
 at most the files of the window. A file that fails to parse is handed out as its ``RolloutError``, exactly what
 reading it inline would have raised. The thread is a daemon: a trainer that exits or crashes loses nothing but
@@ -15,6 +16,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from swarmrl.contract import AsyncWindow
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir
 
@@ -22,11 +24,11 @@ Parsed = list[Rollout] | RolloutError
 
 
 class ReadAhead:
-    def __init__(self, run: RunDir, ahead: int, poll_s: float = 0.02) -> None:
+    def __init__(self, run: RunDir, window: AsyncWindow, poll_s: float = 0.02) -> None:
         self.run = run
-        self.ahead = ahead
+        self.window = window
         self.poll_s = poll_s
-        self._step = 0  # the trainer's current step: files of steps step + 1 .. step + ahead are read ahead
+        self._step = 0  # the trainer's current step: files of the window's open steps after it are read ahead
         self._done: dict[int, dict[str, Parsed]] = {}  # step -> file name -> result
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -34,7 +36,7 @@ class ReadAhead:
 
     def start(self, step: int) -> ReadAhead:
         self._step = step
-        if self.ahead > 0 and self._thread is None:
+        if self.window.k > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="rollout-readahead", daemon=True)
             self._thread.start()
         return self
@@ -60,8 +62,8 @@ class ReadAhead:
         while not self._stop.is_set():
             read = 0
             with self._lock:
-                lo = self._step + 1
-            for s in range(lo, lo + self.ahead):
+                current = self._step
+            for s in self.window.open_steps(current)[1:]:
                 for f in self.run.rollout_files(s):
                     with self._lock:
                         if s < self._step + 1 or f.name in self._done.get(s, {}):

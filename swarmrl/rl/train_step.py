@@ -16,6 +16,7 @@ import torch
 
 from swarmrl.rl.config import LossConfig
 from swarmrl.rl.loss import grpo_token_loss, token_weights
+from swarmrl.rundir.records import LossStats
 
 
 @dataclass
@@ -67,16 +68,8 @@ def _null_pass(model, pad_id: int) -> None:
 
 @dataclass
 class StepStats:
-    loss: float
-    clip_frac: float
-    clip_low_frac: float
-    clip_high_frac: float
-    delta_frac: float
-    ratio_mean: float
-    ratio_max: float
-    entropy: float
-    kl: float
-    tokens: int
+    loss: float  # this rank's share of the batch loss
+    stats: LossStats  # over this rank's tokens
 
 
 def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_id: int, micro_batch: int,
@@ -86,8 +79,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
     lengths = [len(s.completion_ids) for s in seqs]
     weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
                                 total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
-    agg = {k: 0.0 for k in ("loss", "clip", "low", "high", "delta", "ratio", "ent", "kl")}
-    rmax, ntok = 0.0, 0
+    loss_sum, parts = 0.0, []
     passes = max(math.ceil(len(seqs) / micro_batch), micro_batches or 0)
     for start in range(0, passes * micro_batch, micro_batch):
         mb = seqs[start: start + micro_batch]
@@ -113,12 +105,6 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
                              delta=loss_cfg.delta, entropy=ent, entropy_coef=loss_cfg.entropy_coef,
                              ref_logp=ref, kl_coef=loss_cfg.kl_coef)
         (st.loss * world_size).backward()
-        agg["loss"] += float(st.loss.detach())
-        for key, val in (("clip", st.clip_frac), ("low", st.clip_low_frac), ("high", st.clip_high_frac),
-                         ("delta", st.delta_frac), ("ratio", st.ratio_mean), ("ent", st.entropy), ("kl", st.kl)):
-            agg[key] += val * st.tokens
-        rmax = max(rmax, st.ratio_max)
-        ntok += st.tokens
-    n = max(ntok, 1)
-    return StepStats(agg["loss"], agg["clip"] / n, agg["low"] / n, agg["high"] / n, agg["delta"] / n,
-                     agg["ratio"] / n, rmax, agg["ent"] / n, agg["kl"] / n, ntok)
+        loss_sum += float(st.loss.detach())
+        parts.append(st.stats)
+    return StepStats(loss_sum, LossStats.combine(parts))

@@ -1,21 +1,30 @@
-"""The GRPO trainer process: gathers rollouts for each step, updates the policy, writes checkpoints.
+"""The GRPO trainer process: gathers rollouts for each step, updates the policy, commits and publishes versions.
 
-Trainer step n starts from policy version n, uses only the usable groups (``contract.GroupRule``) generated
-for step n with a policy inside the staleness window (``contract.AsyncWindow``), and commits version n + 1 (model + optimizer state in one
-directory, renamed into place). A step whose loss or gradient norm is not finite changes no weight (the
-optimizer step is skipped, counted in the metrics row as ``nonfinite_skipped`` and ``nonfinite_total``) and
-still commits version n + 1, so the run goes on. Killed at any point, it restarts from the newest committed
-version; the step that was in flight is redone from scratch, so no rollout is trained on twice. Only the newest
-version keeps the optimizer state (``trainer_state.pt``, twice the weights' size with AdamW): older ones lose it
-once a newer version is committed (``PolicyDir.drop_older_states``) and keep their weights. The base model's
-TOPLOC calibration file (``toploc_thresholds.json``) is copied into every version, for validators.
+The trainer is made of parts, each a typed attribute:
 
-Data parallel: launched under torchrun (WORLD_SIZE > 1), rank 0 gathers and broadcasts the
-batch and every rank back-propagates its share with global normalisation weights. ``trainer.parallel``
-(``swarmrl.rl.parallel``) says how the ranks hold the model: "ddp" (default) keeps a whole copy on every rank
-and sums gradients with one all-reduce (what DDP does); "fsdp2" shards parameters, gradients and optimizer
-state across the ranks with FSDP2 (``fully_shard``) and gathers the full weights and optimizer state at every
-commit. Either way N ranks make the same update as one, and commits and published versions are the same files.
+- ``source`` (``rl.sources.RolloutSource``): the rollout files of a step (the run directory's, written by local
+  workers or by the swarm's adapter);
+- ``rule`` / ``window`` (``contract``): which groups of those a step uses;
+- ``par`` (``rl.parallel``): how the ranks hold the model (one whole copy each, or FSDP2 shards);
+- ``state`` / ``checkpointer`` (``rl.state``): optimizer, schedule, RNG and counters, saved with every version
+  through ``torch.distributed.checkpoint`` and restored on resume;
+- ``publishers`` (``rl.publish.WeightPublisher``): where a committed version goes besides the run directory
+  (the SHARDCAST origin when ``shardcast.enabled``);
+- ``metrics``: one typed ``rundir.StepRecord`` per step in ``metrics/trainer.jsonl``.
+
+Trainer step n starts from policy version n and commits version n + 1 (weights, tokenizer and the trainer's
+state in one directory, renamed into place). It trains on the usable groups (``contract.GroupRule``) of rows made
+for step n by a policy inside the staleness window (``contract.AsyncWindow``); usable groups a step got beyond
+its need are carried to the next step while the window still serves their version (``carry_surplus``, kept in
+memory only: a restarted trainer has none, so no group is trained on twice). A step whose loss or gradient norm
+is not finite changes no weight (the optimizer step is skipped, counted as ``nonfinite_skipped`` /
+``nonfinite_total``) and still commits its version, so the run goes on. Killed at any point, it restarts from the
+newest committed version and redoes the step that was in flight. ``max_minutes`` ends the run after that much
+wall time, whether the trainer is waiting for rollouts or training. Rollout directories of steps more than
+``keep_rollout_steps`` behind are deleted, so a long run's disk use stays bounded.
+
+Data parallel: under torchrun (WORLD_SIZE > 1) rank 0 gathers and broadcasts the batch and every rank
+back-propagates its share with global normalisation weights, so N ranks make the same update as one.
 """
 
 from __future__ import annotations
@@ -27,23 +36,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmrl.contract import AsyncWindow, GroupRule, group_advantages
+from swarmrl.contract import group_advantages
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.parallel import allreduce_grads, make_parallel
-from swarmrl.rl.readahead import ReadAhead
-from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
-from swarmrl.rl.store import RunDir, announced_groups
+from swarmrl.rl.parallel import make_parallel
+from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
+from swarmrl.rl.rollouts import Rollout
+from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
+from swarmrl.rl.state import STATE_DIR, Checkpointer, TrainerState
+from swarmrl.rl.store import RunDir
 from swarmrl.rl.train_step import Sequence, accumulate_gradients
-from swarmrl.shardcast import Origin
+from swarmrl.rundir import StepRecord, read_trainer_log
 from swarmrl.toploc.calibration import copy_calibration
-from swarmrl.utils.metrics import MetricsWriter, read_metrics
+from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
-
-STATE_FILE = "trainer_state.pt"  # optimizer, scheduler, RNG: in the newest version only
 
 
 @dataclass
@@ -51,11 +60,14 @@ class Batch:
     groups: list[list[Rollout]]
     files: list[str]
     wait_s: float
-    stats: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)  # what the selection kept and dropped (``GroupRule.select``)
 
 
 class Trainer:
-    def __init__(self, cfg: RLConfig) -> None:
+    def __init__(self, cfg: RLConfig, *, source: RolloutSource | None = None,
+                 publishers: list[WeightPublisher] = ()) -> None:
+        """``source``: where rollouts come from (default: the run directory). ``publishers``: more places a
+        committed version goes, besides those the config names (SHARDCAST)."""
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
@@ -63,22 +75,31 @@ class Trainer:
             torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
         set_role_threads(cfg.trainer.threads)
         self.run = RunDir(cfg.run_dir)
-        self.window = AsyncWindow(cfg.async_level, last_step=cfg.steps - 1)
-        self.rule = GroupRule(cfg.group_size, cfg.filter_ties)
+        self.window = cfg.contract.window(last_step=cfg.steps - 1)
+        self.rule = cfg.contract.group_rule()
         self._carry: list[list] = []  # usable groups of the previous step beyond its need (cfg.carry_surplus)
         self.tokenizer = load_tokenizer(cfg.model)
-        self.env = cfg.task.build()
-        self.metrics = MetricsWriter(self.run.metrics / "trainer.jsonl") if self.rank == 0 else None
-        # rank 0 gathers: the next steps' files are parsed while it trains
-        self.readahead = ReadAhead(self.run, cfg.async_level, cfg.trainer.poll_s) \
-            if self.rank == 0 and cfg.trainer.read_ahead else None
-        self.origin = None
-        self._publishing: list = []
-        if self.rank == 0 and cfg.shardcast.enabled:
-            self._start_origin()
+        self.env = cfg.contract.task.build()
+        lead = self.rank == 0  # rank 0 gathers, evaluates, writes and publishes
+        self.metrics = MetricsWriter(self.run.trainer_metrics) if lead else None
+        self.source = (source or RunDirRolloutSource(
+            self.run, self.window, read_ahead=cfg.trainer.read_ahead, poll_s=cfg.trainer.poll_s,
+            on_reject=lambda name, why: self._log_event("rejected_file", file=name, reason=why))) if lead else None
+        self.publishers: list[WeightPublisher] = []
+        if lead and cfg.shardcast.enabled:
+            sc = cfg.shardcast
+            self.publishers.append(ShardcastPublisher(self.run, keep=sc.keep, shard_size=sc.shard_size,
+                                                      port=sc.origin_port, on_error=self._publish_failed))
+        if lead:
+            self.publishers += list(publishers)
+        self.checkpointer = Checkpointer(self.rank, self.world)
         self._setup()
 
     # ---- state -------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.state.step
+
     def _setup(self) -> None:
         cfg = self.cfg
         latest = self.run.latest_version()
@@ -93,52 +114,17 @@ class Trainer:
         o = cfg.optim
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
-        self.step = 0
-        self.nonfinite_total = 0  # optimizer steps skipped for a non-finite loss or gradient norm, over the run
+        self.state = TrainerState(self.model, self.opt, self.sched)
+        self.resumed = latest is not None
         if latest is not None:
-            state_path = self.run.version_dir(latest) / STATE_FILE
-            if state_path.exists():
-                state = torch.load(state_path, weights_only=False)
-                self.par.load_optimizer_state(self.opt, state["optimizer"])
-                self.sched.load_state_dict(state["scheduler"])
-                torch.set_rng_state(state["rng"])
-                self.nonfinite_total = int(state.get("nonfinite_total", 0))
-                if self.rank == 0:
-                    self._recover_metrics_row(state.get("metrics_row"))
-            self.step = latest
-            self.resumed = True
+            meta = self.checkpointer.load(self.run.version_dir(latest), self.state)
+            self.state.step = latest
             if self.rank == 0:
-                self._publish(latest)  # a crash between commit and publish left it unpublished
+                self._recover_metrics_row((meta or {}).get("metrics_row"))
+                self._publish(latest)  # a crash between commit and publication left it unpublished
         else:
-            self.resumed = False
-            opt_state = self.par.snapshot(self.opt)
-            if self.rank == 0:
-                self._commit(0, consumed=[], opt_state=opt_state)
+            self._commit(0, consumed=[])
         self._barrier()
-
-    def _start_origin(self) -> None:
-        """SHARDCAST origin inside the trainer: every committed policy is published in the background."""
-
-        sc = self.cfg.shardcast
-        self.origin = Origin(self.run.shardcast / "origin", key=self.run.shardcast / "origin.key", keep=sc.keep,
-                             shard_size=sc.shard_size, fsync=False)
-        url = self.origin.serve(sc.origin_port)
-        self.run.write_json("origin.json", {"url": url, "public_key": self.origin.public_key})
-
-    def _publish(self, version: int) -> None:
-        """Policy version N is SHARDCAST version N (version 0 is the base model every worker has). At resume the
-        newest version is published again if a crash interrupted its publication (or came before it)."""
-        if self.origin is None or version < 1 or version < self.origin.last_version or self.origin.is_published(version):
-            return
-        self._publishing = [f for f in self._publishing if not f.done()]
-        fut = self.origin.publish(self.run.version_dir(version) / "model.safetensors", version)
-        self._publishing.append(fut)
-
-        def _done(f) -> None:
-            if f.exception() is not None:
-                self._log_event("publish_failed", version=version, reason=str(f.exception()))
-
-        fut.add_done_callback(_done)
 
     def _barrier(self) -> None:
         if self.world > 1:
@@ -148,61 +134,61 @@ class Trainer:
         """A crash between a version's commit and its metrics row lost the row: write it from the checkpoint."""
         if not row:
             return
-        done = {r["step"] for r in read_metrics(self.run.metrics / "trainer.jsonl") if "reward" in r}
+        done = {r.step for r in read_trainer_log(self.run.trainer_metrics).steps}
         if row["step"] not in done:
             self.metrics.write(**row)
 
-    def _commit(self, version: int, consumed: list[str], opt_state: dict, metrics_row: dict | None = None) -> None:
-        """Rank 0, after every rank's ``self.par.snapshot`` (which gave ``opt_state``)."""
-        staged = self.run.staging_dir(version)
-        model = self.par.full_model
-        was = model.training
-        model.eval()
-        model.save_pretrained(staged, safe_serialization=True)
-        self.tokenizer.save_pretrained(staged)
-        copy_calibration(self.cfg.model, staged)  # per-model TOPLOC thresholds travel with every version
-        model.train(was)
-        torch.save({"optimizer": opt_state, "scheduler": self.sched.state_dict(),
-                    "rng": torch.get_rng_state(), "step": version, "consumed": consumed,
-                    "nonfinite_total": self.nonfinite_total, "metrics_row": metrics_row},
-                   staged / STATE_FILE)
+    def _commit(self, version: int, consumed: list[str], record: StepRecord | None = None) -> None:
+        """Every rank, after ``sync_full_model``: the weights (rank 0's whole copy), tokenizer and calibration, and
+        the trainer's state (each rank its part) into a staging directory that rank 0 renames into place."""
+        if self.rank == 0:
+            staged = self.run.staging_dir(version)
+            model = self.par.full_model
+            was = model.training
+            model.eval()
+            model.save_pretrained(staged, safe_serialization=True)
+            self.tokenizer.save_pretrained(staged)
+            copy_calibration(self.cfg.model, staged)  # per-model TOPLOC thresholds travel with every version
+            model.train(was)
+        self._barrier()
+        staged = self.run.policies.staging_path(version)
+        row = record.model_dump(exclude_none=True, exclude={"time"}) if record is not None else None
+        self.checkpointer.save(staged, self.state, {"step": version, "consumed": consumed, "metrics_row": row})
+        self._barrier()
+        if self.rank != 0:
+            return
         self.run.commit_version(version, staged)
-        self.run.policies.drop_older_states(STATE_FILE)  # after LATEST names the new version and its state
+        self.run.policies.drop_older_states(STATE_DIR)  # after LATEST names the new version and its state
         self._publish(version)
         self.run.prune_versions(self.cfg.keep_versions)
+        if self.cfg.keep_rollout_steps >= 0:  # the trainer never reads the steps it has trained again
+            self.run.prune_rollouts(before_step=version - self.cfg.keep_rollout_steps)
+
+    def _publish(self, version: int) -> None:
+        for p in self.publishers:
+            p.publish(version, self.run.version_dir(version))
+
+    def _publish_failed(self, version: int, e: BaseException) -> None:
+        self._log_event("publish_failed", version=version, reason=str(e))
 
     # ---- data --------------------------------------------------------------------------------
     def gather(self, step: int, deadline: float | None) -> Batch | None:
-        cfg = self.cfg
+        cfg, src = self.cfg, self.source
         t0 = time.perf_counter()
-        cache: dict[str, list[Rollout]] = {}
-        rejected_files: list[str] = []
+        files: dict[str, list[Rollout]] = {}
         last_log = t0
         while True:
-            files = self.run.rollout_files(step)
-            for f in files:
-                if f.name not in cache and f.name not in rejected_files:
-                    got = self.readahead.take(step, f) if self.readahead is not None else None
-                    try:
-                        if isinstance(got, RolloutError):
-                            raise got
-                        cache[f.name] = got if got is not None else read_rollouts(f)
-                    except RolloutError as e:
-                        rejected_files.append(f.name)
-                        self._log_event("rejected_file", file=f.name, reason=str(e))
-            usable, stats = self.rule.select(list(cache.items()), step, self.window, self._carry)
+            files.update(src.poll(step))
+            usable, stats = self.rule.select(list(files.items()), step, self.window, self._carry)
             if len(usable) >= cfg.prompts_per_step:
                 break
-            announced = sum(announced_groups(f) for f in files)
+            announced, all_read = src.announced(step)
             # what this step's files announced and did not deliver (carried groups are not theirs: counting them
             # would hide a shortfall from the workers, who then make no more for this step)
             missing = announced - (len(usable) - stats["carried_groups"])
-            if missing > 0 and all(f.name in cache or f.name in rejected_files for f in files):
-                if self.run.deficit(step) != missing:
-                    self.run.set_deficit(step, missing)
-            if deadline is not None and time.monotonic() > deadline:
-                return None
-            if self.run.is_done():
+            if missing > 0 and all_read:
+                src.report_shortfall(step, missing)
+            if _past(deadline) or src.is_done():
                 return None
             if time.perf_counter() - last_log > 30:
                 last_log = time.perf_counter()
@@ -213,7 +199,7 @@ class Trainer:
         stats["surplus_groups"] = len(usable) - len(chosen)
         # kept in memory only: a restarted trainer starts with none (those groups are lost, never used twice)
         self._carry = usable[cfg.prompts_per_step:] if cfg.carry_surplus else []
-        return Batch(chosen, sorted(cache), time.perf_counter() - t0, stats)
+        return Batch(chosen, sorted(files), time.perf_counter() - t0, stats)
 
     def _log_event(self, kind: str, **kw) -> None:
         if self.metrics is not None:
@@ -221,6 +207,7 @@ class Trainer:
 
     # ---- update ------------------------------------------------------------------------------
     def update(self, groups: list[list[Rollout]]) -> dict:
+        """One optimizer step on ``groups`` (every rank); returns the update's fields of the step record."""
         cfg = self.cfg
         seqs: list[Sequence] = []
         for g in groups:
@@ -245,12 +232,12 @@ class Trainer:
         else:  # a non-finite loss or gradient: keep the weights and the optimizer's state (the schedule too),
             self.opt.zero_grad(set_to_none=True)  # drop the step; the version is still committed
             skipped = 1
-            self.nonfinite_total += 1
-        return {"loss": loss, "clip_frac": st.clip_frac, "clip_low_frac": st.clip_low_frac,
-                "clip_high_frac": st.clip_high_frac, "delta_frac": st.delta_frac, "ratio_mean": st.ratio_mean,
-                "ratio_max": st.ratio_max, "entropy": st.entropy, "kl": st.kl, "grad_norm": gnorm,
-                "train_tokens": total_tokens, "lr": self.sched.get_last_lr()[0], "nonfinite_skipped": skipped,
-                "nonfinite_total": self.nonfinite_total}
+            self.state.nonfinite_total += 1
+        stats = st.stats.as_dict()
+        stats.pop("tokens")
+        return {"loss": loss, **stats, "grad_norm": gnorm, "train_tokens": total_tokens,
+                "lr": self.sched.get_last_lr()[0], "nonfinite_skipped": skipped,
+                "nonfinite_total": self.state.nonfinite_total}
 
     def _global_loss(self, loss: float) -> float:
         """The whole batch's loss: the sum of the ranks' shares (the same number on every rank)."""
@@ -261,24 +248,46 @@ class Trainer:
         return float(t.item())
 
     def evaluate(self) -> float:
-        """Rank 0 (under fsdp2 on its whole copy of the weights, which ``snapshot`` keeps current)."""
+        """Rank 0 (under fsdp2 on its whole copy of the weights, which ``sync_full_model`` keeps current)."""
         res = evaluate(self.par.full_model, self.tokenizer, self.env, n=self.cfg.eval.n,
-                       max_new_tokens=self.cfg.eval.max_new_tokens, chat_template=self.cfg.chat_template)
+                       max_new_tokens=self.cfg.eval.max_new_tokens, chat_template=self.cfg.contract.chat_template)
         self.model.train()
         return res["accuracy"]
+
+    def _record(self, n: int, batch: Batch, info: dict, t_start: float, train_s: float) -> StepRecord:
+        rows = [r for g in batch.groups for r in g]
+        lags = [n - r.policy_version for r in rows]
+        return StepRecord(step=n, version=n + 1, wall_s=round(time.monotonic() - t_start, 3),
+                          wait_s=round(batch.wait_s, 4), train_s=round(train_s, 4),
+                          reward=sum(r.reward for r in rows) / len(rows),
+                          task_reward=sum(r.task_reward for r in rows) / len(rows),
+                          lag_mean=sum(lags) / len(lags), lag_max=max(lags),
+                          completion_len=sum(len(r.completion_ids) for r in rows) / len(rows),
+                          files=batch.files, **batch.stats, **info)
 
     # ---- loop --------------------------------------------------------------------------------
     def run_loop(self) -> int:
         cfg = self.cfg
         t_start = time.monotonic()
         deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else None
-        if self.readahead is not None:
-            self.readahead.start(self.step)
+        if self.source is not None:
+            self.source.start(self.step)
         try:
             return self._loop(t_start, deadline)
         finally:
-            if self.readahead is not None:
-                self.readahead.stop()
+            if self.source is not None:
+                self.source.stop()
+
+    def _next_batch(self, n: int, deadline: float | None) -> Batch | None:
+        """Rank 0 gathers step ``n``'s batch (None: the run ends) and every rank gets it."""
+        batch = None
+        if self.rank == 0 and not _past(deadline):
+            batch = self.gather(n, deadline)
+        if self.world > 1:
+            obj = [batch]
+            torch.distributed.broadcast_object_list(obj, src=0)
+            batch = obj[0]
+        return batch
 
     def _loop(self, t_start: float, deadline: float | None) -> int:
         cfg = self.cfg
@@ -286,52 +295,42 @@ class Trainer:
             self._log_event("eval", step=0, version=0, heldout_acc=self.evaluate(), wall_s=0.0)
         while self.step < cfg.steps:
             n = self.step
-            batch = None
-            if self.rank == 0:
-                if self.readahead is not None:
-                    self.readahead.at_step(n)
-                batch = self.gather(n, deadline)
-            if self.world > 1:
-                obj = [batch]
-                torch.distributed.broadcast_object_list(obj, src=0)
-                batch = obj[0]
+            batch = self._next_batch(n, deadline)
             if batch is None:
                 break
             t1 = time.perf_counter()
             info = self.update(batch.groups)
-            opt_state = self.par.snapshot(self.opt)  # every rank: under fsdp2 it gathers the full state to rank 0
+            self.par.sync_full_model()  # fsdp2: gathers the weights into rank 0's copy (a collective)
             train_s = time.perf_counter() - t1
+            self.state.step = n + 1
+            record = None
             if self.rank == 0:
-                rows = [r for g in batch.groups for r in g]
-                lags = [n - r.policy_version for r in rows]
-                row = {"step": n, "version": n + 1, "wall_s": round(time.monotonic() - t_start, 3),
-                       "wait_s": round(batch.wait_s, 4), "train_s": round(train_s, 4),
-                       "reward": sum(r.reward for r in rows) / len(rows),
-                       "task_reward": sum(r.task_reward for r in rows) / len(rows),
-                       "lag_mean": sum(lags) / len(lags), "lag_max": max(lags),
-                       "completion_len": sum(len(r.completion_ids) for r in rows) / len(rows),
-                       "files": batch.files, **batch.stats, **info}
+                record = self._record(n, batch, info, t_start, train_s)
                 if cfg.eval.every_steps and (n + 1) % cfg.eval.every_steps == 0:
                     te = time.perf_counter()
-                    row["heldout_acc"] = self.evaluate()
-                    row["eval_s"] = round(time.perf_counter() - te, 3)
-                self._commit(n + 1, consumed=batch.files, opt_state=opt_state, metrics_row=row)
-                self.metrics.write(**row)
-            self._barrier()
-            self.step = n + 1
-        if self.rank == 0:
+                    record.heldout_acc = self.evaluate()
+                    record.eval_s = round(time.perf_counter() - te, 3)
+            self._commit(n + 1, consumed=batch.files, record=record)
+            if record is not None:
+                self.metrics.write(**record.model_dump(exclude_none=True, exclude={"time"}))
+        if self.rank == 0:  # the full copy is current: synced after the last step (or at setup)
             final = self.evaluate()
-            self._log_event("final", step=self.step, version=self.step, heldout_acc=final, wall_s=round(time.monotonic() - t_start, 3))
+            self._log_event("final", step=self.step, version=self.step, heldout_acc=final,
+                            wall_s=round(time.monotonic() - t_start, 3))
             self.run.done_flag.write_text(str(self.step))
-            for f in self._publishing:
-                f.result()
+            for p in self.publishers:
+                p.close()
             self.metrics.close()
         self._barrier()
         return self.step
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
 
 
 def run_trainer(cfg: RLConfig) -> int:
     return Trainer(cfg).run_loop()
 
 
-__all__ = ["Trainer", "run_trainer", "allreduce_grads"]
+__all__ = ["Batch", "Trainer", "run_trainer"]

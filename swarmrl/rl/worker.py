@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.contract import (
-    AsyncWindow,
     Budget,
-    GroupRule,
+    Demand,
+    RLContract,
     Rollout,
     allowed_targets,
     draw_targets,
@@ -52,24 +52,25 @@ class BatchResult:
 def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: Environment, tasks: list[Task],
                   cfg: RLConfig, *, worker_id: str, step: int, policy_version: int, seed: int,
                   budgets: list[Budget | None] | None, generator: torch.Generator | None = None, proofs: bool = False,
-                  chat_template: bool | None = None) -> BatchResult:
+                  contract: RLContract | None = None) -> BatchResult:
     """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
     rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
     while sampling (no second pass). ``policy``: an inference backend, or an in-memory model sampled with ``ours``
-    from ``generator`` (a backend has its own random stream). ``chat_template``: None takes the run config's."""
+    from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
+    chat template, proof geometry; a node passes its assignment's), None: the run config's."""
     if generator is not None and isinstance(policy, InferenceBackend):
         raise ValueError("generator is for an in-memory model; a backend samples from its own stream")
     backend = as_backend(policy, tokenizer.eos_token_id, tokenizer.pad_token_id, generator)
     t0 = time.perf_counter()
     budgets = list(budgets) if budgets is not None else [None] * len(tasks)
-    chat = cfg.chat_template if chat_template is None else chat_template
-    prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), chat) for t, b in zip(tasks, budgets)]
-    flat = [p for p in prompts for _ in range(cfg.group_size)]
+    c = cfg.contract if contract is None else contract
+    prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), c.chat_template) for t, b in zip(tasks, budgets)]
+    flat = [p for p in prompts for _ in range(c.group_size)]
     out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
-    scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=cfg.group_size, prompt_ids=out.prompt_ids,
+    scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, prompt_ids=out.prompt_ids,
                           completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
                           decode=lambda ids: decode_completion(tokenizer, ids),
-                          proofs=proofs_for_samples(out.hidden) if proofs else None,
+                          proofs=proofs_for_samples(out.hidden, c.proof) if proofs else None,
                           worker_id=worker_id, step=step, policy_version=policy_version, seed=seed,
                           temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std)
     rows = scored.rows
@@ -83,7 +84,7 @@ def worker_policy_source(run: RunDir, cfg: RLConfig, worker_id: str) -> PolicySo
     manifest key read from the run dir before each fetch."""
     if not cfg.shardcast.enabled:
         return RunDirPolicySource(run.root)
-    return ShardcastPolicySource([], "", run.root / "cache" / worker_id, cfg.model, keep=2,
+    return ShardcastPolicySource([], "", run.cache(worker_id), cfg.model, keep=2,
                                  discover=lambda: run.weight_servers(cfg.shardcast.servers))
 
 
@@ -91,18 +92,20 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
     set_role_threads(cfg.workers.threads)
     run = RunDir(cfg.run_dir)
     tokenizer = load_tokenizer(cfg.model)
-    env = cfg.task.build()
+    env = cfg.contract.task.build()
     source = worker_policy_source(run, cfg, worker_id)
     stream_seed = worker_task_seed(worker_id, 0, 0, cfg.seed) % (2**31)
     gen = torch.Generator().manual_seed(stream_seed)
     holder = BackendPolicy(source, cfg.model, cfg.inference, eos_id=tokenizer.eos_token_id,
                            pad_id=tokenizer.pad_token_id, generator=gen, seed=stream_seed)
-    window = AsyncWindow(cfg.async_level, last_step=cfg.steps - 1)
-    rule = GroupRule(cfg.group_size, cfg.filter_ties)
-    metrics = MetricsWriter(run.metrics / f"worker-{worker_id}.jsonl")
+    window = cfg.contract.window(last_step=cfg.steps - 1)
+    rule = cfg.contract.group_rule()
+    demand = Demand(cfg.prompts_per_step)
+    metrics = MetricsWriter(run.role_metrics("worker", worker_id))
     counter = 0
     throughput: float | None = None
-    seqs = cfg.workers.prompts_per_batch * cfg.group_size
+    seqs = cfg.workers.prompts_per_batch * cfg.contract.group_size
+    budget = cfg.contract.budget
     batches = 0
     try:
         while not run.is_done():
@@ -112,16 +115,14 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
                     holder.load(latest, timeout_s=cfg.shardcast.fetch_wait_s if cfg.shardcast.enabled else 5.0)
                 except PolicyUnavailable:
                     pass  # keep the version held (if any) and try again next round
-                fetched = getattr(source, "last_fetch", None)
+                fetched = source.take_fetch_report()
                 if fetched is not None:
                     metrics.write(worker=worker_id, event="fetch", **fetched)
-                    source.last_fetch = None
             if latest is None or holder.version < 0:
                 time.sleep(cfg.workers.poll_s)
                 continue
             v = holder.version
-            step = next((m for m in window.steps_for_version(v, latest)
-                         if run.informative_groups(m) < cfg.prompts_per_step), None)
+            step = demand.step_in_need(window, v, latest, run.informative_groups)
             if step is None:
                 time.sleep(cfg.workers.poll_s)
                 continue
@@ -129,9 +130,9 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
             counter += 1
             tasks = env.sample(seed, cfg.workers.prompts_per_batch)
             budgets = None
-            if cfg.budget.enabled:
-                targets = draw_targets(len(tasks), allowed_targets(cfg.budget, throughput, seqs), random.Random(seed))
-                budgets = [cfg.budget.budget(t) for t in targets]
+            if budget.enabled:
+                targets = draw_targets(len(tasks), allowed_targets(budget, throughput, seqs), random.Random(seed))
+                budgets = [budget.budget(t) for t in targets]
             res = rollout_batch(holder.backend, tokenizer, env, tasks, cfg, worker_id=worker_id, step=step,
                                 policy_version=v, seed=seed, budgets=budgets, proofs=cfg.workers.proofs)
             write_rollouts(res.rows, run.new_rollout_path(step, worker_id, rule.count_usable(res.rows)))

@@ -25,7 +25,6 @@ import time
 from pydantic import Field
 
 from swarmrl.config import StrictModel
-from swarmrl.contract import AsyncWindow, GroupRule
 from swarmrl.dashboard.models import TrainerPoint, point_from_row
 from swarmrl.protocol.client import ApiError, TrainerClient
 from swarmrl.protocol.schemas import MAX_STEP_METRICS, InlineFile
@@ -69,8 +68,8 @@ class TrainerAdapter:
         self.rl, self.cfg = rl, cfg
         set_role_threads(cfg.threads)
         self.run = RunDir(rl.run_dir)
-        self.window = AsyncWindow(rl.async_level, last_step=rl.steps - 1)
-        self.rule = GroupRule(rl.group_size, rl.filter_ties)
+        self.window = rl.contract.window(last_step=rl.steps - 1)
+        self.rule = rl.contract.group_rule()
         self.client = client or TrainerClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.announced = -1
         self.fetched: set[int] = set()
@@ -89,7 +88,7 @@ class TrainerAdapter:
 
     def _read_trainer_points(self) -> None:
         """Queue the trainer's new complete rows (steps, evaluations) as dashboard points."""
-        path = self.run.metrics / "trainer.jsonl"
+        path = self.run.trainer_metrics
         try:
             with open(path, "rb") as f:
                 if f.seek(0, 2) < self._trainer_offset:  # a new file (fresh run): read it from the start
@@ -166,7 +165,7 @@ class TrainerAdapter:
 
     def _fetch(self, step: int, it, inline: dict[int, InlineFile] | None = None) -> None:  # noqa: ANN001
 
-        d = self.run.step_dir(step)
+        d = self.run.make_step_dir(step)
         tmp = d / f".s{it.submission_id}.tmp{os.getpid()}"
         try:
             sha = self.client.fetch_file(it.submission_id, tmp, inline, max_bytes=self.cfg.max_file_bytes)

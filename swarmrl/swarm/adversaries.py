@@ -45,6 +45,7 @@ from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
 from swarmrl.protocol.signing import H_KEY, generate_key, sign_request
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import RolloutError, read_rollouts
+from swarmrl.rundir import RunLayout
 from swarmrl.swarm.bomb import write_bomb
 from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.swarm.node import SwarmNode, seed_of
@@ -192,8 +193,8 @@ class Bomb(SwarmNode):
     def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
         path = self.work / f"a{a.assignment_id:08d}.parquet"
         write_bomb(path, self.cfg.bomb_bytes, worker_id=self.node_id, step=a.step, policy_version=a.policy_version,
-                   seed=a.seed, env=a.env, task_ids=[t.task_id for t in a.tasks] or ["t0"],
-                   group_size=a.group_size, group_prefix=str(a.assignment_id))
+                   seed=a.seed, env=a.contract.task.name, task_ids=[t.task_id for t in a.tasks] or ["t0"],
+                   group_size=a.contract.group_size, group_prefix=str(a.assignment_id))
         return path, {"bytes": path.stat().st_size, "decoded_bytes": self.cfg.bomb_bytes}
 
     def after_submit(self, path: Path) -> None:
@@ -214,7 +215,7 @@ class Flood(SwarmNode):
         return tps
 
     def _flood(self) -> None:
-        log = MetricsWriter(Path(self.rl.run_dir) / "metrics" / f"flood-{self.node_id}.jsonl")
+        log = MetricsWriter(RunLayout(self.rl.run_dir).role_metrics("flood", self.node_id))
         while not self.stop_file.exists():
             try:
                 burst = flood_registrations(self.cfg.orchestrator, self.cfg.flood_batch, stake=self.cfg.stake,
@@ -263,7 +264,7 @@ class IdleConnections(SwarmNode):
             return reply
 
         self.client.heartbeat = heartbeat  # type: ignore[method-assign]  # learn the relays from every reply
-        rounds = MetricsWriter(Path(self.rl.run_dir) / "metrics" / f"idle-{self.node_id}.jsonl")
+        rounds = MetricsWriter(RunLayout(self.rl.run_dir).role_metrics("idle", self.node_id))
         # a stranger: on loopback (one-machine swarms) from one address other than the nodes' 127.0.0.1, as one
         # attacking machine has; with more connections than a server allows one address, the per-address cap
         # sheds the excess at once, and the head deadline the rest (a run shorter than that deadline still shows

@@ -37,6 +37,7 @@ from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.worker import BatchResult, rollout_batch
+from swarmrl.rundir import RunLayout
 from swarmrl.swarm.config import SwarmNodeConfig
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
@@ -47,7 +48,7 @@ log = logging.getLogger("swarmrl.swarm.node")
 def measure_throughput(backend: InferenceBackend, tokenizer, cfg: RLConfig, n: int = 8) -> float:  # noqa: ANN001
     """Generation tokens/s on a short batch (what the orchestrator sizes thinking budgets with); fixed seeds, so
     the backend's own random stream is left as it was."""
-    prompts = [encode_prompt(tokenizer, "1+1=", cfg.chat_template)] * n
+    prompts = [encode_prompt(tokenizer, "1+1=", cfg.contract.chat_template)] * n
     t0 = time.perf_counter()
     out = backend.generate(prompts, cfg.sampling, seeds=list(range(n)))
     dt = time.perf_counter() - t0
@@ -70,7 +71,7 @@ class SwarmNode:
         run_dir = Path(self.rl.run_dir)
         self.work = Path(cfg.work_dir or run_dir / "nodes" / self.node_id)
         self.work.mkdir(parents=True, exist_ok=True)
-        self.stop_file = Path(cfg.stop_file or run_dir / "DONE")
+        self.stop_file = Path(cfg.stop_file or RunLayout(run_dir).done_flag)
         self.tokenizer = load_tokenizer(self.rl.model)
         source = make_policy_source(cfg.policy_source, self.work / "policy", self.rl.model, fallback_run_dir=run_dir)
         self.gen = torch.Generator().manual_seed(seed_of(f"gen|{self.node_id}"))
@@ -78,7 +79,7 @@ class SwarmNode:
                                     eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
                                     generator=self.gen, seed=seed_of(f"gen|{self.node_id}"))
         self.envs: dict[str, Environment] = {}
-        self.metrics = MetricsWriter(run_dir / "metrics" / f"node-{self.node_id}.jsonl")
+        self.metrics = MetricsWriter(RunLayout(run_dir).role_metrics("node", self.node_id))
         self.stats = {"assignments": 0, "submitted": 0, "refused": 0, "skipped": 0}
 
     # ---- membership ----------------------------------------------------------------------------
@@ -159,18 +160,17 @@ class SwarmNode:
     def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
         """Sample and score the assignment's rollouts into ``work/a<id>.parquet``."""
         path = self.work / f"a{a.assignment_id:08d}.parquet"
-        expected = assigned_tasks(a.env, a.env_params, a.seed, len(a.tasks))
+        expected = assigned_tasks(a.contract.task.name, a.contract.task.params, a.seed, len(a.tasks))
         if [t.task_id for t in expected] != [t.task_id for t in a.tasks]:
             raise ValueError(f"assignment {a.assignment_id}: tasks do not match their seed (orchestrator bug?)")
         tasks = self.tasks_for(a, expected)
         version = self.version_for(a)
         backend = self.backend_for(version)
-        env = self.env(a.env, a.env_params)
-        rl = self.rl.model_copy(update={"group_size": a.group_size})
-        res = rollout_batch(backend, self.tokenizer, env, tasks, rl, worker_id=self.node_id, step=a.step,
-                            policy_version=version, seed=a.seed, budgets=[a.budget()] * len(tasks),
-                            proofs=rl.workers.proofs, chat_template=a.chat_template)
-        write_rollouts(self.tamper(res.rows, tasks, env, rl, a), path)
+        env = self.env(a.contract.task.name, a.contract.task.params)
+        res = rollout_batch(backend, self.tokenizer, env, tasks, self.rl, contract=a.contract, worker_id=self.node_id,
+                            step=a.step, policy_version=version, seed=a.seed, budgets=[a.budget()] * len(tasks),
+                            proofs=self.rl.workers.proofs)
+        write_rollouts(self.tamper(res.rows, tasks, env, self.rl, a), path)
         return path, self.batch_info(res, len(tasks))
 
     @staticmethod

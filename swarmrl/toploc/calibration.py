@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from swarmrl.config import StrictModel
+from swarmrl.contract.params import ProofGeometry
 from swarmrl.toploc.sampling_check import SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
 
@@ -47,11 +48,6 @@ class CalibrationError(ValueError):
     """A calibration file that cannot be used; the message names the file and the reason."""
 
 
-class ProofParams(StrictModel):
-    chunk: int = Field(ge=1, le=1 << 16)
-    k: int = Field(ge=1, le=1 << 16)
-
-
 class ModelIdentity(StrictModel):
     arch: dict[str, int | str | None]  # ARCH_KEYS of config.json, checked against the model dir read from
     config_sha256: str = Field(max_length=64)  # of config.json when calibrated (informational)
@@ -62,7 +58,7 @@ class ModelIdentity(StrictModel):
 class Calibration(StrictModel):
     format: Literal["swarmrl-toploc-calibration/1"]
     model: ModelIdentity
-    proof: ProofParams
+    proof: ProofGeometry  # the proof geometry it was made for (``contract.ProofGeometry``)
     thresholds: Thresholds
     sampling: dict[str, float] = Field(default_factory=dict, max_length=16)  # SamplingThresholds fields
     separable: bool  # the one-token edits it saw all fail with these thresholds, no honest rollout does

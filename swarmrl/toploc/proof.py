@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from swarmrl.contract.params import PROOF_GEOMETRY, ProofGeometry
+
 __all__ = [
     "P", "M_MAX", "ProofError", "DecodedProof", "topk_indices", "chunk_bits", "find_modulus", "interpolate",
     "evaluate", "encode_proof", "encode_many", "proofs_to_b64", "proofs_from_b64", "build_proofs", "build_proofs_many", "proofs_for_sample",
@@ -367,7 +369,7 @@ def chunk_count(positions: int, chunk: int) -> int:
     return -(-positions // chunk)
 
 
-def build_proofs(hidden: torch.Tensor, chunk: int = 32, k: int = 128) -> list[bytes]:
+def build_proofs(hidden: torch.Tensor, chunk: int = PROOF_GEOMETRY.chunk, k: int = PROOF_GEOMETRY.k) -> list[bytes]:
     """One proof (2 + 2k bytes) per chunk of ``chunk`` positions of a [positions, hidden] tensor.
 
     ``hidden`` is the final-norm hidden state (LM-head input); it is rounded to bf16 if needed.
@@ -388,7 +390,8 @@ def build_proofs(hidden: torch.Tensor, chunk: int = 32, k: int = 128) -> list[by
     return proofs
 
 
-def build_proofs_many(hiddens: list[torch.Tensor], chunk: int = 32, k: int = 128) -> list[list[bytes]]:
+def build_proofs_many(hiddens: list[torch.Tensor], chunk: int = PROOF_GEOMETRY.chunk,
+                      k: int = PROOF_GEOMETRY.k) -> list[list[bytes]]:
     """``build_proofs`` of many [positions, hidden] tensors at once, byte for byte the same: the chunks of every
     tensor with the same number of values are proved together (one top-k, modulus search and interpolation per
     chunk width instead of per tensor; a batch of short completions has one or a few widths), which takes the
@@ -428,26 +431,28 @@ def build_proofs_many(hiddens: list[torch.Tensor], chunk: int = 32, k: int = 128
     return out
 
 
-def proofs_for_samples(hidden_states: list[torch.Tensor], chunk: int = 32, k: int = 128) -> list[list[bytes]]:
+def proofs_for_samples(hidden_states: list[torch.Tensor],
+                       geometry: ProofGeometry = PROOF_GEOMETRY) -> list[list[bytes]]:
     """``proofs_for_sample`` of every completion of a batch (``SampleOutput.hidden``), batched across them."""
-    return build_proofs_many(list(hidden_states), chunk=chunk, k=k)
+    return build_proofs_many(list(hidden_states), chunk=geometry.chunk, k=geometry.k)
 
 
-def proofs_for_sample(hidden_states: torch.Tensor, chunk: int = 32, k: int = 128) -> list[bytes]:
-    """Proofs for one sampled completion: ``SampleOutput.hidden[i]`` ([len(completion), hidden] bf16).
+def proofs_for_sample(hidden_states: torch.Tensor, geometry: ProofGeometry = PROOF_GEOMETRY) -> list[bytes]:
+    """Proofs for one sampled completion: ``SampleOutput.hidden[i]`` ([len(completion), hidden] bf16), at the
+    run's proof geometry (``contract.proof``).
 
     This is what an inference worker stores in the rollouts' ``proofs`` column.
     """
     if hidden_states.shape[0] == 0:
         return []
-    return build_proofs(hidden_states, chunk=chunk, k=k)
+    return build_proofs(hidden_states, chunk=geometry.chunk, k=geometry.k)
 
 
 def proofs_to_b64(proofs: list[bytes]) -> list[str]:
     return [proof_to_b64(p) for p in proofs]
 
 
-def proofs_from_b64(texts: object, k: int = 128, max_proofs: int = 1 << 16) -> list[bytes]:
+def proofs_from_b64(texts: object, k: int = PROOF_GEOMETRY.k, max_proofs: int = 1 << 16) -> list[bytes]:
     """Decode a list of base64 proofs (untrusted); raises ProofError naming the bad entry."""
     if not isinstance(texts, (list, tuple)):
         raise ProofError(f"proofs must be a list of base64 strings, got {type(texts).__name__}")

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from swarmrl.contract.params import PROOF_GEOMETRY, ProofGeometry
 from swarmrl.inference.sampler import _left_pad, _LMHeadInputHook
 from swarmrl.toploc.sampling_check import SamplingCheck, SamplingClaim, SamplingThresholds, check_sampling
 from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs_batch
@@ -123,15 +124,15 @@ def _judge(rec: Recomputed, completion_ids: Sequence[int], chunks: list[ChunkChe
 
 
 def verify_rollout(model: torch.nn.Module, prompt_ids: Sequence[int], completion_ids: Sequence[int], proofs: object,
-                   chunk: int = 32, k: int = 128, thresholds: Thresholds | None = None,
+                   geometry: ProofGeometry = PROOF_GEOMETRY, thresholds: Thresholds | None = None,
                    claim: SamplingClaim | None = None, sampling_thresholds: SamplingThresholds | None = None
                    ) -> RolloutCheck:
     """Recompute the decode states with one prefill and check the (untrusted) proofs and sampling claim."""
-    return verify_rollouts(model, [(prompt_ids, completion_ids, proofs, claim)], chunk=chunk, k=k,
+    return verify_rollouts(model, [(prompt_ids, completion_ids, proofs, claim)], geometry,
                            thresholds=thresholds, sampling_thresholds=sampling_thresholds, batch_size=1)[0]
 
 
-def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], chunk: int = 32, k: int = 128,
+def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], geometry: ProofGeometry = PROOF_GEOMETRY,
                     thresholds: Thresholds | None = None, sampling_thresholds: SamplingThresholds | None = None,
                     batch_size: int = 8) -> list[RolloutCheck]:
     """Batched verification; items are (prompt_ids, completion_ids, proofs, claim-or-None).
@@ -156,7 +157,7 @@ def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], chunk: int =
         else:
             todo.append(i)
     recs = recompute(model, [(norm[i][0], norm[i][1]) for i in todo], batch_size=batch_size)
-    chunk_checks = verify_proofs_batch([(rec.hidden, norm[i][2]) for i, rec in zip(todo, recs)], chunk=chunk, k=k,
+    chunk_checks = verify_proofs_batch([(rec.hidden, norm[i][2]) for i, rec in zip(todo, recs)], geometry,
                                        thresholds=thresholds)  # every row's proofs in one vectorised pass
     for i, rec, chunks in zip(todo, recs, chunk_checks):
         _, completion_ids, _, claim = norm[i]
@@ -171,13 +172,14 @@ def claim_from_rollout(r, eos_id: int, top_p: float = 1.0, max_new_tokens: int |
 
 
 def verify_rows(model: torch.nn.Module, rows: Sequence, eos_id: int, top_p: float = 1.0,
-                max_new_tokens: int | None = None, check_sampling: bool = True, chunk: int = 32, k: int = 128,
+                max_new_tokens: int | None = None, check_sampling: bool = True,
+                geometry: ProofGeometry = PROOF_GEOMETRY,
                 thresholds: Thresholds | None = None, sampling_thresholds: SamplingThresholds | None = None,
                 batch_size: int = 8) -> list[RolloutCheck]:
     """Verify ``swarmrl.rl.rollouts.Rollout`` rows (proofs + sampling claim from each row)."""
     items = [(r.prompt_ids, r.completion_ids, r.proofs,
               claim_from_rollout(r, eos_id, top_p, max_new_tokens) if check_sampling else None) for r in rows]
-    return verify_rollouts(model, items, chunk=chunk, k=k, thresholds=thresholds,
+    return verify_rollouts(model, items, geometry, thresholds=thresholds,
                            sampling_thresholds=sampling_thresholds, batch_size=batch_size)
 
 

@@ -17,6 +17,7 @@ import torch
 from pydantic import Field
 
 from swarmrl.config import StrictModel
+from swarmrl.contract.params import PROOF_GEOMETRY, ProofGeometry
 from swarmrl.toploc.proof import ProofError, chunk_bits, chunk_count, decode_proof, evaluate, topk_indices
 
 __all__ = ["Thresholds", "ChunkCheck", "verify_proofs", "verify_proofs_batch", "NO_AGREEMENT"]
@@ -70,13 +71,13 @@ def compare_bits(claimed: np.ndarray, mine: np.ndarray) -> tuple[np.ndarray, np.
     return exp_mis, mean, median
 
 
-def verify_proofs(hidden: torch.Tensor, proofs: object, chunk: int = 32, k: int = 128,
+def verify_proofs(hidden: torch.Tensor, proofs: object, geometry: ProofGeometry = PROOF_GEOMETRY,
                   thresholds: Thresholds | None = None) -> list[ChunkCheck]:
     """Check ``proofs`` (untrusted) against the verifier's own ``hidden`` [positions, hidden] states.
 
     Returns one ChunkCheck per chunk of ``hidden``; hostile proofs give failed checks with reasons.
     """
-    return verify_proofs_batch([(hidden, proofs)], chunk=chunk, k=k, thresholds=thresholds)[0]
+    return verify_proofs_batch([(hidden, proofs)], geometry, thresholds=thresholds)[0]
 
 
 def _precheck(hidden: torch.Tensor, proofs: object, chunk: int, k: int) -> tuple[list, list, int] | list[ChunkCheck]:
@@ -102,12 +103,13 @@ def _precheck(hidden: torch.Tensor, proofs: object, chunk: int, k: int) -> tuple
     return decoded, checks, n_chunks
 
 
-def verify_proofs_batch(items: list[tuple[torch.Tensor, object]], chunk: int = 32, k: int = 128,
+def verify_proofs_batch(items: list[tuple[torch.Tensor, object]], geometry: ProofGeometry = PROOF_GEOMETRY,
                         thresholds: Thresholds | None = None) -> list[list[ChunkCheck]]:
     """``verify_proofs`` for many sequences at once: chunks of equal width from every sequence are compared
     in one vectorised pass (top-k, polynomial evaluation, bit comparison), which is what makes a validator's
     check of a whole submission cheap. Each item's result is what ``verify_proofs`` gives for it alone."""
     th = thresholds or Thresholds()
+    chunk, k = geometry.chunk, geometry.k
     results: list[list] = []
     # width -> blocks of chunk rows to compare: (bits [r, width], item, chunk index of each row, decoded proofs)
     by_width: dict[int, list[tuple[np.ndarray, int, list[int], list]]] = {}

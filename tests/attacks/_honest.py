@@ -7,24 +7,18 @@ from pathlib import Path
 
 import torch
 
+from swarmrl.contract import completion_length, format_prompt
 from swarmrl.envs import make_env
 from swarmrl.inference.prompts import decode_completion
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import load_model, load_tokenizer
-from swarmrl.protocol.schemas import AssignmentSpec
 from swarmrl.rl.rollouts import Rollout
 from swarmrl.toploc import proofs_for_sample
 
-if hasattr(AssignmentSpec, "budget"):
-    from swarmrl.contract import completion_length, format_prompt
 
-    def _shown(prompt: str, a) -> str:  # noqa: ANN001
-        return format_prompt(prompt, a.budget())
-else:  # the tree before swarmrl.contract: lets these tests run against the old code (86de17d)
-    from swarmrl.rl.budget import completion_length, format_prompt
+def _shown(prompt: str, a) -> str:  # noqa: ANN001
+    return format_prompt(prompt, a.budget())
 
-    def _shown(prompt: str, a) -> str:  # noqa: ANN001
-        return format_prompt(prompt, a.target_length, a.budget_prompt_format)
 
 _CACHE: dict[str, tuple] = {}
 
@@ -38,20 +32,20 @@ def policy(model_dir: Path) -> tuple:
 
 def honest_rows(model_dir: Path, node_id: str, a, seed: int = 0, max_new_tokens: int = 12) -> list[Rollout]:  # noqa: ANN001
     model, tok = policy(model_dir)
-    env = make_env(a.env, **a.env_params)
+    env = make_env(a.contract.task.name, **a.contract.task.params)
     tasks = env.sample(a.seed, len(a.tasks))
     shown = [_shown(t.prompt, a) if a.target_length is not None else t.prompt for t in tasks]
-    prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.group_size)]
+    prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.contract.group_size)]
     out = generate(model, prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), tok.eos_token_id,
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(seed))
     rows = []
     for i, (p, c, lp, fin, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
                                                out.hidden)):
-        t = tasks[i // a.group_size]
+        t = tasks[i // a.contract.group_size]
         r = float(env.verify(t, decode_completion(tok, c)))
-        pen = 0.0 if a.target_length is None else a.budget_penalty * abs(a.target_length - completion_length(c, fin))
+        pen = 0.0 if a.target_length is None else a.contract.budget.penalty * abs(a.target_length - completion_length(c, fin))
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
-                            env=a.env, group_id=f"{a.assignment_id}-{i // a.group_size}", prompt_ids=p,
+                            env=a.contract.task.name, group_id=f"{a.assignment_id}-{i // a.contract.group_size}", prompt_ids=p,
                             completion_ids=c, logprobs=lp, reward=r - pen, task_reward=r, length_penalty=pen,
                             advantage=0.0, target_length=a.target_length, temperature=1.0, finished=fin, seed=a.seed,
                             proofs=proofs_for_sample(h)))

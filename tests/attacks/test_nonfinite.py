@@ -10,11 +10,13 @@ import torch
 from protocol_support import make_cfg, rollouts_for, running, write
 
 from attacks._honest import row
+from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.signing import generate_key, sign_request
 from swarmrl.rl.config import EvalSection, RLConfig
 from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts, write_rollouts
+from swarmrl.rl.state import read_saved_state
 from swarmrl.utils.metrics import read_metrics
 
 FLOATS = ["reward", "task_reward", "length_penalty", "advantage", "temperature"]
@@ -91,8 +93,8 @@ def _group(reward0: float) -> list[Rollout]:
 def test_nonfinite_step_is_skipped_counted_and_the_run_goes_on(tmp_path, tiny_model_dir, monkeypatch):
     from swarmrl.rl.trainer import Batch, Trainer  # noqa: PLC0415  # lazy: torch
 
-    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), task=TaskConfig(name="add"), steps=2,
-                   async_level=0, keep_versions=3, prompts_per_step=1, group_size=2, filter_ties=False,
+    cfg = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), contract=RLContract(task=TaskConfig(name="add"), async_level=0, group_size=2, filter_ties=False), steps=2,
+                   keep_versions=3, prompts_per_step=1,
                    eval=EvalSection(every_steps=0, n=2, max_new_tokens=2))
     t = Trainer(cfg)
     # step 0's group has a NaN reward (its advantages, and so the loss, are NaN); step 1's is honest
@@ -112,4 +114,4 @@ def test_nonfinite_step_is_skipped_counted_and_the_run_goes_on(tmp_path, tiny_mo
     rows = {r["step"]: r for r in read_metrics(t.run.metrics / "trainer.jsonl") if "reward" in r}
     assert (rows[0]["nonfinite_skipped"], rows[0]["nonfinite_total"]) == (1, 1)
     assert (rows[1]["nonfinite_skipped"], rows[1]["nonfinite_total"]) == (0, 1)
-    assert torch.load(t.run.version_dir(2) / "trainer_state.pt", weights_only=False)["nonfinite_total"] == 1
+    assert read_saved_state(t.run.version_dir(2))["trainer"]["nonfinite_total"] == 1

@@ -109,8 +109,8 @@ def test_first_upload_wins_between_original_holder_and_taker(service, tmp_path, 
     """Demand mode: the original holder's work goes to a taker (it timed out, or the holder was declared dead
     and came back); both work on it. The first upload completes it and counts once toward the step; the other
     holder gets one 409 saying so, the assignment leaves its heartbeats and the step is not handed out again."""
-    orch, cfg = service(groups_per_step=2, tasks_per_node=2, group_size=2, async_window=0, budget_tiers=[],
-                        assignment_timeout_s=5.0, count_tied_groups=True)
+    orch, cfg = service(groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+                        assignment_timeout_s=5.0)
     slow, taker = _join(orch, T0), _join(orch, T0)
     [xs] = orch.heartbeat(slow, HB, now=T0).assignments
     assert orch.heartbeat(taker, HB, now=T0).assignments == []  # the step is fully held
@@ -141,8 +141,8 @@ def test_released_work_is_not_hidden_by_the_node_that_released_it(service, tmp_p
     """A refused upload puts the work back up; the releasing node's own heartbeat (it may not take its own work)
     must not hide it from everyone else (the old code cleared the orphan hint there, and with the step counted
     as held the honest node got nothing until the next sweep)."""
-    orch, _ = service(groups_per_step=2, tasks_per_node=2, group_size=2, async_window=0, budget_tiers=[],
-                      count_tied_groups=True)
+    orch, _ = service(groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+                      )
     bad, honest = _join(orch, T0), _join(orch, T0)
     [xb] = orch.heartbeat(bad, HB, now=T0).assignments
     assert orch.heartbeat(honest, HB, now=T0).assignments == []

@@ -229,8 +229,8 @@ def test_idle_sybils_do_not_starve_an_honest_node(tmp_path):
     node must get the step's work once the sybils have been silent ``idle_after_missed`` intervals, before they
     are declared dead (the old code handed it nothing until then), and complete it: two assignments, each
     counted once."""
-    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=4, tasks_per_node=2, group_size=2, async_window=0,
-                      budget_tiers=[], count_tied_groups=True, heartbeat_interval_s=10.0, dead_after_missed=3)
+    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=4, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+                      heartbeat_interval_s=10.0, dead_after_missed=3)
     orch = Orchestrator(cfg)
     try:
         sybils = [_join(orch, T0) for _ in range(300)]
@@ -263,8 +263,8 @@ def test_idle_sybils_do_not_starve_an_honest_node(tmp_path):
 def test_a_node_holds_one_open_assignment(tmp_path):
     """A sybil that keeps heartbeating but never uploads: demand mode hands it one assignment, not one more per
     heartbeat out of the orphaned work of others (the old code did, so one sybil could hoard a step)."""
-    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=6, tasks_per_node=2, group_size=2, async_window=0,
-                      budget_tiers=[], count_tied_groups=True, heartbeat_interval_s=10.0, dead_after_missed=3)
+    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=6, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+                      heartbeat_interval_s=10.0, dead_after_missed=3)
     orch = Orchestrator(cfg)
     try:
         hoarder, b, c = _join(orch, T0), _join(orch, T0), _join(orch, T0)

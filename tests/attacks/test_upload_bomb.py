@@ -20,6 +20,7 @@ from protocol_support import make_cfg, rollouts_for, running, write
 
 from attacks._honest import row
 from swarmrl.config import dump_config
+from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.config import OrchestratorConfig
@@ -97,8 +98,8 @@ def test_bomb_upload_refused_with_413_naming_the_limit_then_honest_work_accepted
         a = node.heartbeat().assignments[0]
         # rows of legal shape naming this node, step and seed: only their decoded size gives them away
         bomb = write_bomb(tmp_path / "bomb.parquet", 128 << 20, worker_id=node.node_id, step=a.step,
-                          policy_version=a.policy_version, seed=a.seed, env=a.env,
-                          task_ids=[t.task_id for t in a.tasks], group_size=a.group_size)
+                          policy_version=a.policy_version, seed=a.seed, env=a.contract.task.name,
+                          task_ids=[t.task_id for t in a.tasks], group_size=a.contract.group_size)
         with pytest.raises(ApiError) as e:
             node.submit(a.assignment_id, bomb)
         assert e.value.status == 413 and "max_decoded_bytes" in e.value.detail, e.value
@@ -109,7 +110,7 @@ def test_bomb_upload_refused_with_413_naming_the_limit_then_honest_work_accepted
         assert srv.orch.balance(node.node_id).stake == pytest.approx(100.0)
         honest = write(rollouts_for(node.node_id, a), tmp_path / "honest.parquet")
         rep = node.submit(a.assignment_id, honest)
-        assert rep.status == "pending" and rep.n_rows == len(a.tasks) * a.group_size
+        assert rep.status == "pending" and rep.n_rows == len(a.tasks) * a.contract.group_size
 
 
 def test_orchestrator_limits_come_from_its_config(tmp_path):
@@ -177,8 +178,8 @@ def test_bomb_adversary_is_refused_at_upload(tmp_path, tiny_model_dir):
     from swarmrl.swarm.adversaries import make_adversary  # noqa: PLC0415  # lazy: torch
     from swarmrl.swarm.config import AdversaryConfig  # noqa: PLC0415  # lazy: keeps the module light
 
-    rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), task=TaskConfig(name="add"),
-                  group_size=2)
+    rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), contract=RLContract(task=TaskConfig(name="add"), group_size=2),
+                  )
     (tmp_path / "rl.toml").write_text(dump_config(rl))
     cfg, _ = make_cfg(tmp_path)
     with running(cfg, run_sweeper=False) as srv:

@@ -51,7 +51,7 @@ class Counted:
 
 @pytest.fixture()
 def swarm(tmp_path, tiny_model_dir, monkeypatch):
-    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, group_size=2, async_window=1)
+    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, contract={"group_size": 2, "async_level": 1})
     with running(cfg, run_sweeper=False) as srv:
         yield srv, keys, tmp_path, Counted(srv, keys, tmp_path, tiny_model_dir, monkeypatch)
 
@@ -145,8 +145,17 @@ def test_proof_shape_findings():
     good = build_proofs(hidden)  # 40 positions: 2 chunks of 32
     assert len(good) == 2 and all(len(p) == 258 for p in good)
 
+    from swarmrl.contract import RLContract
+    from swarmrl.protocol.schemas import AssignmentSpec, PendingSubmission, SubmissionInfo
+
+    a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=1, contract=RLContract(), target_length=None,
+                       tasks=[])
+    sub = SubmissionInfo(submission_id=1, node_id="n", assignment_id=1, step=0, sha256="0" * 64, size=1, n_rows=1,
+                         status="pending", created_at=0.0)
+    item = PendingSubmission(submission=sub, assignment=a, origin_node_id="n", current_step=0, current_policy_version=0)
+
     def run(rows, **kw):  # noqa: ANN001, ANN202
-        return check_proofs(CheckContext(rows=rows, item=None, cfg=ValidatorConfig(**kw)))
+        return check_proofs(CheckContext(rows=rows, item=item, cfg=ValidatorConfig(**kw)))
 
     assert run([row(40, good), row(40, [])])[0]
     ok, why = run([row(40, good), row(40, [])], require_proofs=True)

@@ -105,7 +105,7 @@ def _node(srv) -> NodeClient:  # noqa: ANN001
 
 @pytest.fixture()
 def swarm(tmp_path):
-    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, group_size=2, slash_fraction=0.5)
+    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, contract={"group_size": 2}, slash_fraction=0.5)
     with running(cfg, run_sweeper=False) as srv:
         yield srv, keys, tmp_path
 

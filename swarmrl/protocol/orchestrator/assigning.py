@@ -25,7 +25,8 @@ from typing import Any
 from sqlalchemy import Float, String, bindparam, column, func, select, update, values
 from sqlalchemy.exc import IntegrityError
 
-from swarmrl.contract import AsyncWindow, assigned_tasks, task_seed, thinking_budget
+from swarmrl.contract import AsyncWindow, Demand, RLContract, assigned_tasks, task_seed, thinking_budget
+from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.models import Assignment, Node, Nonce, Submission
@@ -75,21 +76,30 @@ class AssigningMixin:
 
     def _spec(self, a: Assignment) -> AssignmentSpec:
         tasks = _tasks(a.env, json.dumps(a.env_params or {}, sort_keys=True), a.seed, a.n_tasks)
-        return AssignmentSpec(assignment_id=a.id, step=a.step, policy_version=a.policy_version, seed=a.seed, env=a.env,
-                              env_params=a.env_params or {}, group_size=a.group_size, target_length=a.target_length,
-                              tasks=list(tasks), round=a.round or 0, chat_template=self.cfg.chat_template,
-                              reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None,
-                              **({"budget_prompt_format": self.cfg.budget_prompt_format,
-                                  "budget_penalty": self.cfg.budget_penalty} if a.target_length is not None else {}))
+        return AssignmentSpec(assignment_id=a.id, step=a.step, policy_version=a.policy_version, seed=a.seed,
+                              contract=self._contract_of(a.env, json.dumps(a.env_params or {}, sort_keys=True),
+                                                         a.group_size),
+                              target_length=a.target_length, tasks=list(tasks), round=a.round or 0,
+                              reassigned_from=a.origin_node_id if a.origin_node_id != a.node_id else None)
+
+    def _contract_of(self, env: str, params_json: str, group_size: int) -> RLContract:
+        """The run's contract with an assignment's own task and group size (stored with the assignment when it
+        was made: they stay what the node was told, whatever the configuration says now)."""
+        c = self.cfg.contract
+        if c.task.name == env and c.group_size == group_size and json.dumps(c.task.params, sort_keys=True) == params_json:
+            return c
+        return c.model_copy(update={"task": TaskConfig(name=env, params=json.loads(params_json)),
+                                    "group_size": group_size})
 
     def _new_assignment(self, node: Node, origin: str, seed: int, step: int, pv: int, now: float,
                         parent: int | None = None, round: int = 0) -> Assignment:
         cfg = self.cfg
-        a = Assignment(node_id=node.id, origin_node_id=origin, step=step, seed=seed, env=cfg.task.name,
-                       env_params=dict(cfg.task.params), n_tasks=cfg.tasks_per_node, group_size=cfg.group_size,
+        c = cfg.contract
+        a = Assignment(node_id=node.id, origin_node_id=origin, step=step, seed=seed, env=c.task.name,
+                       env_params=dict(c.task.params), n_tasks=cfg.tasks_per_node, group_size=c.group_size,
                        policy_version=pv, round=round,
-                       target_length=thinking_budget(node.throughput, cfg.budget_tiers, cfg.tasks_per_node,
-                                                     cfg.group_size, cfg.target_step_time_s),
+                       target_length=thinking_budget(node.throughput, c.budget.tiers, cfg.tasks_per_node,
+                                                     c.group_size, c.budget.step_time_s) if c.budget.enabled else None,
                        status="open", parent_id=parent, created_at=now)
         (self.prom.assignments_new if parent is None else self.prom.assignments_reassigned).inc()
         return a
@@ -298,7 +308,7 @@ class AssigningMixin:
 
     def _reply(self, node_id: str, step: int, pv: int, specs: list[AssignmentSpec]) -> HeartbeatReply:
         cfg = self.cfg
-        return HeartbeatReply(node_id=node_id, step=step, policy_version=pv, async_window=cfg.async_window,
+        return HeartbeatReply(node_id=node_id, step=step, policy_version=pv,
                               heartbeat_interval_s=cfg.heartbeat_interval_s, weight_relays=list(self._weights[0]),
                               weight_pubkey=self._weights[1], assignments=specs, long_poll=True)
 
@@ -342,20 +352,20 @@ class AssigningMixin:
         return taken
 
     def _step_in_need(self, s, step: int, pv: int) -> int | None:  # noqa: ANN001
-        """Demand mode: the lowest step policy ``pv`` may serve (``AsyncWindow.steps_for_version``: from ``step``,
-        at most ``lookahead`` ahead, never past last_step) whose usable groups, counting open work as
-        tasks_per_node each times the share of groups recent uploads made usable, are short."""
+        """Demand mode: the step that needs work by the contract's rule (``contract.Demand``: the lowest step
+        policy ``pv`` may serve, at most ``lookahead`` ahead), counting pending and accepted submissions' usable
+        groups and open work as tasks_per_node each times the share of groups recent uploads made usable."""
         cfg = self.cfg
-        need = cfg.groups_per_step * cfg.overassign
         per_assignment = cfg.tasks_per_node * self._usable_share(s)
-        for m in self.window.steps_for_version(pv, step, cfg.lookahead):
+
+        def expected(m: int) -> float:
             have = s.execute(select(func.coalesce(func.sum(Submission.informative), 0)).where(
                 Submission.step == m, Submission.status.in_(("pending", "accepted")))).scalar_one()
             held = s.execute(select(func.count()).select_from(Assignment).where(
                 Assignment.step == m, Assignment.status.in_(("open", "orphaned")))).scalar_one()
-            if int(have) + int(held) * per_assignment < need:
-                return m
-        return None
+            return int(have) + int(held) * per_assignment
+
+        return Demand(cfg.groups_per_step, cfg.overassign).step_in_need(self.window, pv, step, expected, cfg.lookahead)
 
     def _usable_share(self, s, recent: int = 64) -> float:  # noqa: ANN001
         """Usable groups per assigned task over the last ``recent`` uploads (groups whose rewards all tie are
@@ -363,7 +373,7 @@ class AssigningMixin:
         uploads say otherwise; never below 0.1 (a swarm of failing uploads must not get unbounded work)."""
         rows = s.execute(select(Submission.informative, Submission.n_rows).where(
             Submission.status.in_(("pending", "accepted"))).order_by(Submission.id.desc()).limit(recent)).all()
-        groups = sum(n for _, n in rows) / max(1, self.cfg.group_size)
+        groups = sum(n for _, n in rows) / max(1, self.cfg.contract.group_size)
         if groups < self.cfg.tasks_per_node:
             return 1.0
         return min(1.0, max(0.1, sum(i for i, _ in rows) / groups))

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from swarmrl.contract import AsyncWindow
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database, sqlite_url
 from swarmrl.protocol.models import Node, Nonce, State
@@ -33,7 +32,7 @@ from swarmrl.protocol.store import ContentStore
 class Orchestrator(AuthMixin, MembershipMixin, AssigningMixin, SubmissionsMixin, ViewsMixin, StatsMixin):
     def __init__(self, cfg: OrchestratorConfig, db: Database | None = None) -> None:
         self.cfg = cfg
-        self.window = AsyncWindow(cfg.async_window, last_step=cfg.last_step)
+        self.window = cfg.contract.window(last_step=cfg.last_step)
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.db = db or Database(cfg.database_url or sqlite_url(data / "orchestrator.db"))

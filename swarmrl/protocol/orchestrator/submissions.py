@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
-from swarmrl.contract import GroupRule
+from swarmrl.contract import AsyncWindow, GroupRule
 from swarmrl.protocol import ledger
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
@@ -55,6 +55,7 @@ class SubmissionsMixin:
     """Uploads, verdicts and submission views, part of ``Orchestrator`` (state set up by its ``__init__``)."""
 
     cfg: OrchestratorConfig
+    window: AsyncWindow
     db: Database
     store: ContentStore
     counters: dict[str, int]
@@ -183,9 +184,8 @@ class SubmissionsMixin:
         return reply
 
     def _usable_groups(self, rows, group_size: int) -> int:  # noqa: ANN001
-        """Complete groups the trainer can use (``contract.GroupRule``): with distinct rewards unless tied groups
-        count too."""
-        return GroupRule(group_size, filter_ties=not self.cfg.count_tied_groups).count_usable(rows)
+        """Complete groups the trainer can use (``contract.GroupRule``, with the assignment's group size)."""
+        return GroupRule(group_size, filter_ties=self.cfg.contract.filter_ties).count_usable(rows)
 
     def submission_path(self, submission_id: int) -> Path:
         with self.db.tx() as s:
@@ -222,7 +222,7 @@ class SubmissionsMixin:
                 a = s.get(Assignment, sub.assignment_id)
                 items.append(PendingSubmission(submission=self._info(sub), assignment=self._spec(a),
                                                origin_node_id=a.origin_node_id, current_step=step,
-                                               current_policy_version=pv, async_window=self.cfg.async_window))
+                                               current_policy_version=pv))
         return PendingList(items=items)
 
     def verdict(self, p: Principal, req: VerdictRequest, now: float | None = None) -> VerdictReply:
@@ -310,12 +310,13 @@ class SubmissionsMixin:
 
     def accepted_window(self) -> AcceptedList:
         """Accepted (optimistic: and pending) submissions of the steps the trainer may still use: its current step
-        and the ``async_window`` after it (``step`` of the answer is the current step)."""
+        and the ``open_steps`` of the window after it (``step`` of the answer is the current step)."""
         statuses = ("accepted", "pending") if self.cfg.optimistic else ("accepted",)
         with self.db.tx() as s:
             step, _ = self._state(s)
+            steps = self.window.open_steps(step)
             subs = s.execute(select(Submission).where(
-                Submission.step >= step, Submission.step <= step + self.cfg.async_window,
+                Submission.step >= steps.start, Submission.step < steps.stop,
                 Submission.status.in_(statuses)).order_by(Submission.id)).scalars().all()
             return AcceptedList(step=step, optimistic=self.cfg.optimistic, items=[self._info(x) for x in subs])
 
