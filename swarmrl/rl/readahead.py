@@ -15,8 +15,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
+from swarmrl.contract import Rollout
 from swarmrl.rl.store import RunDir
+from swarmrl.rollouts.wire import RolloutError, read_rollouts
 
 Parsed = list[Rollout] | RolloutError
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmrl.contract import AsyncWindow, GroupRule, group_advantages
+from swarmrl.contract import AsyncWindow, GroupRule, Rollout, group_advantages
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
@@ -35,9 +35,10 @@ from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.parallel import allreduce_grads, make_parallel
 from swarmrl.rl.readahead import ReadAhead
-from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
 from swarmrl.rl.store import RunDir, announced_groups
-from swarmrl.rl.train_step import Sequence, accumulate_gradients
+from swarmrl.rl.train_step import accumulate_gradients
+from swarmrl.rollouts.packing import Sequence
+from swarmrl.rollouts.wire import RolloutError, read_rollouts
 from swarmrl.shardcast import Origin
 from swarmrl.toploc.calibration import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter, read_metrics
