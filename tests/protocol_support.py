@@ -12,12 +12,13 @@ from pathlib import Path
 
 import uvicorn
 
+from swarmrl.contract import Rollout
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.orchestrator import Orchestrator, create_app
 from swarmrl.protocol.schemas import AssignmentSpec
 from swarmrl.protocol.signing import generate_key, public_key_hex
-from swarmrl.rl.rollouts import Rollout, write_rollouts
+from swarmrl.rollouts.wire import write_rollouts
 
 DB_ENV = "SWARMRL_TEST_DATABASE_URL"
 

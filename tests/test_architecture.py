@@ -5,6 +5,7 @@ from collections import defaultdict
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "swarmrl"
+SERVERS = {"fastapi", "starlette", "uvicorn", "aiohttp", "httpx", "sqlalchemy"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -65,13 +66,23 @@ def test_nothing_imports_the_cli_and_the_contract_stays_pure():
 
 
 def test_the_math_imports_no_server():
-    servers = {"fastapi", "starlette", "uvicorn", "aiohttp", "httpx", "sqlalchemy"}
     ours = {"swarmrl.protocol", "swarmrl.shardcast", "swarmrl.job", "swarmrl.swarm", "swarmrl.cli"}
-    for rel in ("rl/loss.py", "rl/train_step.py", "toploc/proof.py", "toploc/verify.py", "diloco/outer.py",
-                *(str(p.relative_to(PKG)) for p in (PKG / "contract").glob("*.py"))):
+    for rel in ("rl/loss.py", "rl/train_step.py", "rollouts/packing.py", "toploc/proof.py", "toploc/verify.py",
+                "diloco/outer.py", *(str(p.relative_to(PKG)) for p in (PKG / "contract").glob("*.py"))):
         names = _imports(PKG / rel)
-        bad = {n for n in names if n.split(".")[0] in servers or any(n.startswith(o) for o in ours)}
+        bad = {n for n in names if n.split(".")[0] in SERVERS or any(n.startswith(o) for o in ours)}
         assert not bad, (rel, bad)
+
+
+def test_the_rollout_wire_format_sits_below_the_trainer_and_the_protocol():
+    """The validator and the orchestrator read rollouts through ``rollouts``, never through trainer code; the
+    wire format and the packing import only the contract (and their array libraries), no server."""
+    g = _graph()
+    assert "rl" not in g["protocol"], g["protocol"]
+    assert g["rollouts"] <= {"contract", "utils"}, g["rollouts"]
+    for f in (PKG / "rollouts").glob("*.py"):
+        bad = {n for n in _imports(f) if n.split(".")[0] in SERVERS}
+        assert not bad, (f.name, bad)
 
 
 def test_no_module_over_500_lines():

@@ -10,6 +10,7 @@ pytest.importorskip("swarmrl.toploc.rollout", reason="swarmrl.toploc not install
 import torch  # noqa: E402
 from protocol_support import make_cfg, running  # noqa: E402
 
+from swarmrl.contract import Rollout  # noqa: E402
 from swarmrl.envs import make_env  # noqa: E402
 from swarmrl.inference.prompts import decode_completion  # noqa: E402
 from swarmrl.inference.sampler import SamplingParams, generate  # noqa: E402
@@ -18,7 +19,7 @@ from swarmrl.protocol.client import NodeClient, ValidatorClient  # noqa: E402
 from swarmrl.protocol.config import ValidatorConfig  # noqa: E402
 from swarmrl.protocol.signing import generate_key  # noqa: E402
 from swarmrl.protocol.validator import Validator  # noqa: E402
-from swarmrl.rl.rollouts import Rollout, write_rollouts  # noqa: E402
+from swarmrl.rollouts.wire import write_rollouts  # noqa: E402
 from swarmrl.toploc import proofs_for_sample  # noqa: E402
 
 torch.set_num_threads(1)

@@ -2,11 +2,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from swarmrl.contract import GroupRule, RLContract
+from swarmrl.contract import GroupRule, RLContract, Rollout
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import (
+from swarmrl.rollouts.wire import (
     SCHEMA,
-    Rollout,
     RolloutError,
     RolloutLimits,
     check_rollouts,

@@ -13,9 +13,9 @@ from attacks._honest import row
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, RLConfig
-from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.store import RunDir
 from swarmrl.rl.trainer import Trainer
+from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import read_trainer_log
 
 torch.set_num_threads(1)

@@ -9,11 +9,10 @@ import shutil
 import torch
 from attacks._honest import row
 
-from swarmrl.contract import RLContract
+from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
 from swarmrl.policy.store import PolicyDir
 from swarmrl.rl.config import EvalSection, RLConfig
-from swarmrl.rl.rollouts import Rollout
 from swarmrl.toploc.calibration import CALIBRATION_FILE
 
 torch.set_num_threads(1)

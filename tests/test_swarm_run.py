@@ -113,7 +113,7 @@ def test_swarm_run_weights_through_shardcast_with_thinking_budgets(tiny_model_di
         assert not (run_dir / "nodes" / nid / "policy" / "v000000").exists()
     _check_report(out["summary"], [])
     from swarmrl.models import load_tokenizer
-    from swarmrl.rl.rollouts import read_rollouts
+    from swarmrl.rollouts.wire import read_rollouts
 
     tok = load_tokenizer(tiny_model_dir)
     used = sorted((run_dir / "rollouts").glob("step_*/s*.parquet"))

@@ -14,12 +14,13 @@ import torch
 from typer.testing import CliRunner
 
 from swarmrl.cli import app
+from swarmrl.contract import Rollout
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.protocol.checks import toploc_check
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.validator import Validator, config_problems, judge
-from swarmrl.rl.rollouts import Rollout, write_rollouts
+from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.toploc.calibration import (
     CALIBRATION_FILE,
     MAX_CALIBRATION_BYTES,

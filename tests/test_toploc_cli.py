@@ -9,9 +9,10 @@ import torch
 from typer.testing import CliRunner
 
 from swarmrl.cli import app
+from swarmrl.contract import Rollout
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import ModelInitConfig, init_model
-from swarmrl.rl.rollouts import Rollout, write_rollouts
+from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.toploc import proofs_for_sample
 
 torch.set_num_threads(1)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from swarmrl.rl.rollouts import metadata_decoded_bytes  # noqa: E402
+from swarmrl.rollouts.wire import metadata_decoded_bytes  # noqa: E402
 from swarmrl.swarm.bomb import write_bomb  # noqa: E402
 
 # each child prints one JSON line with its peak RSS (VmHWM: this process image only, not the parent it forked
@@ -37,7 +37,7 @@ BOUNDED = """
 import json, sys
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.orchestrator.submissions import rollout_limits
-from swarmrl.rl.rollouts import RolloutError, RolloutTooLarge, read_rollouts
+from swarmrl.rollouts.wire import RolloutError, RolloutTooLarge, read_rollouts
 try:
     rows = read_rollouts(sys.argv[1], rollout_limits(OrchestratorConfig()))
     out = {"result": f"accepted: {len(rows)} rows"}

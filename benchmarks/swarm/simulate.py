@@ -72,7 +72,7 @@ from swarmrl.protocol.schemas import (  # noqa: E402
     VerdictRequest,
 )
 from swarmrl.protocol.signing import body_sha256, generate_key, node_id_for, public_key_hex, sign_request  # noqa: E402
-from swarmrl.rl.rollouts import SCHEMA  # noqa: E402
+from swarmrl.rollouts.wire import SCHEMA  # noqa: E402
 
 HB_PATH = "/v1/nodes/heartbeat"
 UPLOAD_PREFIX = "/v1/submissions/upload/"  # swarmrl.protocol.orchestrator.http.UPLOAD_PREFIX (no fastapi import)

@@ -101,7 +101,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
     if not cfg.model or not cfg.rollouts:
         fail("--model and --rollouts are required")
     from swarmrl.models.io import load_model, load_tokenizer  # noqa: PLC0415  # lazy: startup
-    from swarmrl.rl.rollouts import RolloutError, read_rollouts  # noqa: PLC0415  # lazy: startup
+    from swarmrl.rollouts.wire import RolloutError, read_rollouts  # noqa: PLC0415  # lazy: startup
     from swarmrl.toploc.rollout import verify_rows  # noqa: PLC0415  # lazy: startup
 
     try:

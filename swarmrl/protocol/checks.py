@@ -30,13 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from swarmrl.contract import PROOF_GEOMETRY, assigned_tasks, check_score, format_prompt, task_seed
+from swarmrl.contract import PROOF_GEOMETRY, Rollout, assigned_tasks, check_score, format_prompt, task_seed
 from swarmrl.envs import Task
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.schemas import PendingSubmission
-from swarmrl.rl.rollouts import Rollout
-from swarmrl.rl.train_step import Sequence, _pack, sequence_logprobs
+from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
 from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
 from swarmrl.toploc.sampling_check import SamplingThresholds
@@ -274,7 +273,7 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
             for temp, chunk in by_temp.items():
                 seqs = [Sequence(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids),
                                  list(ctx.rows[i].logprobs), 0.0, temp) for i in chunk]
-                packed = _pack(seqs, pad)
+                packed = pack(seqs, pad)
                 with torch.no_grad():
                     logp, _ = sequence_logprobs(model, packed, temp)
                 for j, i in enumerate(chunk):

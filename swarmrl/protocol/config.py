@@ -107,7 +107,7 @@ class OrchestratorConfig(StrictModel):
     # metrics (JSONL): "" = <data_dir>/metrics.jsonl; a snapshot row every metrics_interval_s plus verdict events
     metrics_path: str = ""
     metrics_interval_s: float = Field(10.0, gt=0)
-    # hostile uploads: limits on a rollout file once DECODED (swarmrl.rl.rollouts.RolloutLimits, same names and
+    # hostile uploads: limits on a rollout file once DECODED (swarmrl.rollouts.wire.RolloutLimits, same names and
     # defaults), checked from the parquet metadata and then batch by batch before anything is materialised; a
     # file over one is refused with 413 naming the limit (a malformed one with 422)
     max_decoded_bytes: int = Field(64 << 20, gt=0)  # all columns' values decoded

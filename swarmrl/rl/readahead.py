@@ -16,9 +16,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from swarmrl.contract import AsyncWindow
-from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts
+from swarmrl.contract import AsyncWindow, Rollout
 from swarmrl.rl.store import RunDir
+from swarmrl.rollouts.wire import RolloutError, read_rollouts
 
 Parsed = list[Rollout] | RolloutError
 

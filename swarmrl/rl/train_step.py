@@ -16,47 +16,8 @@ import torch
 
 from swarmrl.rl.config import LossConfig
 from swarmrl.rl.loss import grpo_token_loss, token_weights
+from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.rundir.records import LossStats
-
-
-@dataclass
-class Sequence:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    advantage: float
-    temperature: float
-
-
-def _pack(seqs: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion; completion token t sits at position len(prompt) + t."""
-    full = [s.prompt_ids + s.completion_ids for s in seqs]
-    width = max(len(f) for f in full)
-    n = len(seqs)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    cmask = torch.zeros((n, width - 1), dtype=torch.float32)
-    old = torch.zeros((n, width - 1), dtype=torch.float32)
-    for i, (s, f) in enumerate(zip(seqs, full)):
-        ids[i, : len(f)] = torch.tensor(f)
-        attn[i, : len(f)] = 1
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        # logits at position j predict token j+1: completion tokens are predicted at p-1 .. p+c-2
-        cmask[i, p - 1: p - 1 + c] = 1.0
-        old[i, p - 1: p - 1 + c] = torch.tensor(s.logprobs, dtype=torch.float32)
-    return {"ids": ids, "attn": attn, "cmask": cmask, "old": old}
-
-
-def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False):
-    out = model(input_ids=packed["ids"], attention_mask=packed["attn"])
-    logits = out.logits[:, :-1, :].float() / max(temperature, 1e-6)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    target = packed["ids"][:, 1:]
-    logp = logp_all.gather(-1, target[..., None]).squeeze(-1)
-    ent = None
-    if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, ent
 
 
 def _null_pass(model, pad_id: int) -> None:
@@ -86,7 +47,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
         if not mb:
             _null_pass(model, pad_id)
             continue
-        packed = _pack(mb, pad_id)
+        packed = pack(mb, pad_id)
         temps = {s.temperature for s in mb}
         if len(temps) != 1:
             raise ValueError("a micro-batch mixes sampling temperatures")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmrl.contract import group_advantages
+from swarmrl.contract import Rollout, group_advantages
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
@@ -44,11 +44,11 @@ from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.parallel import make_parallel
 from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
-from swarmrl.rl.rollouts import Rollout
 from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
 from swarmrl.rl.state import STATE_DIR, Checkpointer, TrainerState
 from swarmrl.rl.store import RunDir
-from swarmrl.rl.train_step import Sequence, accumulate_gradients
+from swarmrl.rl.train_step import accumulate_gradients
+from swarmrl.rollouts.packing import Sequence
 from swarmrl.rundir import StepRecord, read_trainer_log
 from swarmrl.toploc.calibration import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter

@@ -32,8 +32,8 @@ from swarmrl.models.io import load_tokenizer
 from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.store import RunDir
+from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.toploc import proofs_for_samples
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads

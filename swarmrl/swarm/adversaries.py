@@ -44,7 +44,7 @@ from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
 from swarmrl.protocol.signing import H_KEY, generate_key, sign_request
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import RolloutError, read_rollouts
+from swarmrl.rollouts.wire import RolloutError, read_rollouts
 from swarmrl.rundir import RunLayout
 from swarmrl.swarm.bomb import write_bomb
 from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig

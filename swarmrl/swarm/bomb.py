@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from swarmrl.rl.rollouts import SCHEMA
+from swarmrl.rollouts.wire import SCHEMA
 
 TOKENS = 32_768  # per prompt and per completion: the most a row may legally hold
 ROW_BYTES = TOKENS * 12  # decoded: prompt ids, completion ids (int32) and logprobs (float32)

@@ -35,8 +35,8 @@ from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.node import ensure_registered, run_node
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import write_rollouts
 from swarmrl.rl.worker import BatchResult, rollout_batch
+from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import RunLayout
 from swarmrl.swarm.config import SwarmNodeConfig
 from swarmrl.utils.metrics import MetricsWriter

@@ -166,7 +166,7 @@ def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], geometry: Pr
 
 
 def claim_from_rollout(r, eos_id: int, top_p: float = 1.0, max_new_tokens: int | None = None) -> SamplingClaim:
-    """The sampling claim of a ``swarmrl.rl.rollouts.Rollout`` row (top_p / max_new_tokens from the run config)."""
+    """The sampling claim of a ``swarmrl.contract.Rollout`` row (top_p / max_new_tokens from the run config)."""
     return SamplingClaim(eos_id=eos_id, temperature=float(r.temperature), top_p=top_p, logprobs=list(r.logprobs),
                          finished=bool(r.finished), max_new_tokens=max_new_tokens)
 
@@ -176,7 +176,7 @@ def verify_rows(model: torch.nn.Module, rows: Sequence, eos_id: int, top_p: floa
                 geometry: ProofGeometry = PROOF_GEOMETRY,
                 thresholds: Thresholds | None = None, sampling_thresholds: SamplingThresholds | None = None,
                 batch_size: int = 8) -> list[RolloutCheck]:
-    """Verify ``swarmrl.rl.rollouts.Rollout`` rows (proofs + sampling claim from each row)."""
+    """Verify ``swarmrl.contract.Rollout`` rows (proofs + sampling claim from each row)."""
     items = [(r.prompt_ids, r.completion_ids, r.proofs,
               claim_from_rollout(r, eos_id, top_p, max_new_tokens) if check_sampling else None) for r in rows]
     return verify_rollouts(model, items, geometry, thresholds=thresholds,

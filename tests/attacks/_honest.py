@@ -7,12 +7,11 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.contract import completion_length, format_prompt
+from swarmrl.contract import Rollout, completion_length, format_prompt
 from swarmrl.envs import make_env
 from swarmrl.inference.prompts import decode_completion
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import load_model, load_tokenizer
-from swarmrl.rl.rollouts import Rollout
 from swarmrl.toploc import proofs_for_sample
 
 

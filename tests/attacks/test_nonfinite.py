@@ -10,13 +10,13 @@ import torch
 from protocol_support import make_cfg, rollouts_for, running, write
 
 from attacks._honest import row
-from swarmrl.contract import RLContract
+from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.signing import generate_key, sign_request
 from swarmrl.rl.config import EvalSection, RLConfig
-from swarmrl.rl.rollouts import Rollout, RolloutError, read_rollouts, write_rollouts
 from swarmrl.rl.state import read_saved_state
+from swarmrl.rollouts.wire import RolloutError, read_rollouts, write_rollouts
 from swarmrl.utils.metrics import read_metrics
 
 FLOATS = ["reward", "task_reward", "length_penalty", "advantage", "temperature"]

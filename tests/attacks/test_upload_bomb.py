@@ -26,7 +26,7 @@ from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.signing import generate_key
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.rollouts import RolloutError, RolloutLimits, read_rollouts, to_table, write_rollouts
+from swarmrl.rollouts.wire import RolloutError, RolloutLimits, read_rollouts, to_table, write_rollouts
 from swarmrl.swarm.bomb import write_bomb
 from swarmrl.utils.keys import save_private_key
 from swarmrl.utils.metrics import read_metrics
@@ -61,7 +61,7 @@ BOMBS = {"tokens": lambda p: write_bomb(p, 2 * GiB), "strings": string_bomb, "pr
 READER = textwrap.dedent("""
     import json, resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-    from swarmrl.rl.rollouts import RolloutError, read_rollouts
+    from swarmrl.rollouts.wire import RolloutError, read_rollouts
     try:
         rows = read_rollouts(sys.argv[1])
         out = {"rows": len(rows)}

@@ -131,8 +131,8 @@ def test_proof_shape_findings():
     under require_proofs."""
     import torch
 
+    from swarmrl.contract import Rollout
     from swarmrl.protocol.checks import CheckContext, check_proofs
-    from swarmrl.rl.rollouts import Rollout
     from swarmrl.toploc import build_proofs
 
     def row(n_tokens: int, proofs: list[bytes]) -> Rollout:

@@ -36,14 +36,14 @@ from swarmrl.protocol.schemas import (
 from swarmrl.protocol.store import ContentStore
 
 if TYPE_CHECKING:
-    from swarmrl.rl.rollouts import RolloutLimits
+    from swarmrl.rollouts.wire import RolloutLimits
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
 
 
 def rollout_limits(cfg: OrchestratorConfig) -> RolloutLimits:
     """The limits an uploaded rollout file is read under (``OrchestratorConfig``'s upload fields)."""
-    from swarmrl.rl.rollouts import RolloutLimits  # noqa: PLC0415  # lazy: pyarrow
+    from swarmrl.rollouts.wire import RolloutLimits  # noqa: PLC0415  # lazy: pyarrow
 
     return RolloutLimits(max_bytes=cfg.max_upload_bytes, max_rows=cfg.max_rows, max_decoded_bytes=cfg.max_decoded_bytes,
                          max_string_bytes=cfg.max_string_bytes, max_prompt_tokens=cfg.max_prompt_tokens,
@@ -133,7 +133,7 @@ class SubmissionsMixin:
 
     def accept_upload(self, p: Principal, assignment_id: int, tmp: Path, sha: str, size: int,
                       now: float | None = None) -> SubmitReply:
-        from swarmrl.rl.rollouts import RolloutError, RolloutTooLarge, check_rollouts  # noqa: PLC0415  # lazy: pyarrow
+        from swarmrl.rollouts.wire import RolloutError, RolloutTooLarge, check_rollouts  # noqa: PLC0415  # lazy: pyarrow
 
         now = time.time() if now is None else now
         try:

@@ -1,4 +1,4 @@
-"""Rollout files: one parquet file per (worker, step) batch, one row per sampled completion
+"""The rollout wire format: one parquet file per (worker, step) batch, one row per sampled completion
 (``swarmrl.contract.Rollout``).
 
 The schema is the contract between inference workers, the validator and the trainer. Files from
@@ -186,17 +186,6 @@ def _rows(batch: pa.RecordBatch) -> list[Rollout]:
     positionally (``_check_batch`` checked the columns are SCHEMA's, in order: the dataclass's fields)."""
     cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
     return [Rollout(*vals) for vals in zip(*cols)]
-
-
-def rows_from_table(table: pa.Table, limits: RolloutLimits = RolloutLimits()) -> list[Rollout]:
-    """The rows of an in-memory table, checked as ``read_rollouts`` checks a file's batches."""
-    _check_schema(table.schema)
-    rows: list[Rollout] = []
-    decoded = 0
-    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-        decoded += _check_batch(batch, limits, len(rows), decoded)
-        rows.extend(_rows(batch))
-    return rows
 
 
 def _open_checked(path: Path, limits: RolloutLimits) -> pq.ParquetFile:

@@ -1,0 +1,19 @@
+"""Rollouts between the roles: the layer below both the trainer (``rl``) and the protocol (``protocol``).
+
+- ``wire``: the rollout file format: the parquet ``SCHEMA`` of ``swarmrl.contract.Rollout`` rows, the atomic
+  writer and the checked readers of untrusted files (``read_rollouts``, ``check_rollouts``, ``read_group_keys``)
+  under ``RolloutLimits``.
+- ``packing``: rows as model input (``Sequence``, ``pack``) and their logprobs under a model
+  (``sequence_logprobs``): what the trainer's update and the validator's logprob re-check both run.
+"""
+
+from swarmrl.utils.lazy import lazy_exports
+
+_WIRE = ("SCHEMA", "BATCH_ROWS", "GroupKey", "RolloutError", "RolloutLimits", "RolloutTooLarge", "check_rollouts",
+         "metadata_decoded_bytes", "read_group_keys", "read_rollouts", "to_table", "write_rollouts")
+_PACKING = ("Sequence", "pack", "sequence_logprobs")
+__all__ = [*_WIRE, *_PACKING]
+
+# lazy: the wire format pulls in pyarrow (the orchestrator loads it only for an upload), packing torch
+__getattr__ = lazy_exports({**{n: "swarmrl.rollouts.wire" for n in _WIRE},
+                            **{n: "swarmrl.rollouts.packing" for n in _PACKING}})
