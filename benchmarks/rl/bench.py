@@ -18,7 +18,7 @@ from pathlib import Path
 from swarmrl.config import load_config
 from swarmrl.job import RunConfig
 from swarmrl.job.launch import launch
-from swarmrl.utils.metrics import read_metrics
+from swarmrl.rundir import RunLayout, read_trainer_log
 
 
 def one(base: list[str], async_level: int, run_dir: Path, minutes: float) -> dict:
@@ -26,11 +26,11 @@ def one(base: list[str], async_level: int, run_dir: Path, minutes: float) -> dic
                       base + [f"rl.contract.async_level={async_level}", f'rl.run_dir="{run_dir}"', f"rl.max_minutes={minutes}",
                               "rl.steps=100000", "rl.eval.every_steps=5"])
     summary = launch(cfg, progress=lambda m: print(m, file=sys.stderr))
-    rows = read_metrics(run_dir / "metrics" / "trainer.jsonl")
-    evals = [(r["wall_s"], r["heldout_acc"]) for r in rows if "heldout_acc" in r]
-    steps = [r for r in rows if "reward" in r]
+    log = read_trainer_log(RunLayout(run_dir).trainer_metrics)
+    evals = [(e.wall_s or 0.0, e.heldout_acc) for e in log.evals]
+    steps = log.steps
     return {"async_level": async_level, "steps": len(steps), "evals": evals,
-            "wait_frac": sum(r["wait_s"] for r in steps) / max(1e-9, steps[-1]["wall_s"]) if steps else None,
+            "wait_frac": sum(r.wait_s or 0.0 for r in steps) / max(1e-9, steps[-1].wall_s or 0.0) if steps else None,
             "final_acc": summary["heldout_acc_final"], "initial_acc": summary["heldout_acc_initial"],
             "mean_lag": summary["mean_lag"]}
 
