@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from swarmrl.cli import app
-from swarmrl.contract import Rollout
+from swarmrl.contract import RLContract, Rollout
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.protocol.checks import toploc_check
@@ -103,7 +103,8 @@ def _judge(model_dir, tmp_path, rows, **cfg_kw):
     cfg = ValidatorConfig(model_dir=str(model_dir), work_dir=str(tmp_path / "v"), logprob_rows=0, **cfg_kw)
     val = Validator(cfg, client=object(), checks=[("toploc", toploc_check(cfg))])
     path = write_rollouts(rows, tmp_path / "r.parquet")
-    item = SimpleNamespace(submission=SimpleNamespace(submission_id=1))
+    item = SimpleNamespace(submission=SimpleNamespace(submission_id=1),
+                           assignment=SimpleNamespace(contract=RLContract()))
     return judge(path, item, cfg, val.checks, val.tokenizer, val._load_model, val.vocab_size, val._toploc_settings)
 
 

@@ -51,7 +51,7 @@ def calibrate(model: Annotated[Optional[Path], typer.Option("--model", "-m", hel
 
     with console.status("calibrating") as status:
         report = run_calibration(cfg, progress=lambda m: status.update(f"calibrating: {m}"))
-    t = Table(title=f"TOPLOC calibration on {cfg.model} (k={cfg.k}, chunk={cfg.chunk})")
+    t = Table(title=f"TOPLOC calibration on {cfg.model} (k={cfg.proof.k}, chunk={cfg.proof.chunk})")
     t.add_column("scenario", no_wrap=True)
     for col in ("rollouts", "chunks", "exp_mism p50/max", "mant_mean p50/max", "mant_median p50/max",
                 "TOPLOC fail dflt", "TOPLOC fail rec", "sampling fail dflt", "max |dlogp|", "logprob fail rec",

@@ -99,147 +99,156 @@ class _Pending:
 
 
 def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
-    torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = torch.device(cfg.device)
-    model, tok = init_model(cfg.init)  # same seed on every worker: identical start
-    model.to(device).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    numel = sum(p.numel() for p in params)
-    corpus = PackedCorpus(cfg.task.build(), tok, seq_len=cfg.seq_len, seed=cfg.seed)
-    eval_batch = corpus.eval_batch(cfg.eval_seqs)
-    opt = torch.optim.AdamW(params, lr=cfg.inner_lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio))
-    outer = OuterNesterov(flatten(params), lr=cfg.outer_lr, momentum=cfg.outer_momentum)
-    metrics = MetricsWriter(out / f"worker{rank}.jsonl")
-    evaluates = rank == 0 or cfg.backend == "hivemind"
-
-    averager = None
-    start_step = 0
-    rnd = 0
-    joined_from: dict | None = None
-    state = {"round": 0}  # what a joining peer downloads (guarded by the averager's lock)
+    """Train as worker ``rank`` of ``world``; returns the summary (also in ``OUT/worker{R}.summary.json``)."""
+    w = _Worker(cfg, rank, world)
     if world > 1 or cfg.backend == "hivemind":
+        w.connect()
+    w.train()
+    return w.finish()
+
+
+class _Worker:
+    """One worker's run, split by phase: set-up (``__init__``), joining the averaging (``connect``), the inner
+    and outer steps (``train``) and the summary (``finish``). The attributes are the state the phases share: the
+    model and its optimisers, the averager with the round state a joining peer downloads, and the counters the
+    summary reports."""
+
+    def __init__(self, cfg: DilocoConfig, rank: int, world: int) -> None:
+        torch.set_num_threads(cfg.threads)
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.out = Path(cfg.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.device = torch.device(cfg.device)
+        self.model, self.tok = init_model(cfg.init)  # same seed on every worker: identical start
+        self.model.to(self.device).train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.corpus = PackedCorpus(cfg.task.build(), self.tok, seq_len=cfg.seq_len, seed=cfg.seed)
+        self.eval_batch = self.corpus.eval_batch(cfg.eval_seqs)
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.inner_lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio))
+        self.outer = OuterNesterov(flatten(self.params), lr=cfg.outer_lr, momentum=cfg.outer_momentum)
+        self.metrics = MetricsWriter(self.out / f"worker{rank}.jsonl")
+        self.evaluates = rank == 0 or cfg.backend == "hivemind"
+        self.averager: TorchDistributedAverager | HivemindAverager | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.start_step = 0
+        self.step = 0
+        self.rnd = 0
+        self.joined_from: dict | None = None
+        self.state = {"round": 0}  # what a joining peer downloads (guarded by the averager's lock)
+        self.t0 = 0.0
+        self.train_s = 0.0
+        self.sync_time = 0.0
+        self.losses: list[float] = []
+        self.evals: list[dict] = []
+        self.round_rows: list[dict] = []
+        self.left = False
+
+    # -- joining the averaging
+
+    def connect(self) -> None:
+        """The averager: torch.distributed (rank 0's parameters broadcast to all) or hivemind (rank 0 publishes
+        its addresses in the peers file; a joining worker loads the swarm's outer state)."""
+        cfg = self.cfg
         if cfg.backend == "torch":
             port = int(os.environ.get("MASTER_PORT", cfg.master_port or 29500))
-            averager = TorchDistributedAverager(rank, world, os.environ.get("MASTER_ADDR", cfg.master_addr), port,
-                                                backend=cfg.dist_backend, wire=cfg.wire, device=cfg.device,
-                                                int8_chunk=cfg.int8_chunk, error_feedback=cfg.error_feedback)
-            synced = averager.broadcast(outer.anchor, src=0)
-            outer.anchor = synced
-            unflatten_into(synced, params)
+            self.averager = TorchDistributedAverager(self.rank, self.world,
+                                                     os.environ.get("MASTER_ADDR", cfg.master_addr), port,
+                                                     backend=cfg.dist_backend, wire=cfg.wire, device=cfg.device,
+                                                     int8_chunk=cfg.int8_chunk, error_feedback=cfg.error_feedback)
+            synced = self.averager.broadcast(self.outer.anchor, src=0)
+            self.outer.anchor = synced
+            unflatten_into(synced, self.params)
+            return
+        hm = cfg.hivemind
+        pfile = peers_file(self.out)
+        if hm.initial_peers:
+            initial = list(hm.initial_peers)
+        elif self.rank == 0 and not hm.join:
+            initial = []
         else:
-            hm = cfg.hivemind
-            pfile = peers_file(out)
-            if hm.initial_peers:
-                initial = list(hm.initial_peers)
-            elif rank == 0 and not hm.join:
-                initial = []
-            else:
-                initial = _wait_for_peers(pfile, hm.peers_file_timeout)
-            def state_fn() -> tuple[dict, list[torch.Tensor]]:
-                buf = outer.buf if outer.buf is not None else torch.zeros(0)
-                return {"round": state["round"], "outer_steps": outer.steps}, [outer.anchor, buf]
+            initial = _wait_for_peers(pfile, hm.peers_file_timeout)
+        self.averager = HivemindAverager(self.numel, initial, prefix=hm.prefix, wire=cfg.wire,
+                                         target_group_size=self.world if self.world > 1 else None,
+                                         min_group_size=hm.min_group_size, matchmaking_time=hm.matchmaking_time,
+                                         round_timeout=hm.round_timeout, state_fn=self._peer_state)
+        if self.rank == 0 and not initial:
+            tmp = pfile.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.averager.visible_maddrs()))
+            tmp.replace(pfile)
+        if hm.join:
+            self._join()
 
-            averager = HivemindAverager(numel, initial, prefix=hm.prefix, wire=cfg.wire,
-                                        target_group_size=world if world > 1 else None,
-                                        min_group_size=hm.min_group_size, matchmaking_time=hm.matchmaking_time,
-                                        round_timeout=hm.round_timeout, state_fn=state_fn)
-            if rank == 0 and not initial:
-                tmp = pfile.with_suffix(".tmp")
-                tmp.write_text(json.dumps(averager.visible_maddrs()))
-                tmp.replace(pfile)
-            if hm.join:
-                got = None
-                for _ in range(10):
-                    loaded = averager.load_state_from_peers(timeout=hm.round_timeout)
-                    if loaded is not None:
-                        try:
-                            got = _validated_state(loaded, numel)
-                            break
-                        except ValueError as e:
-                            metrics.write(event="rejected_peer_state", reason=str(e))
-                    time.sleep(1.0)
-                if got is None:
-                    raise RuntimeError("joining worker could not load a valid outer state from any peer")
-                with averager.lock:
-                    outer.load_state(got[2], got[3], got[1])
-                    rnd = got[0]
-                    state["round"] = rnd
-                unflatten_into(outer.anchor, params)
-                start_step = rnd * cfg.inner_steps
-                for _ in range(start_step):
-                    sched.step()  # resume the schedule where the swarm is
-                joined_from = {"round": rnd, "digest": params_digest(outer.anchor)}
-                metrics.write(event="joined", round=rnd, step=start_step, digest=joined_from["digest"])
+    def _peer_state(self) -> tuple[dict, list[torch.Tensor]]:
+        """What a joining peer downloads: the round, the outer steps, the anchor and the momentum buffer."""
+        buf = self.outer.buf if self.outer.buf is not None else torch.zeros(0)
+        return {"round": self.state["round"], "outer_steps": self.outer.steps}, [self.outer.anchor, buf]
 
-    t0 = time.perf_counter()
-    train_s = 0.0
-    losses: list[float] = []
-    step = start_step
-    evals: list[dict] = []
-    round_rows: list[dict] = []
-    left = False
-    if evaluates and start_step == 0:
-        ev = eval_loss(model, eval_batch)
-        evals.append({"step": 0, "eval_loss": ev})
-        metrics.write(step=0, eval_loss=ev)
-    sync_time = 0.0
-    pending: _Pending | None = None
-    executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if cfg.overlap_steps and averager else None
+    def _join(self) -> None:
+        """Load a valid outer state from a peer and resume the round and the schedule where the swarm is."""
+        got = None
+        for _ in range(10):
+            loaded = self.averager.load_state_from_peers(timeout=self.cfg.hivemind.round_timeout)
+            if loaded is not None:
+                try:
+                    got = _validated_state(loaded, self.numel)
+                    break
+                except ValueError as e:
+                    self.metrics.write(event="rejected_peer_state", reason=str(e))
+            time.sleep(1.0)
+        if got is None:
+            raise RuntimeError("joining worker could not load a valid outer state from any peer")
+        with self.averager.lock:
+            self.outer.load_state(got[2], got[3], got[1])
+            self.rnd = got[0]
+            self.state["round"] = self.rnd
+        unflatten_into(self.outer.anchor, self.params)
+        self.start_step = self.rnd * self.cfg.inner_steps
+        for _ in range(self.start_step):
+            self.sched.step()  # resume the schedule where the swarm is
+        self.joined_from = {"round": self.rnd, "digest": params_digest(self.outer.anchor)}
+        self.metrics.write(event="joined", round=self.rnd, step=self.start_step, digest=self.joined_from["digest"])
 
-    def average(pg: torch.Tensor, round_no: int) -> AverageResult:
-        if averager is None:
-            return AverageResult(pg, 1)
-        return averager.average(pg, round_no) if cfg.backend == "hivemind" else averager.average(pg)
+    # -- training
 
-    def submit_average(pg: torch.Tensor, round_no: int) -> Future[AverageResult]:
-        if executor is not None:
-            return executor.submit(average, pg, round_no)  # overlapped with the next inner steps
-        done: Future[AverageResult] = Future()
-        done.set_result(average(pg, round_no))
-        return done
+    def train(self) -> None:
+        """Inner steps until ``total_steps`` (or until a hivemind worker leaves), an outer round every
+        ``inner_steps`` (diloco), evaluation and metrics as configured."""
+        cfg = self.cfg
+        self.t0 = time.perf_counter()
+        self.step = self.start_step
+        if self.evaluates and self.start_step == 0:
+            ev = eval_loss(self.model, self.eval_batch)
+            self.evals.append({"step": 0, "eval_loss": ev})
+            self.metrics.write(step=0, eval_loss=ev)
+        pending: _Pending | None = None
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if cfg.overlap_steps and self.averager else None
+        hm_leave = cfg.backend == "hivemind" and cfg.hivemind.leave_after_rounds
+        while self.step < cfg.total_steps:
+            ts = time.perf_counter()
+            self._inner_step()
+            row: dict = {}
+            if cfg.mode == "diloco":
+                row, pending = self._outer_round(pending)
+            self.train_s += time.perf_counter() - ts
+            self._evaluate_and_log(row)
+            if hm_leave and cfg.mode == "diloco" and self.rnd >= hm_leave and row.get("round"):
+                self.left = True
+                self.metrics.write(event="left", round=self.rnd, step=self.step)
+                break
+        if pending is not None:  # left early (hivemind leave_after_rounds) with a round in flight
+            self._finish_round(pending)
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
 
-    def finish_round(p: _Pending) -> dict:
-        """Wait for the averaged pseudo-gradient, take the outer step, move the worker's parameters."""
-        nonlocal rnd, sync_time
-        ta = time.perf_counter()
-        res = p.result.result()
-        pg, group = res.tensor, res.group_size
-        behind_of = max(res.peer_rounds) if res.peer_rounds and max(res.peer_rounds) > rnd else None
-        lock = getattr(averager, "lock", None)
-        if lock is not None:
-            with lock:
-                outer.step(pg)
-                rnd += 1
-                state["round"] = rnd
-        else:
-            outer.step(pg)
-            rnd += 1
-        if behind_of is not None:  # a peer is ahead: catch up from its state
-            caught = _catch_up(averager, outer, behind_of + 1, cfg.hivemind.round_timeout)
-            if caught is not None:
-                with averager.lock:
-                    rnd = caught
-                    state["round"] = rnd
-                metrics.write(event="caught_up", round=rnd, step=step)
-        if cfg.overlap_steps:
-            unflatten_into(apply_delayed(outer.anchor, p.sent_from, flatten(params)), params)
-        else:
-            unflatten_into(outer.anchor, params)
-        sync_time += time.perf_counter() - ta
-        r = {"round": rnd, "group_size": group, "digest": params_digest(outer.anchor),
-             "bytes_sent": averager.bytes_sent if averager else 0}
-        round_rows.append({"round": rnd, "step": step, **r})
-        return r
-
-    while step < cfg.total_steps:
-        ts = time.perf_counter()
-        x = corpus.train_batch(rank, step, cfg.batch_size).to(device)
-        loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
+    def _inner_step(self) -> None:
+        """One AdamW step on this worker's batch (DDP mode: on the gradients all-reduced first)."""
+        cfg, params, averager = self.cfg, self.params, self.averager
+        x = self.corpus.train_batch(self.rank, self.step, cfg.batch_size).to(self.device)
+        loss = self.model(input_ids=x, labels=x).loss
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.mode == "ddp" and averager is not None:
             ta = time.perf_counter()
@@ -248,76 +257,129 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
             unflatten_into(res.tensor, grads)
             for p, g in zip(params, grads):
                 p.grad = g
-            sync_time += time.perf_counter() - ta
+            self.sync_time += time.perf_counter() - ta
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
-        step += 1
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
         lv = float(loss.detach())
         if not math.isfinite(lv):
-            raise FloatingPointError(f"worker {rank}: loss became {lv} at step {step}")
-        losses.append(lv)
+            raise FloatingPointError(f"worker {self.rank}: loss became {lv} at step {self.step}")
+        self.losses.append(lv)
+
+    def _outer_round(self, pending: _Pending | None) -> tuple[dict, _Pending | None]:
+        """DiLoCo after an inner step: finish the round in flight once it is due; every ``inner_steps`` send
+        the pseudo-gradient (finished at once unless overlapped). Returns the metrics row and what is in flight."""
+        cfg, step = self.cfg, self.step
         row: dict = {}
-        if cfg.mode == "diloco":
-            if pending is not None and (step >= pending.due_step or step == cfg.total_steps):
-                row = finish_round(pending)
+        if pending is not None and (step >= pending.due_step or step == cfg.total_steps):
+            row = self._finish_round(pending)
+            pending = None
+        if step % cfg.inner_steps == 0 or step == cfg.total_steps:
+            ta = time.perf_counter()
+            current = flatten(self.params)
+            pg = pseudo_gradient(self.outer.anchor, current)
+            pending = _Pending(self._submit_average(pg, self.rnd), current, step + cfg.overlap_steps)
+            self.sync_time += time.perf_counter() - ta
+            if cfg.overlap_steps == 0 or step == cfg.total_steps:
+                row = self._finish_round(pending)
                 pending = None
-            if step % cfg.inner_steps == 0 or step == cfg.total_steps:
-                ta = time.perf_counter()
-                current = flatten(params)
-                pg = pseudo_gradient(outer.anchor, current)
-                pending = _Pending(submit_average(pg, rnd), current, step + cfg.overlap_steps)
-                sync_time += time.perf_counter() - ta
-                if cfg.overlap_steps == 0 or step == cfg.total_steps:
-                    row = finish_round(pending)
-                    pending = None
-        train_s += time.perf_counter() - ts
+        return row, pending
+
+    def _evaluate_and_log(self, row: dict) -> None:
+        cfg, step = self.cfg, self.step
         if step % cfg.eval_interval == 0 or step == cfg.total_steps:
-            if evaluates:
-                row["eval_loss"] = eval_loss(model, eval_batch)
-                evals.append({"step": step, "eval_loss": row["eval_loss"]})
+            if self.evaluates:
+                row["eval_loss"] = eval_loss(self.model, self.eval_batch)
+                self.evals.append({"step": step, "eval_loss": row["eval_loss"]})
         if row or step % cfg.log_every == 0:
-            recent = losses[-cfg.log_every:]
-            metrics.write(step=step, loss=sum(recent) / len(recent), lr=sched.get_last_lr()[0],
-                          train_s=round(train_s, 3), **row)
-        hm_leave = cfg.backend == "hivemind" and cfg.hivemind.leave_after_rounds
-        if hm_leave and cfg.mode == "diloco" and rnd >= hm_leave and row.get("round"):
-            left = True
-            metrics.write(event="left", round=rnd, step=step)
-            break
-    if pending is not None:  # left early (hivemind leave_after_rounds) with a round in flight
-        finish_round(pending)
-    if executor is not None:
-        executor.shutdown(wait=True)
-    final_eval = eval_loss(model, eval_batch)
-    sep, eol = (tok.encode(c, add_special_tokens=False) for c in ("=", "\n"))
-    final_answer = (masked_eval_loss(model, eval_batch, answer_mask(eval_batch, sep[0], eol[0]))
-                    if len(sep) == 1 and len(eol) == 1 else None)
-    flat = flatten(params)
-    summary = {
-        "rank": rank, "world": world, "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire,
-        "steps": step, "start_step": start_step, "rounds": rnd, "inner_steps": cfg.inner_steps,
-        "params": numel, "bytes_sent": averager.bytes_sent if averager else 0,
-        "sync_calls": averager.rounds if averager else 0,
-        "solo_rounds": getattr(averager, "solo_rounds", 0),
-        "final_eval_loss": final_eval, "final_answer_loss": final_answer, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
-        "digest": params_digest(flat), "train_s": round(train_s, 2), "sync_s": round(sync_time, 2),
-        "wall_s": round(time.perf_counter() - t0, 2), "tokens": (step - start_step) * cfg.batch_size * cfg.seq_len,
-        "evals": evals, "round_log": round_rows, "left": left, "joined_from": joined_from,
-    }
-    if rank == 0 and not left:
-        model.eval()
-        save_model(model, tok, out / "model")  # loadable with swarmrl.models.load_model
-    if cfg.save_final_params:
-        torch.save(flat, out / f"worker{rank}.params.pt")
-    metrics.write(final=True, **{k: v for k, v in summary.items() if k not in ("evals", "round_log")})
-    metrics.close()
-    (out / f"worker{rank}.summary.json").write_text(json.dumps(summary, indent=2))
-    if averager is not None:
-        if cfg.backend == "torch":
-            averager.barrier()
-        averager.close()
-    return summary
+            recent = self.losses[-cfg.log_every:]
+            self.metrics.write(step=step, loss=sum(recent) / len(recent), lr=self.sched.get_last_lr()[0],
+                               train_s=round(self.train_s, 3), **row)
+
+    def _average(self, pg: torch.Tensor, round_no: int) -> AverageResult:
+        averager = self.averager
+        if averager is None:
+            return AverageResult(pg, 1)
+        return averager.average(pg, round_no) if self.cfg.backend == "hivemind" else averager.average(pg)
+
+    def _submit_average(self, pg: torch.Tensor, round_no: int) -> Future[AverageResult]:
+        if self.executor is not None:
+            return self.executor.submit(self._average, pg, round_no)  # overlapped with the next inner steps
+        done: Future[AverageResult] = Future()
+        done.set_result(self._average(pg, round_no))
+        return done
+
+    def _finish_round(self, p: _Pending) -> dict:
+        """Wait for the averaged pseudo-gradient, take the outer step, move the worker's parameters."""
+        averager, outer, state = self.averager, self.outer, self.state
+        ta = time.perf_counter()
+        res = p.result.result()
+        pg, group = res.tensor, res.group_size
+        behind_of = max(res.peer_rounds) if res.peer_rounds and max(res.peer_rounds) > self.rnd else None
+        lock = getattr(averager, "lock", None)
+        if lock is not None:
+            with lock:
+                outer.step(pg)
+                self.rnd += 1
+                state["round"] = self.rnd
+        else:
+            outer.step(pg)
+            self.rnd += 1
+        if behind_of is not None:  # a peer is ahead: catch up from its state
+            caught = _catch_up(averager, outer, behind_of + 1, self.cfg.hivemind.round_timeout)
+            if caught is not None:
+                with averager.lock:
+                    self.rnd = caught
+                    state["round"] = self.rnd
+                self.metrics.write(event="caught_up", round=self.rnd, step=self.step)
+        if self.cfg.overlap_steps:
+            unflatten_into(apply_delayed(outer.anchor, p.sent_from, flatten(self.params)), self.params)
+        else:
+            unflatten_into(outer.anchor, self.params)
+        self.sync_time += time.perf_counter() - ta
+        r = {"round": self.rnd, "group_size": group, "digest": params_digest(outer.anchor),
+             "bytes_sent": averager.bytes_sent if averager else 0}
+        self.round_rows.append({"round": self.rnd, "step": self.step, **r})
+        return r
+
+    # -- the end
+
+    def finish(self) -> dict:
+        """Final evaluation, the summary (metrics, ``worker{R}.summary.json``), the model (rank 0) and the final
+        parameters (``save_final_params``); then leave the averaging."""
+        cfg, rank, averager, model, tok, out = self.cfg, self.rank, self.averager, self.model, self.tok, self.out
+        final_eval = eval_loss(model, self.eval_batch)
+        sep, eol = (tok.encode(c, add_special_tokens=False) for c in ("=", "\n"))
+        final_answer = (masked_eval_loss(model, self.eval_batch, answer_mask(self.eval_batch, sep[0], eol[0]))
+                        if len(sep) == 1 and len(eol) == 1 else None)
+        flat = flatten(self.params)
+        step, losses = self.step, self.losses
+        summary = {
+            "rank": rank, "world": self.world, "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire,
+            "steps": step, "start_step": self.start_step, "rounds": self.rnd, "inner_steps": cfg.inner_steps,
+            "params": self.numel, "bytes_sent": averager.bytes_sent if averager else 0,
+            "sync_calls": averager.rounds if averager else 0,
+            "solo_rounds": getattr(averager, "solo_rounds", 0),
+            "final_eval_loss": final_eval, "final_answer_loss": final_answer, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+            "digest": params_digest(flat), "train_s": round(self.train_s, 2), "sync_s": round(self.sync_time, 2),
+            "wall_s": round(time.perf_counter() - self.t0, 2),
+            "tokens": (step - self.start_step) * cfg.batch_size * cfg.seq_len,
+            "evals": self.evals, "round_log": self.round_rows, "left": self.left, "joined_from": self.joined_from,
+        }
+        if rank == 0 and not self.left:
+            model.eval()
+            save_model(model, tok, out / "model")  # loadable with swarmrl.models.load_model
+        if cfg.save_final_params:
+            torch.save(flat, out / f"worker{rank}.params.pt")
+        self.metrics.write(final=True, **{k: v for k, v in summary.items() if k not in ("evals", "round_log")})
+        self.metrics.close()
+        (out / f"worker{rank}.summary.json").write_text(json.dumps(summary, indent=2))
+        if averager is not None:
+            if cfg.backend == "torch":
+                averager.barrier()
+            averager.close()
+        return summary
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,6 @@ held-out task, whatever seed it uses, and a validator can re-derive any assignme
 from __future__ import annotations
 
 import hashlib
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,13 +26,6 @@ class Task:
     task_type: str
     demonstration: str | None = None  # a correct completion, for the SFT warm start
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"task_id": self.task_id, "env": self.env, "prompt": self.prompt,
-             "verification_info": self.verification_info, "task_type": self.task_type},
-            sort_keys=True,
-        )
 
 
 def heldout_bucket(key: str, heldout_pct: float) -> bool:

@@ -39,7 +39,10 @@ __all__ = ["ZYGOTE_ROLES", "Zygote", "ZygoteChild", "fresh_random_state", "prelo
 # roles forked from the zygote: the ones that import torch and a model (the others start in a fraction of it)
 ZYGOTE_ROLES = (("rl", "worker"), ("node", "run"), ("validator", "run"))
 
-_BASE = ("torch", "transformers", "swarmrl.cli", "swarmrl.rl.config", "swarmrl.rl.worker",
+# "typer": most of what the children's ``python -m swarmrl`` costs to import before its command runs (the CLI's
+# own modules are light by design); the CLI itself is not named here: nothing below it imports it, not even by
+# name (tests/test_architecture.py)
+_BASE = ("torch", "transformers", "typer", "swarmrl.rl.config", "swarmrl.rl.worker",
          "swarmrl.swarm.config", "swarmrl.swarm.node", "swarmrl.swarm.adversaries", "swarmrl.protocol.node",
          "swarmrl.protocol.client", "swarmrl.protocol.config", "swarmrl.protocol.validator")
 

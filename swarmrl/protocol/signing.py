@@ -10,6 +10,9 @@ Pure module (no server or HTTP-library imports). A signed request carries five h
 
 The canonical message is ``swarmrl-req-v1\\n{METHOD}\\n{path?query}\\n{sha256}\\n{timestamp}\\n{nonce}``
 encoded as UTF-8. Node ids are the first 16 bytes of blake2b(public key), hex.
+
+A signature authenticates one request and nothing after it: the orchestrator checks it on arrival and does not
+keep it (a verdict is recorded with the validator's node id, not with its signature).
 """
 
 from __future__ import annotations
@@ -137,16 +140,3 @@ def check_timestamp(ts: int, max_skew_s: float, now: float | None = None) -> Non
     if abs(now - ts) > max_skew_s:
         raise SignatureError(f"stale timestamp: {ts} is {now - ts:+.0f}s from server time "
                              f"(allowed +-{max_skew_s:.0f}s)")
-
-
-# Signed JSON bodies (verdicts kept as evidence) use the same keys over a domain-separated message.
-def sign_blob(key: Ed25519PrivateKey, domain: str, payload: bytes) -> str:
-    return key.sign(f"{SCHEME}:{domain}\n".encode() + payload).hex()
-
-
-def verify_blob(public_key: str, domain: str, payload: bytes, signature_hex: str) -> bool:
-    try:
-        parse_public_key(public_key).verify(bytes.fromhex(signature_hex), f"{SCHEME}:{domain}\n".encode() + payload)
-        return True
-    except (InvalidSignature, ValueError):
-        return False

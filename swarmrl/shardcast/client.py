@@ -113,100 +113,148 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
     want = None if version == "latest" else int(version)
     deadline = time.monotonic() + wait_s
     async with new_session() as session:
-        manifest = None
-        last_err: Exception | None = None
-        while manifest is None and pub is not None:
-            await discover(session, pool, count_failures=time.monotonic() >= deadline)
-            listed = sorted({v for s in pool.healthy() for v in s.versions
-                             if (v == want if want is not None else v >= max(min_version, 1))}, reverse=True)
-            for v in listed:
-                try:
-                    manifest = await get_manifest(session, pool, v, pub)
-                    break
-                except FetchError as e:
-                    last_err = e
-            if manifest is None and insecure and listed and not isinstance(last_err, ManifestNotVerified):
-                break  # listed, but nobody serves a signed manifest: a plain 0.3.x server
-            if manifest is None:
-                if time.monotonic() >= deadline:
-                    if isinstance(last_err, ManifestNotVerified):  # offered, but signed under another key
-                        raise last_err
-                    if insecure:
-                        break
-                    what = f"v{want}" if want is not None else "any version"
-                    detail = f" ({last_err})" if last_err else ""
-                    raise FetchError(f"no server offers {what}{detail}; servers: {pool.report()}")
-                await asyncio.sleep(0.25)
-
+        manifest = await _signed_manifest(session, pool, pub, want, min_version, insecure, deadline)
         if manifest is None:  # insecure: a plain 0.3.x server
             # a fresh pool: a 0.3.x server's missing manifests are not failures of the server
             fresh = ServerPool(servers, max_failures=max_server_failures)
             return await _fetch_unsigned(session, fresh, out, want, min_version, parallel, max_attempts,
                                          read_timeout, stall_s, min_bps, window_s, t0, deadline)
-        tmp = out.parent / f".{out.name}.part"
-        state_path = out.parent / f".{out.name}.part.json"
-        try:
-            sink = FileSink(tmp, manifest)
-        except OSError as e:  # no room for it (the blocks are reserved up front), a directory not writable
-            raise FetchError(f"v{manifest.version}: cannot make {tmp} ({manifest.size:,} bytes) here: {e}") from e
-        done: set[int] = set()
-        try:
-            # resume across runs: shards recorded as done for this exact manifest, re-verified
-            try:
-                st = json.loads(state_path.read_text())
-                if st.get("version") == manifest.version and st.get("blake3") == manifest.blake3:
-                    done = {i for i in st.get("done", []) if type(i) is int and 1 <= i <= manifest.num_shards
-                            and sink.verify_existing(i)}
-            except (OSError, ValueError):
-                pass
-            resumed = len(done)
-            todo = [i for i in range(1, manifest.num_shards + 1) if i not in done]
-            last_save = [time.monotonic()]
-
-            def save_progress() -> None:
-                last_save[0] = time.monotonic()
-                atomic_write(state_path, json.dumps({"version": manifest.version, "blake3": manifest.blake3,
-                                                     "done": sorted(done)}).encode(), fsync=False)
-
-            hasher = InOrderHasher(tmp, manifest, done) if verify_whole else None
-            if hasher is not None:
-                sink.on_write, sink.on_reset = hasher.progress, hasher.reset
-
-            def shard_done(idx: int) -> None:
-                done.add(idx)
-                if hasher is not None:
-                    hasher.mark(idx)
-                if time.monotonic() - last_save[0] > 0.5:
-                    save_progress()  # a killed process loses at most ~0.5 s of verified shards
-                if on_shard:
-                    on_shard(len(done), manifest.num_shards)
-
-            try:
-                await download_shards(session, pool, manifest, todo, sink, parallel=parallel,
-                                      max_attempts=max_attempts, read_timeout=read_timeout, on_shard=shard_done,
-                                      refresh_s=1.0, stall_s=stall_s, min_bps=min_bps, window_s=window_s)
-            except BaseException:
-                if done:
-                    save_progress()  # the next fetch of this version into ``out`` resumes from here
-                if hasher is not None:
-                    hasher.close()
-                raise
-            if fsync:
-                await asyncio.to_thread(os.fsync, sink.fd)
-        finally:
-            sink.close()
-    if hasher is not None:
-        digest = await asyncio.to_thread(hasher.finish)
+        part = await _download_part(session, pool, manifest, out, parallel=parallel, max_attempts=max_attempts,
+                                    read_timeout=read_timeout, on_shard=on_shard, stall_s=stall_s, min_bps=min_bps,
+                                    window_s=window_s, verify_whole=verify_whole, fsync=fsync)
+    if part.hasher is not None:
+        digest = await asyncio.to_thread(part.hasher.finish)
         if digest != manifest.blake3:
-            tmp.unlink(missing_ok=True)
-            state_path.unlink(missing_ok=True)
+            part.tmp.unlink(missing_ok=True)
+            part.progress.path.unlink(missing_ok=True)
             raise FetchError(f"v{manifest.version}: whole-file BLAKE3 {digest} != signed {manifest.blake3}")
-    os.replace(tmp, out)
-    state_path.unlink(missing_ok=True)
+    os.replace(part.tmp, out)
+    part.progress.path.unlink(missing_ok=True)
     return FetchResult(version=manifest.version, path=out, size=manifest.size, blake3=manifest.blake3,
                        seconds=time.perf_counter() - t0, manifest=manifest,
                        bytes_by_server={s.url: s.bytes for s in pool},
-                       excluded={s.url: s.reason for s in pool if s.reason}, resumed_shards=resumed)
+                       excluded={s.url: s.reason for s in pool if s.reason}, resumed_shards=part.resumed)
+
+
+async def _signed_manifest(session: Any, pool: ServerPool, pub: Any | None, want: int | None, min_version: int,
+                           insecure: bool, deadline: float) -> Manifest | None:
+    """The manifest of version ``want`` (None: the highest listed, >= ``min_version``) whose origin signature
+    verifies, polling the servers until ``deadline``. None when there is no key, or (``insecure``) when the
+    version is listed but no server offers a signed manifest, or nothing came in time."""
+    manifest = None
+    last_err: Exception | None = None
+    while manifest is None and pub is not None:
+        await discover(session, pool, count_failures=time.monotonic() >= deadline)
+        listed = sorted({v for s in pool.healthy() for v in s.versions
+                         if (v == want if want is not None else v >= max(min_version, 1))}, reverse=True)
+        for v in listed:
+            try:
+                manifest = await get_manifest(session, pool, v, pub)
+                break
+            except FetchError as e:
+                last_err = e
+        if manifest is None and insecure and listed and not isinstance(last_err, ManifestNotVerified):
+            break  # listed, but nobody serves a signed manifest: a plain 0.3.x server
+        if manifest is None:
+            if time.monotonic() >= deadline:
+                if isinstance(last_err, ManifestNotVerified):  # offered, but signed under another key
+                    raise last_err
+                if insecure:
+                    break
+                what = f"v{want}" if want is not None else "any version"
+                detail = f" ({last_err})" if last_err else ""
+                raise FetchError(f"no server offers {what}{detail}; servers: {pool.report()}")
+            await asyncio.sleep(0.25)
+    return manifest
+
+
+@dataclass
+class _Progress:
+    """The shards of one manifest verified in the part file so far, recorded beside it (``.NAME.part.json``) so
+    that the next fetch of the same version into the same place resumes from them."""
+
+    path: Path
+    manifest: Manifest
+    done: set[int]
+    last_save: float = 0.0
+
+    @classmethod
+    def load(cls, path: Path, manifest: Manifest, sink: FileSink) -> _Progress:
+        """The shards a previous fetch recorded for this exact manifest, each re-verified in the part file."""
+        done: set[int] = set()
+        try:
+            st = json.loads(path.read_text())
+            if st.get("version") == manifest.version and st.get("blake3") == manifest.blake3:
+                done = {i for i in st.get("done", []) if type(i) is int and 1 <= i <= manifest.num_shards
+                        and sink.verify_existing(i)}
+        except (OSError, ValueError):
+            pass
+        return cls(path, manifest, done)
+
+    def save(self) -> None:
+        self.last_save = time.monotonic()
+        atomic_write(self.path, json.dumps({"version": self.manifest.version, "blake3": self.manifest.blake3,
+                                            "done": sorted(self.done)}).encode(), fsync=False)
+
+
+@dataclass
+class _Part:
+    """A downloaded part file (every shard verified), not yet checked whole nor renamed."""
+
+    tmp: Path
+    progress: _Progress
+    hasher: InOrderHasher | None
+    resumed: int
+
+
+async def _download_part(session: Any, pool: ServerPool, manifest: Manifest, out: Path, *, parallel: int,
+                         max_attempts: int, read_timeout: float, on_shard: Callable[[int, int], None] | None,
+                         stall_s: float | None, min_bps: float | None, window_s: float | None, verify_whole: bool,
+                         fsync: bool) -> _Part:
+    """Every shard of ``manifest`` into ``.NAME.part`` beside ``out`` (those a previous fetch verified are kept),
+    hashed in order behind the download when ``verify_whole``; progress is recorded at most every 0.5 s and
+    when the download fails."""
+    tmp = out.parent / f".{out.name}.part"
+    state_path = out.parent / f".{out.name}.part.json"
+    try:
+        sink = FileSink(tmp, manifest)
+    except OSError as e:  # no room for it (the blocks are reserved up front), a directory not writable
+        raise FetchError(f"v{manifest.version}: cannot make {tmp} ({manifest.size:,} bytes) here: {e}") from e
+    try:
+        # resume across runs: shards recorded as done for this exact manifest, re-verified
+        progress = _Progress.load(state_path, manifest, sink)
+        done = progress.done
+        resumed = len(done)
+        todo = [i for i in range(1, manifest.num_shards + 1) if i not in done]
+        progress.last_save = time.monotonic()
+        hasher = InOrderHasher(tmp, manifest, done) if verify_whole else None
+        if hasher is not None:
+            sink.on_write, sink.on_reset = hasher.progress, hasher.reset
+
+        def shard_done(idx: int) -> None:
+            done.add(idx)
+            if hasher is not None:
+                hasher.mark(idx)
+            if time.monotonic() - progress.last_save > 0.5:
+                progress.save()  # a killed process loses at most ~0.5 s of verified shards
+            if on_shard:
+                on_shard(len(done), manifest.num_shards)
+
+        try:
+            await download_shards(session, pool, manifest, todo, sink, parallel=parallel,
+                                  max_attempts=max_attempts, read_timeout=read_timeout, on_shard=shard_done,
+                                  refresh_s=1.0, stall_s=stall_s, min_bps=min_bps, window_s=window_s)
+        except BaseException:
+            if done:
+                progress.save()  # the next fetch of this version into ``out`` resumes from here
+            if hasher is not None:
+                hasher.close()
+            raise
+        if fsync:
+            await asyncio.to_thread(os.fsync, sink.fd)
+    finally:
+        sink.close()
+    return _Part(tmp, progress, hasher, resumed)
 
 
 async def _fetch_unsigned(session: Any, pool: ServerPool, out: Path, want: int | None, min_version: int,

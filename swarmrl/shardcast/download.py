@@ -183,135 +183,194 @@ async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: i
                            window_s: float | None = None, writer: ThreadPoolExecutor | None = None) -> None:
     """``writer``: a one-thread executor that writes and hashes each received buffer while the event loop reads
     the next (a ``threadsafe`` sink only); without it both happen on the event loop."""
-    min_bps = DEFAULT_MIN_BPS if min_bps is None else min_bps  # module defaults read per call (tests tune them)
-    stall_s = STALL_S if stall_s is None else stall_s
-    window_s = STALL_WINDOW_S if window_s is None else window_s
-    info = m.shards[index - 1]
-    shard_t0 = time.monotonic()
-    got, hasher = sink.resume_from(index)
-    sources: set[str] = set()
-    avoid: set[str] = set()
-    attempts = 0
-    errors: list[str] = []
+    f = _ShardFetch(raw, pool, m, index, sink, max_attempts, read_timeout, min_bps, not_ready_s, stall_s, window_s,
+                    writer)
     while True:
-        if got == info.size:
-            if hasher.hexdigest() == info.blake3:
-                sink.done(index)
-                return
-            if len(sources) == 1:
-                (bad,) = sources
-                pool.exclude(pool.servers[bad], f"served a corrupt shard {index} of v{m.version}")
-                errors.append(f"{bad}: corrupt shard")
-            else:
-                errors.append(f"corrupt shard assembled from {sorted(sources) or 'resumed data'}")
-            got, hasher, sources = 0, blake3.blake3(), set()
-            sink.reset(index)
-        if attempts >= max_attempts:
-            raise FetchError(f"shard {index} of v{m.version}: gave up after {attempts} attempts: "
-                             + "; ".join(errors[-max_attempts:]) + f" | servers: {pool.report()}")
-        s = pool.pick(m.version, avoid)
+        if f.got == f.info.size and f.verified():
+            return
+        f.give_up_if_spent()
+        s, delay = f.pick()
+        if delay is not None:
+            await asyncio.sleep(delay)
         if s is None:
-            avoid.clear()
-            s = pool.pick(m.version, avoid)
-            if s is None:
-                attempts += 1
-                if attempts >= max_attempts or not pool.healthy():
-                    raise FetchError(f"shard {index} of v{m.version}: no usable server left ({pool.report()})"
-                                     + (f"; errors: {'; '.join(errors[-5:])}" if errors else ""))
-                await asyncio.sleep(min(0.5 * attempts, 3.0))  # servers may still learn of the version
-                continue
-            await asyncio.sleep(min(0.1 * attempts, 2.0))
-        attempts += 1
+            continue
+        f.attempts += 1
         s.active += 1
-        t0 = time.perf_counter()
-        local_failure = False
-        deadline = _Deadline(read_timeout, stall_s, min_bps, window_s)
         try:
-            headers = {"Range": f"bytes={got}-{info.size - 1}"} if got else {}
-            state = _BodyState(got, hasher, sources, got)
-
-            def on_head(r: RawResponse, s: ServerState = s, st: _BodyState = state, dl: _Deadline = deadline) -> int:
-                dl.headers()
-                if r.status == 206:
-                    cr = r.headers.get("content-range", "")
-                    if not cr.startswith(f"bytes {st.got}-"):
-                        raise _BadShard(f"bad Content-Range {cr[:60]!r} for resume at {st.got}")
-                elif r.status == 200:
-                    if st.got:
-                        st.got, st.hasher, st.sources = 0, blake3.blake3(), set()
-                        sink.reset(index)
-                        st.n0 = 0
-                else:
-                    raise HTTPStatus(r.status, r.reason)
-                st.sources.add(s.url)
-                if r.length is not None and r.length > info.size - st.got:
-                    raise _BadShard(f"shard {index} longer than {info.size} bytes")
-                return info.size - st.got
-
-            def on_data(view: memoryview, st: _BodyState = state, dl: _Deadline = deadline) -> Future | None:
-                n = len(view)
-                if st.got + n > info.size:
-                    raise _BadShard(f"shard {index} longer than {info.size} bytes")
-                dl.data(n)  # (a missed deadline drops these bytes: not counted, not written)
-                if writer is None:
-                    _write_and_hash(sink, index, st.got, view, st)
-                    st.got += n
-                    return None
-                fut = writer.submit(_write_and_hash, sink, index, st.got, view, st)
-                st.got += n  # counted now, held once the thread is done (a request ends after its threads)
-                return fut
-
-            try:
-                async with asyncio.timeout(None) as timer:
-                    deadline.start(timer)
-                    await raw.get(f"{s.url}/{shard_relpath(m.version, index)}", headers, on_head, on_data)
-            except TimeoutError as e:
-                if isinstance(e, Stalled) or timer.expired():
-                    raise (e if isinstance(e, Stalled) else deadline.missed()) from None
-                raise
-            finally:
-                got, hasher, sources, n0 = state.got, state.hasher, state.sources, state.n0
-                if state.write_failed:  # what this shard holds is unknown: start it over
-                    local_failure = True
-                    got, hasher, sources = 0, blake3.blake3(), set()
-                    sink.reset(index)
-            if got < info.size:
-                raise BadResponse(f"short shard: {got}/{info.size} bytes")
-            pool.success(s, got - n0, time.perf_counter() - t0)
+            await f.request(s)
         except _BadShard as e:
-            pool.exclude(s, str(e))
-            errors.append(f"{s.url}: {e}")
-            got, hasher, sources = 0, blake3.blake3(), set()
-            sink.reset(index)
+            f.bad_shard(s, e)
         except Stalled as e:
-            # dropped for this shard; out of the fetch when another server has the version (a lone slow server
-            # keeps its max_failures tries). Bytes already received stay and resume elsewhere by Range.
-            msg = f"stalled on shard {index} of v{m.version}: {e}"
-            errors.append(f"{s.url}: {msg}")
-            avoid.add(s.url)
-            if any(o is not s and m.version in o.versions for o in pool.healthy()):
-                pool.exclude(s, msg)
-            else:
-                pool.failure(s, msg)
+            f.stalled(s, e)
         except (TimeoutError, OSError) as e:
-            if local_failure:  # writing here failed (a full disk, a closed file): the fetch ends, no server blamed
-                raise FetchError(f"shard {index} of v{m.version}: could not write it here: "
-                                 f"{type(e).__name__}: {e}") from e
-            msg = f"{type(e).__name__}: {e}"
-            errors.append(f"{s.url}: {msg}")
-            avoid.add(s.url)
-            if isinstance(e, HTTPStatus) and e.status == 503:
-                # not there yet (a relay's pipelining hold expired): neither a health failure nor a
-                # spent attempt, but bounded by not_ready_s without any byte of this shard
-                s.last_error = msg
-                attempts -= 1
-                if time.monotonic() - shard_t0 > not_ready_s:
-                    raise FetchError(f"shard {index} of v{m.version}: not available anywhere within "
-                                     f"{not_ready_s:.0f} s | servers: {pool.report()}") from None
-            else:
-                pool.failure(s, msg)
+            f.failed(s, e)
         finally:
             s.active -= 1
+
+
+class _ShardFetch:
+    """One shard's download across its attempts: what is held (bytes, their hasher, the servers they came from),
+    the servers to avoid for it, the attempts and errors so far. ``_fetch_one_shard`` runs the loop; the methods
+    are its steps (only ``request`` awaits, once per attempt: the per-buffer callbacks are as they were)."""
+
+    def __init__(self, raw: RawPool, pool: ServerPool, m: Manifest, index: int, sink: ShardSink, max_attempts: int,
+                 read_timeout: float, min_bps: float | None, not_ready_s: float, stall_s: float | None,
+                 window_s: float | None, writer: ThreadPoolExecutor | None) -> None:
+        self.raw, self.pool, self.m, self.index, self.sink, self.writer = raw, pool, m, index, sink, writer
+        self.max_attempts, self.read_timeout, self.not_ready_s = max_attempts, read_timeout, not_ready_s
+        self.min_bps = DEFAULT_MIN_BPS if min_bps is None else min_bps  # module defaults read per call (tests tune them)
+        self.stall_s = STALL_S if stall_s is None else stall_s
+        self.window_s = STALL_WINDOW_S if window_s is None else window_s
+        self.info = m.shards[index - 1]
+        self.t0 = time.monotonic()
+        self.got, self.hasher = sink.resume_from(index)
+        self.sources: set[str] = set()
+        self.avoid: set[str] = set()
+        self.attempts = 0
+        self.errors: list[str] = []
+        self.local_failure = False  # the last request failed writing here, not on the server's side
+
+    def _restart(self) -> None:
+        """Drop what is held of the shard: it is fetched from its first byte."""
+        self.got, self.hasher, self.sources = 0, blake3.blake3(), set()
+        self.sink.reset(self.index)
+
+    def verified(self) -> bool:
+        """Every byte is held: True when they hash to the signed BLAKE3 (the shard is done); else the server that
+        served them all is excluded, they are dropped, and False."""
+        pool, index = self.pool, self.index
+        if self.hasher.hexdigest() == self.info.blake3:
+            self.sink.done(index)
+            return True
+        if len(self.sources) == 1:
+            (bad,) = self.sources
+            pool.exclude(pool.servers[bad], f"served a corrupt shard {index} of v{self.m.version}")
+            self.errors.append(f"{bad}: corrupt shard")
+        else:
+            self.errors.append(f"corrupt shard assembled from {sorted(self.sources) or 'resumed data'}")
+        self._restart()
+        return False
+
+    def give_up_if_spent(self) -> None:
+        if self.attempts >= self.max_attempts:
+            raise FetchError(f"shard {self.index} of v{self.m.version}: gave up after {self.attempts} attempts: "
+                             + "; ".join(self.errors[-self.max_attempts:]) + f" | servers: {self.pool.report()}")
+
+    def pick(self) -> tuple[ServerState | None, float | None]:
+        """The server for the next attempt and how long to wait first (None: not at all). When every server
+        offering the version is avoided, the avoided ones are tried again after a pause; when none is usable,
+        (None, a pause) counts as an attempt (servers may still learn of the version)."""
+        pool, version = self.pool, self.m.version
+        s = pool.pick(version, self.avoid)
+        if s is not None:
+            return s, None
+        self.avoid.clear()
+        s = pool.pick(version, self.avoid)
+        if s is None:
+            self.attempts += 1
+            if self.attempts >= self.max_attempts or not pool.healthy():
+                raise FetchError(f"shard {self.index} of v{version}: no usable server left ({pool.report()})"
+                                 + (f"; errors: {'; '.join(self.errors[-5:])}" if self.errors else ""))
+            return None, min(0.5 * self.attempts, 3.0)
+        return s, min(0.1 * self.attempts, 2.0)
+
+    async def request(self, s: ServerState) -> None:
+        """One request for the rest of the shard from ``s`` under the progress deadline (resumed with a Range
+        request when bytes are held). Whatever happens, the bytes that arrived are held afterwards."""
+        raw, pool, m, index, sink, info, writer = self.raw, self.pool, self.m, self.index, self.sink, self.info, self.writer
+        t0 = time.perf_counter()
+        self.local_failure = False
+        deadline = _Deadline(self.read_timeout, self.stall_s, self.min_bps, self.window_s)
+        got = self.got
+        headers = {"Range": f"bytes={got}-{info.size - 1}"} if got else {}
+        state = _BodyState(got, self.hasher, self.sources, got)
+
+        def on_head(r: RawResponse, s: ServerState = s, st: _BodyState = state, dl: _Deadline = deadline) -> int:
+            dl.headers()
+            if r.status == 206:
+                cr = r.headers.get("content-range", "")
+                if not cr.startswith(f"bytes {st.got}-"):
+                    raise _BadShard(f"bad Content-Range {cr[:60]!r} for resume at {st.got}")
+            elif r.status == 200:
+                if st.got:
+                    st.got, st.hasher, st.sources = 0, blake3.blake3(), set()
+                    sink.reset(index)
+                    st.n0 = 0
+            else:
+                raise HTTPStatus(r.status, r.reason)
+            st.sources.add(s.url)
+            if r.length is not None and r.length > info.size - st.got:
+                raise _BadShard(f"shard {index} longer than {info.size} bytes")
+            return info.size - st.got
+
+        def on_data(view: memoryview, st: _BodyState = state, dl: _Deadline = deadline) -> Future | None:
+            n = len(view)
+            if st.got + n > info.size:
+                raise _BadShard(f"shard {index} longer than {info.size} bytes")
+            dl.data(n)  # (a missed deadline drops these bytes: not counted, not written)
+            if writer is None:
+                _write_and_hash(sink, index, st.got, view, st)
+                st.got += n
+                return None
+            fut = writer.submit(_write_and_hash, sink, index, st.got, view, st)
+            st.got += n  # counted now, held once the thread is done (a request ends after its threads)
+            return fut
+
+        try:
+            async with asyncio.timeout(None) as timer:
+                deadline.start(timer)
+                await raw.get(f"{s.url}/{shard_relpath(m.version, index)}", headers, on_head, on_data)
+        except TimeoutError as e:
+            if isinstance(e, Stalled) or timer.expired():
+                raise (e if isinstance(e, Stalled) else deadline.missed()) from None
+            raise
+        finally:
+            self.got, self.hasher, self.sources, n0 = state.got, state.hasher, state.sources, state.n0
+            if state.write_failed:  # what this shard holds is unknown: start it over
+                self.local_failure = True
+                self._restart()
+        if self.got < info.size:
+            raise BadResponse(f"short shard: {self.got}/{info.size} bytes")
+        pool.success(s, self.got - n0, time.perf_counter() - t0)
+
+    def bad_shard(self, s: ServerState, e: _BadShard) -> None:
+        """``s`` sent bytes that cannot be the shard: excluded, and the shard starts over."""
+        self.pool.exclude(s, str(e))
+        self.errors.append(f"{s.url}: {e}")
+        self._restart()
+
+    def stalled(self, s: ServerState, e: Stalled) -> None:
+        """Dropped for this shard; out of the fetch when another server has the version (a lone slow server keeps
+        its max_failures tries). Bytes already received stay and resume elsewhere by Range."""
+        pool, m = self.pool, self.m
+        msg = f"stalled on shard {self.index} of v{m.version}: {e}"
+        self.errors.append(f"{s.url}: {msg}")
+        self.avoid.add(s.url)
+        if any(o is not s and m.version in o.versions for o in pool.healthy()):
+            pool.exclude(s, msg)
+        else:
+            pool.failure(s, msg)
+
+    def failed(self, s: ServerState, e: TimeoutError | OSError) -> None:
+        """A failed request: counted against ``s``, except a 503 (not there yet) and a failure to write here (which
+        ends the fetch: no server is to blame)."""
+        index, m = self.index, self.m
+        if self.local_failure:  # writing here failed (a full disk, a closed file): the fetch ends, no server blamed
+            raise FetchError(f"shard {index} of v{m.version}: could not write it here: "
+                             f"{type(e).__name__}: {e}") from e
+        msg = f"{type(e).__name__}: {e}"
+        self.errors.append(f"{s.url}: {msg}")
+        self.avoid.add(s.url)
+        if isinstance(e, HTTPStatus) and e.status == 503:
+            # not there yet (a relay's pipelining hold expired): neither a health failure nor a
+            # spent attempt, but bounded by not_ready_s without any byte of this shard
+            s.last_error = msg
+            self.attempts -= 1
+            if time.monotonic() - self.t0 > self.not_ready_s:
+                raise FetchError(f"shard {index} of v{m.version}: not available anywhere within "
+                                 f"{self.not_ready_s:.0f} s | servers: {self.pool.report()}") from None
+        else:
+            self.pool.failure(s, msg)
 
 
 def _write_and_hash(sink: ShardSink, index: int, pos: int, view: memoryview, st: _BodyState) -> None:

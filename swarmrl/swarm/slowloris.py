@@ -93,17 +93,63 @@ def hold_idle_connections(targets: Sequence[tuple[str, int]], n: int, seconds: f
         return HoldReport()
     n = min(n, MAX_CONNS)
     seconds = min(max(seconds, 0.0), MAX_SECONDS)
-    rep = HoldReport()
-    sel = selectors.DefaultSelector()
-    socks: dict[int, socket.socket] = {}
-    n_open = 0
-    counter = 0
+    h = _Holder(targets, sources, payload)
+    t0 = time.monotonic()
+    end = t0 + seconds
+    for _ in range(n):
+        h.open_one()
+    ready = False
+    last_tokens = t0
+    tokens = 0.0
+    next_trickle = t0 + trickle_s if trickle_s > 0 else float("inf")
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= end or (stop is not None and stop.is_set()):
+                break
+            h.serve_events()
+            now = time.monotonic()
+            if not ready and (h.n_open + h.rep.connect_failed + h.rep.closed_by_server >= n
+                              or now - t0 >= ready_timeout_s):
+                ready = True
+                if on_ready is not None:
+                    on_ready(HoldReport(**{**h.rep.as_dict(), "open_at_end": h.n_open, "seconds": now - t0}))
+            if reconnect_per_s > 0 and h.pending:
+                tokens = min(tokens + (now - last_tokens) * reconnect_per_s, max(reconnect_per_s, 1.0))
+                while h.pending and tokens >= 1.0:
+                    tokens -= 1.0
+                    h.pending -= 1
+                    h.open_one()
+            last_tokens = now
+            if now >= next_trickle:
+                next_trickle = now + trickle_s
+                h.trickle()
+    finally:
+        h.rep.open_at_end = h.n_open
+        h.rep.seconds = round(time.monotonic() - t0, 3)
+        h.close()
+    return h.rep
 
-    def open_one() -> None:
-        nonlocal counter
-        host, port = targets[counter % len(targets)]
-        src = sources[counter % len(sources)] if sources else None
-        counter += 1
+
+class _Holder:
+    """The sockets of one hold and their counts: ``open_one`` starts a connection (round-robin over targets and
+    sources), ``serve_events`` handles what the selector reports (connected: send the payload; readable: the
+    server answered or closed, so the connection is gone and ``pending`` replacement)."""
+
+    def __init__(self, targets: Sequence[tuple[str, int]], sources: Sequence[str] | None, payload: bytes) -> None:
+        self.targets, self.sources, self.payload = targets, sources, payload
+        self.rep = HoldReport()
+        self.sel = selectors.DefaultSelector()
+        self.socks: dict[int, socket.socket] = {}
+        self.n_open = 0
+        self.counter = 0
+        self.pending = 0  # connections to replace
+
+    def open_one(self) -> None:
+        targets, sources, rep = self.targets, self.sources, self.rep
+        host, port = targets[self.counter % len(targets)]
+        src = sources[self.counter % len(sources)] if sources else None
+        self.counter += 1
         rep.attempted += 1
         s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -118,85 +164,60 @@ def hold_idle_connections(targets: Sequence[tuple[str, int]], n: int, seconds: f
             rep.connect_failed += 1
             s.close()
             return
-        socks[s.fileno()] = s
-        sel.register(s, selectors.EVENT_WRITE, "connecting")
+        self.socks[s.fileno()] = s
+        self.sel.register(s, selectors.EVENT_WRITE, "connecting")
 
-    def drop(s: socket.socket) -> None:
-        sel.unregister(s)
-        del socks[s.fileno()]
+    def _drop(self, s: socket.socket) -> None:
+        self.sel.unregister(s)
+        del self.socks[s.fileno()]
         s.close()
 
-    t0 = time.monotonic()
-    end = t0 + seconds
-    for _ in range(n):
-        open_one()
-    ready = False
-    pending = 0  # connections to replace
-    last_tokens = t0
-    tokens = 0.0
-    next_trickle = t0 + trickle_s if trickle_s > 0 else float("inf")
-    try:
-        while True:
-            now = time.monotonic()
-            if now >= end or (stop is not None and stop.is_set()):
-                break
-            for key, mask in sel.select(timeout=0.05):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
-                if key.data == "connecting":
-                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                        rep.connect_failed += 1
-                        drop(s)
-                        pending += 1
-                        continue
-                    rep.connected += 1
-                    try:
-                        s.send(payload)
-                    except OSError:
-                        rep.closed_by_server += 1
-                        drop(s)
-                        pending += 1
-                        continue
-                    sel.modify(s, selectors.EVENT_READ, "open")
-                    n_open += 1
-                    rep.peak_open = max(rep.peak_open, n_open)
-                elif mask & selectors.EVENT_READ:  # the server answered or closed: either way it is gone
-                    try:
-                        s.recv(4096)
-                    except OSError:
-                        pass
+    def serve_events(self) -> None:
+        """One select (at most 50 ms): finish connecting sockets, notice the ones the server let go."""
+        rep, sel = self.rep, self.sel
+        for key, mask in sel.select(timeout=0.05):
+            s = key.fileobj
+            assert isinstance(s, socket.socket)
+            if key.data == "connecting":
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    rep.connect_failed += 1
+                    self._drop(s)
+                    self.pending += 1
+                    continue
+                rep.connected += 1
+                try:
+                    s.send(self.payload)
+                except OSError:
                     rep.closed_by_server += 1
-                    n_open -= 1
-                    drop(s)
-                    pending += 1
-            now = time.monotonic()
-            if not ready and (n_open + rep.connect_failed + rep.closed_by_server >= n
-                              or now - t0 >= ready_timeout_s):
-                ready = True
-                if on_ready is not None:
-                    on_ready(HoldReport(**{**rep.as_dict(), "open_at_end": n_open, "seconds": now - t0}))
-            if reconnect_per_s > 0 and pending:
-                tokens = min(tokens + (now - last_tokens) * reconnect_per_s, max(reconnect_per_s, 1.0))
-                while pending and tokens >= 1.0:
-                    tokens -= 1.0
-                    pending -= 1
-                    open_one()
-            last_tokens = now
-            if now >= next_trickle:
-                next_trickle = now + trickle_s
-                for s in list(socks.values()):
-                    if sel.get_key(s).data == "open":
-                        try:
-                            s.send(b"1")
-                        except OSError:
-                            pass
-    finally:
-        rep.open_at_end = n_open
-        rep.seconds = round(time.monotonic() - t0, 3)
-        for s in list(socks.values()):
+                    self._drop(s)
+                    self.pending += 1
+                    continue
+                sel.modify(s, selectors.EVENT_READ, "open")
+                self.n_open += 1
+                rep.peak_open = max(rep.peak_open, self.n_open)
+            elif mask & selectors.EVENT_READ:  # the server answered or closed: either way it is gone
+                try:
+                    s.recv(4096)
+                except OSError:
+                    pass
+                rep.closed_by_server += 1
+                self.n_open -= 1
+                self._drop(s)
+                self.pending += 1
+
+    def trickle(self) -> None:
+        """One more byte of the request line on every open connection."""
+        for s in list(self.socks.values()):
+            if self.sel.get_key(s).data == "open":
+                try:
+                    s.send(b"1")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        for s in list(self.socks.values()):
             s.close()
-        sel.close()
-    return rep
+        self.sel.close()
 
 
 def resolve(url: str) -> tuple[str, int]:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from pydantic import Field
 from transformers import AutoModelForCausalLM
 
 from swarmrl.config import StrictModel
+from swarmrl.contract.params import ProofGeometry
 from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.inference.sampler import SamplingParams, generate
@@ -40,7 +41,6 @@ from swarmrl.toploc.calibration import (
     CALIBRATION_FILE,
     CALIBRATION_FORMAT,
     Calibration,
-    ProofParams,
     model_identity,
     write_calibration,
 )
@@ -67,8 +67,7 @@ class CalibrateConfig(StrictModel):
     max_new_tokens: int = Field(96, ge=2)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    chunk: int = Field(32, ge=1)
-    k: int = Field(128, ge=1)
+    proof: ProofGeometry = Field(default_factory=ProofGeometry)  # the run's contract.proof
     seed: int = 0
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 3, 16])
     threads: list[int] = Field(default_factory=lambda: [1, 2])
@@ -213,35 +212,66 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
     say = progress or (lambda _m: None)
     if not cfg.model:
         raise ValueError("model is required (a HF model directory)")
-    model = load_model(cfg.model, dtype=cfg.dtype)
-    tok = load_tokenizer(cfg.model)
-    vocab = model.get_input_embeddings().num_embeddings
-    env = cfg.task.build()
-    tasks = env.sample(cfg.seed, cfg.n_prompts)
-    prompts = [encode_prompt(tok, t.prompt, cfg.chat_template) for t in tasks]
-    eos = tok.eos_token_id
-    rng = random.Random(cfg.seed)
-    threads0 = torch.get_num_threads()
+    bench = _Bench.load(cfg, say)
     t_start = time.perf_counter()
+    rows = _honest_scenarios(bench)
+    _edit_scenarios(bench, rows)
+    if cfg.weight_tampering:
+        _weight_scenarios(bench)
+    report = _report(cfg, bench.results, t_start)
+    if cfg.write:
+        report.path = write_calibration(cfg.out or Path(cfg.model) / CALIBRATION_FILE, report.calibration)
+    if cfg.metrics:
+        _write_metrics(cfg.metrics, report)
+    return report
 
-    def claims(out) -> list[SamplingClaim]:
-        return [SamplingClaim(eos_id=eos, temperature=cfg.temperature, top_p=cfg.top_p, logprobs=lp, finished=f,
-                              max_new_tokens=cfg.max_new_tokens) for lp, f in zip(out.logprobs, out.finished)]
 
-    def check(name: str, honest: bool, prompt_ids, completions, proofs, cls, batch_size: int = 4,
-              threads: int | None = None, shuffle: bool = False, edit: bool = False) -> ScenarioResult:
-        say(name)
+@dataclass
+class _Bench:
+    """What every scenario shares: the honest model, its tokenizer and prompts, the one random generator (the
+    order of its draws is part of a reproducible calibration: shuffles, edited tokens, the changed prompt), the
+    thread count to restore after a scenario that sets its own, and the results so far."""
+
+    cfg: CalibrateConfig
+    model: torch.nn.Module
+    tok: Any
+    vocab: int
+    prompts: list[list[int]]
+    rng: random.Random
+    threads0: int
+    say: Callable[[str], None]
+    results: list[ScenarioResult] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, cfg: CalibrateConfig, say: Callable[[str], None]) -> _Bench:
+        model = load_model(cfg.model, dtype=cfg.dtype)
+        tok = load_tokenizer(cfg.model)
+        vocab = model.get_input_embeddings().num_embeddings
+        tasks = cfg.task.build().sample(cfg.seed, cfg.n_prompts)
+        prompts = [encode_prompt(tok, t.prompt, cfg.chat_template) for t in tasks]
+        return cls(cfg, model, tok, vocab, prompts, random.Random(cfg.seed), torch.get_num_threads(), say)
+
+    def claims(self, out) -> list[SamplingClaim]:  # noqa: ANN001
+        cfg = self.cfg
+        return [SamplingClaim(eos_id=self.tok.eos_token_id, temperature=cfg.temperature, top_p=cfg.top_p, logprobs=lp,
+                              finished=f, max_new_tokens=cfg.max_new_tokens) for lp, f in zip(out.logprobs, out.finished)]
+
+    def check(self, name: str, honest: bool, prompt_ids, completions, proofs, cls, batch_size: int = 4,  # noqa: ANN001
+              threads: int | None = None, shuffle: bool = False, edit: bool = False) -> None:
+        """Verify one scenario's rollouts with the honest model and add its figures to ``results``."""
+        cfg = self.cfg
+        self.say(name)
         items = list(zip(prompt_ids, completions, proofs, cls))
         order = list(range(len(items)))
         if shuffle:
-            rng.shuffle(order)
+            self.rng.shuffle(order)
         if threads is not None:
             torch.set_num_threads(threads)
         try:
-            res = verify_rollouts(model, [items[i] for i in order], chunk=cfg.chunk, k=cfg.k,
+            res = verify_rollouts(self.model, [items[i] for i in order], cfg.proof,
                                   thresholds=cfg.thresholds, sampling_thresholds=cfg.sampling, batch_size=batch_size)
         finally:
-            torch.set_num_threads(threads0)
+            torch.set_num_threads(self.threads0)
         r = ScenarioResult(name, honest, edit)
         for rc in res:
             r.per_rollout.append([(c.exp_mismatches, c.mant_err_mean, c.mant_err_median) if c.exp_mismatches >= 0
@@ -256,58 +286,77 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
             r.rollout_sampling_fail.append(rc.sampling is not None and not rc.sampling.passed)
             if rc.sampling is not None:
                 r.logprob_diff.append(rc.sampling.max_logprob_diff)
-        return r
+        self.results.append(r)
 
-    results: list[ScenarioResult] = []
-    say("honest worker: batched sampling")
-    out = _sample(model, prompts, cfg, tok, cfg.seed)
-    proofs = [build_proofs(h, cfg.chunk, cfg.k) for h in out.hidden]
-    base = (out.prompt_ids, out.completion_ids, proofs, claims(out))
+    def tampered(self, name: str, worker: torch.nn.Module) -> None:
+        """A worker that samples with ``worker`` instead of the honest model, proofs from its own states."""
+        cfg = self.cfg
+        self.say(f"tampered worker: {name}")
+        o = _sample(worker, self.prompts, cfg, self.tok, cfg.seed + 2)
+        self.check(f"tampered: {name}", False, o.prompt_ids, o.completion_ids,
+                   [build_proofs(h.float(), cfg.proof.chunk, cfg.proof.k) for h in o.hidden], self.claims(o))
+
+
+def _honest_scenarios(b: _Bench) -> list[tuple]:
+    """The honest worker, verified under other batch sizes / padding and thread counts, and a worker that
+    sampled each prompt alone. Returns both honest samples' rollouts (prompt, completion, proofs, claim)."""
+    cfg = b.cfg
+    b.say("honest worker: batched sampling")
+    out = _sample(b.model, b.prompts, cfg, b.tok, cfg.seed)
+    proofs = [build_proofs(h, cfg.proof.chunk, cfg.proof.k) for h in out.hidden]
+    base = (out.prompt_ids, out.completion_ids, proofs, b.claims(out))
     for bs in cfg.batch_sizes:
-        results.append(check(f"honest: prefill batch={bs}, shuffled", True, *base, batch_size=bs, shuffle=bs > 1))
+        b.check(f"honest: prefill batch={bs}, shuffled", True, *base, batch_size=bs, shuffle=bs > 1)
     for th in cfg.threads:
-        results.append(check(f"honest: prefill threads={th}", True, *base, batch_size=4, threads=th))
-    say("honest worker: one prompt at a time")
-    single = _sample(model, prompts, cfg, tok, cfg.seed + 1, batch=1)
-    single_proofs = [build_proofs(h, cfg.chunk, cfg.k) for h in single.hidden]
-    results.append(check("honest: worker sampled alone", True, single.prompt_ids, single.completion_ids,
-                         single_proofs, claims(single)))
+        b.check(f"honest: prefill threads={th}", True, *base, batch_size=4, threads=th)
+    b.say("honest worker: one prompt at a time")
+    single = _sample(b.model, b.prompts, cfg, b.tok, cfg.seed + 1, batch=1)
+    single_proofs = [build_proofs(h, cfg.proof.chunk, cfg.proof.k) for h in single.hidden]
+    b.check("honest: worker sampled alone", True, single.prompt_ids, single.completion_ids, single_proofs,
+            b.claims(single))
+    return [(p, c, pr, cl) for o, prs in ((out, proofs), (single, single_proofs))
+            for p, c, pr, cl in zip(o.prompt_ids, o.completion_ids, prs, b.claims(o))]
 
-    avoid = {eos, tok.pad_token_id}
-    # one completion token replaced after sampling, proofs and claims kept: in both honest samples' completions
-    rows = [(p, c, pr, cl) for o, prs in ((out, proofs), (single, single_proofs))
-            for p, c, pr, cl in zip(o.prompt_ids, o.completion_ids, prs, claims(o))]
+
+def _edit_scenarios(b: _Bench, rows: list[tuple]) -> None:
+    """One completion token replaced after sampling, proofs and claims kept: in both honest samples'
+    completions, at each position of ``cfg.edits``."""
+    cfg = b.cfg
+    avoid = {b.tok.eos_token_id, b.tok.pad_token_id}
     for kind in cfg.edits:
         pick = [r for r in rows if len(r[1]) > _EDIT_MIN[kind]] * cfg.edit_rounds
         if not pick:
             continue
-        comps = [change_token(c, _edit_position(kind, len(c)), vocab, avoid, rng) for _, c, _, _ in pick]
+        comps = [change_token(c, _edit_position(kind, len(c)), b.vocab, avoid, b.rng) for _, c, _, _ in pick]
         name = ("tampered: one-token edit, last token (no later state: invisible to proofs)" if kind == "last"
                 else f"tampered: one-token edit, {kind.replace('_', '-')} token")
-        results.append(check(name, False, [r[0] for r in pick], comps, [r[2] for r in pick], [r[3] for r in pick],
-                             edit=kind != "last"))
+        b.check(name, False, [r[0] for r in pick], comps, [r[2] for r in pick], [r[3] for r in pick],
+                edit=kind != "last")
 
-    def tampered(name: str, worker: torch.nn.Module) -> None:
-        say(f"tampered worker: {name}")
-        o = _sample(worker, prompts, cfg, tok, cfg.seed + 2)
-        results.append(check(f"tampered: {name}", False, o.prompt_ids, o.completion_ids,
-                             [build_proofs(h.float(), cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
 
-    if cfg.weight_tampering:
-        tampered("another model", reinit_model(model, cfg.seed + 1000))
-        for scale in (cfg.perturb_scale, cfg.perturb_scale / 10):
-            tampered(f"perturbed weights ({scale:g})", perturb_weights(model, scale, cfg.seed))
-        dtype = next(model.parameters()).dtype
-        for name, dt in (("fp16 weights", torch.float16), ("bf16 weights", torch.bfloat16)):
-            if dt != dtype:  # the model's own dtype would be an honest control, not tampering
-                tampered(name, copy.deepcopy(model).to(dt))
-        tampered("int8 weights", quantize_int8(model))
-        say("tampered worker: changed prompt")
-        changed = [change_token(p, rng.randrange(len(p)), vocab, avoid, rng) for p in prompts]
-        o = _sample(model, changed, cfg, tok, cfg.seed + 3)
-        results.append(check("tampered: changed prompt token", False, prompts, o.completion_ids,
-                             [build_proofs(h, cfg.chunk, cfg.k) for h in o.hidden], claims(o)))
+def _weight_scenarios(b: _Bench) -> None:
+    """Workers with other weights (another model, perturbed, fp16 / bf16, int8-style) and one with a changed
+    prompt token."""
+    cfg, model = b.cfg, b.model
+    b.tampered("another model", reinit_model(model, cfg.seed + 1000))
+    for scale in (cfg.perturb_scale, cfg.perturb_scale / 10):
+        b.tampered(f"perturbed weights ({scale:g})", perturb_weights(model, scale, cfg.seed))
+    dtype = next(model.parameters()).dtype
+    for name, dt in (("fp16 weights", torch.float16), ("bf16 weights", torch.bfloat16)):
+        if dt != dtype:  # the model's own dtype would be an honest control, not tampering
+            b.tampered(name, copy.deepcopy(model).to(dt))
+    b.tampered("int8 weights", quantize_int8(model))
+    b.say("tampered worker: changed prompt")
+    avoid = {b.tok.eos_token_id, b.tok.pad_token_id}
+    changed = [change_token(p, b.rng.randrange(len(p)), b.vocab, avoid, b.rng) for p in b.prompts]
+    o = _sample(model, changed, cfg, b.tok, cfg.seed + 3)
+    b.check("tampered: changed prompt token", False, b.prompts, o.completion_ids,
+            [build_proofs(h, cfg.proof.chunk, cfg.proof.k) for h in o.hidden], b.claims(o))
 
+
+def _report(cfg: CalibrateConfig, results: list[ScenarioResult], t_start: float) -> CalibrationReport:
+    """The recommendation from the honest and the edited scenarios, every scenario's detection rate under it,
+    and the calibration file's content."""
     honest = [s for s in results if s.honest]
     rec = recommend([r for s in honest for r in s.per_rollout], [r for s in results if s.edit for r in s.per_rollout],
                     cfg.margin)
@@ -327,7 +376,7 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
                                wall_s=round(time.perf_counter() - t_start, 1))
     report.calibration = Calibration(
         format=CALIBRATION_FORMAT, model=model_identity(cfg.model, cfg.dtype),
-        proof=ProofParams(chunk=cfg.chunk, k=cfg.k),
+        proof=cfg.proof,
         thresholds=th, sampling={"max_logprob_diff": lp_rec}, separable=rec.separable,
         figures=_finite({"recommendation": rec.to_dict(), "wall_s": report.wall_s,
                          "settings": cfg.model_dump(mode="json", include={
@@ -335,25 +384,28 @@ def run_calibration(cfg: CalibrateConfig, progress: Callable[[str], None] | None
                              "batch_sizes", "threads", "edits", "edit_rounds", "margin"}),
                          "scenarios": [{**s.summary(), "toploc_fail_rate_recommended": detection[s.name],
                                         "logprob_fail_rate_recommended": lp_det[s.name]} for s in results]}))
-    if cfg.write:
-        report.path = write_calibration(cfg.out or Path(cfg.model) / CALIBRATION_FILE, report.calibration)
-    if cfg.metrics:
-        with MetricsWriter(cfg.metrics) as w:
-            for row in report.rows():
-                w.write(kind="toploc_calibration", **row)
-            w.write(kind="toploc_recommended", **th.model_dump(), max_logprob_diff=report.recommended_logprob_diff,
-                    separable=rec.separable, edits=rec.edits, edits_passing=rec.edits_passing,
-                    edits_passing_margin=rec.edits_passing_margin, note=rec.note, wall_s=report.wall_s)
-            for sc in results:  # what the thresholds were chosen from: every rollout's chunk metrics
-                if sc.honest or sc.edit:
-                    for chunks in sc.per_rollout:
-                        w.write(kind="toploc_rollout", scenario=sc.name, chunks=_finite(chunks))
-            for name in report.detection_recommended:
-                w.write(kind="toploc_detection_recommended", scenario=name,
-                        toploc=report.detection_recommended[name],
-                        logprob=report.logprob_detection_recommended.get(name),
-                        any=report.any_detection_recommended.get(name))
     return report
+
+
+def _write_metrics(path: str, report: CalibrationReport) -> None:
+    """Per-scenario figures, the recommendation, every rollout the thresholds were chosen from and the detection
+    rates under them, as JSONL."""
+    rec, th = report.recommendation, report.recommended
+    with MetricsWriter(path) as w:
+        for row in report.rows():
+            w.write(kind="toploc_calibration", **row)
+        w.write(kind="toploc_recommended", **th.model_dump(), max_logprob_diff=report.recommended_logprob_diff,
+                separable=rec.separable, edits=rec.edits, edits_passing=rec.edits_passing,
+                edits_passing_margin=rec.edits_passing_margin, note=rec.note, wall_s=report.wall_s)
+        for sc in report.scenarios:  # what the thresholds were chosen from: every rollout's chunk metrics
+            if sc.honest or sc.edit:
+                for chunks in sc.per_rollout:
+                    w.write(kind="toploc_rollout", scenario=sc.name, chunks=_finite(chunks))
+        for name in report.detection_recommended:
+            w.write(kind="toploc_detection_recommended", scenario=name,
+                    toploc=report.detection_recommended[name],
+                    logprob=report.logprob_detection_recommended.get(name),
+                    any=report.any_detection_recommended.get(name))
 
 
 _EDIT_MIN = {"first": 1, "middle": 1, "third_to_last": 2, "second_to_last": 1, "last": 0}  # completion longer than

@@ -1,7 +1,9 @@
 """The HTTP layer: ``create_app`` wraps an ``Orchestrator`` in a FastAPI app whose request/response bodies
 are the pydantic models in ``schemas`` (the API is documented by its OpenAPI schema at ``/openapi.json``);
-``runner.serve`` runs it under uvicorn behind the connection limits of ``guard``. With ``guard`` and ``runner``,
-the only part of the orchestrator that imports fastapi, starlette or uvicorn."""
+``runner.serve`` runs it under uvicorn behind the connection limits of ``guard``. This module holds the ASGI
+middleware (the JSON body cap, the fast heartbeat path), the error handlers and the lifespan (the sweeper); the
+routes are in ``routes``, one module per group of callers. With ``routes``, ``guard`` and ``runner``, the only
+part of the orchestrator that imports fastapi, starlette or uvicorn."""
 
 from __future__ import annotations
 
@@ -10,57 +12,29 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable
-from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi import Path as PathParam
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from swarmrl.dashboard import page_html
-from swarmrl.dashboard.models import MAX_NODES, MAX_POINTS, NodeList, Overview, PolicyStats, TrainerCurves
 from swarmrl.protocol.config import OrchestratorConfig
-from swarmrl.protocol.orchestrator.auth import RateLimiter
-from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
-from swarmrl.protocol.orchestrator.service import Orchestrator
-from swarmrl.protocol.schemas import (
-    AcceptedList,
-    Balance,
-    DepositReply,
-    DepositRequest,
-    ErrorBody,
-    Health,
-    HeartbeatReply,
-    HeartbeatRequest,
-    NodeInfo,
-    PendingList,
-    RegisterReply,
-    RegisterRequest,
-    StepReply,
-    StepRequest,
-    SubmissionDetail,
-    SubmitReply,
-    VerdictReply,
-    VerdictRequest,
-    WeightsReply,
-    WeightsRequest,
+from swarmrl.protocol.orchestrator.errors import ProtocolError
+from swarmrl.protocol.orchestrator.routes import membership, public, submissions, trainer, validator
+from swarmrl.protocol.orchestrator.routes.deps import (  # noqa: F401  (MAX_ID, IdParam: re-exported by the package)
+    MAX_ID,
+    UPLOAD_PREFIX,
+    VERIFIED,
+    IdParam,
+    RouteDeps,
+    scope_signed_path,
 )
-from swarmrl.protocol.signing import body_sha256
-from swarmrl.protocol.store import UploadTooLarge
+from swarmrl.protocol.orchestrator.service import Orchestrator
 from swarmrl.utils.serving import TRUST_EXTENSION
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
-
-UPLOAD_PREFIX = "/v1/submissions/upload/"
-MAX_ID = 2**62
-MAX_HAVE_CHARS = 8192  # GET /v1/trainer/accepted?have=: ~700 submission ids, far more than a window lists
-MAX_CHANGES_WAIT_S = 10.0  # a long poll (pending work, accepted work) holds a server thread at most this long
-IdParam = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 
 async def _read_capped(scope, receive, send, max_bytes: int) -> bytes | None:  # noqa: ANN001
@@ -126,7 +100,6 @@ async def _send_error(send, status: int, detail: str, retry_after: float | None 
 
 
 HEARTBEAT_PATH = "/v1/nodes/heartbeat"
-VERIFIED = "swarmrl.verified"  # scope key: the signature headers the hot path checked already
 
 
 class _FastHeartbeat:
@@ -145,7 +118,7 @@ class _FastHeartbeat:
         if body is None:
             return
         try:
-            h, done, reply = self.orch.fast_heartbeat("POST", _scope_signed_path(scope), Headers(scope=scope), body,
+            h, done, reply = self.orch.fast_heartbeat("POST", scope_signed_path(scope), Headers(scope=scope), body,
                                                       may_wait=b"wait=" in scope.get("query_string", b""))
             if done is not None:
                 try:
@@ -177,14 +150,6 @@ class _FastHeartbeat:
         await send({"type": "http.response.body", "body": reply})
 
 
-def _scope_signed_path(scope) -> str:  # noqa: ANN001
-    """The path as sent (percent-encoding untouched) plus the raw query: what the client signed."""
-    raw = scope.get("raw_path")
-    path = raw.decode("latin-1") if raw else scope["path"]
-    q = scope.get("query_string", b"").decode("latin-1")
-    return path + (f"?{q}" if q else "")
-
-
 def _json_safe(v):  # noqa: ANN001, ANN202
     """``v`` with every non-finite float replaced by its name ("nan", "inf", "-inf")."""
     if isinstance(v, float) and not math.isfinite(v):
@@ -196,30 +161,6 @@ def _json_safe(v):  # noqa: ANN001, ANN202
     return v
 
 
-def per_address(limiter: RateLimiter, what: str) -> Callable[[Request], Any]:
-    """A dependency spending one token of the client address's bucket: 429 with ``Retry-After`` when empty (the
-    address is the TCP peer; uvicorn replaces it by X-Forwarded-For only for proxies it trusts)."""
-    async def dep(request: Request) -> None:
-        host = request.client.host if request.client else "?"
-        wait = limiter.take(host)
-        if wait:
-            raise ProtocolError(429, f"{what} rate limit exceeded for {host}", retry_after=wait)
-    return dep
-
-
-def _signed_path(request: Request) -> str:
-    return _scope_signed_path(request.scope)
-
-
-def _trusted(request: Request) -> None:
-    """The request was authenticated: its source address may use the connections reserved for trusted ones."""
-    mark = (request.scope.get("extensions") or {}).get(TRUST_EXTENSION)
-    if mark is not None:
-        mark()
-
-
-_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429)}
-
 API_DESCRIPTION = """Orchestrator of a swarmrl run. Node, validator and trainer calls are signed with Ed25519:
 headers X-Swarm-Key (public key hex), X-Swarm-Timestamp (unix s), X-Swarm-Nonce (hex, single use),
 X-Swarm-Content-SHA256 (body hash) and X-Swarm-Signature over
@@ -227,8 +168,24 @@ X-Swarm-Content-SHA256 (body hash) and X-Swarm-Signature over
 
 
 def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sweeper: bool = True) -> FastAPI:
+    """The orchestrator's app: the middleware (body cap, fast heartbeats), the error handlers, then the route
+    groups of ``routes`` in the order they were always registered."""
     orch = orch or Orchestrator(cfg)
+    app = FastAPI(title="swarmrl orchestrator", version="1", description=API_DESCRIPTION,
+                  lifespan=_lifespan(cfg, orch, run_sweeper))
+    app.state.orchestrator = orch
+    app.add_middleware(_BodyCap, max_bytes=cfg.max_json_bytes)
+    app.add_middleware(_FastHeartbeat, orch=orch, max_bytes=cfg.max_json_bytes, max_full=cfg.max_full_heartbeats)
+    _add_error_handlers(app, orch)
+    api = RouteDeps.build(cfg, orch)
+    for group in (public, membership, submissions, validator, trainer):
+        group.add_routes(app, api)
+    return app
 
+
+def _lifespan(cfg: OrchestratorConfig, orch: Orchestrator, run_sweeper: bool):  # noqa: ANN202
+    """The app's lifespan: the sweeper (membership, metrics file) while it serves; on shutdown the heartbeat
+    writer commits what it holds."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
         task = None
@@ -248,12 +205,12 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    return lifespan
 
-    app = FastAPI(title="swarmrl orchestrator", version="1", description=API_DESCRIPTION, lifespan=lifespan)
-    app.state.orchestrator = orch
-    app.add_middleware(_BodyCap, max_bytes=cfg.max_json_bytes)
-    app.add_middleware(_FastHeartbeat, orch=orch, max_bytes=cfg.max_json_bytes, max_full=cfg.max_full_heartbeats)
 
+def _add_error_handlers(app: FastAPI, orch: Orchestrator) -> None:
+    """A ``ProtocolError`` becomes its status with ``{"detail"}`` (counted as refused); a validation error a 422
+    that is valid JSON."""
     @app.exception_handler(ProtocolError)
     async def _perr(req: Request, e: ProtocolError) -> JSONResponse:
         orch.counters["refused"] += 1
@@ -270,206 +227,3 @@ def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sw
         """422 with pydantic's reasons; a NaN or Infinity they quote (the input refused) is quoted as a string,
         so the reply is valid JSON instead of a 500."""
         return JSONResponse({"detail": _json_safe(jsonable_encoder(e.errors()))}, status_code=422)
-
-    # per source address, separate from the per-key limiter of signed requests: joining (each registration is a
-    # new key, so the per-key limiter cannot see a flood of them) and the unsigned public views
-    joins = [Depends(per_address(RateLimiter(cfg.register_rate_per_s, cfg.register_burst), "registration"))]
-    public = [Depends(per_address(RateLimiter(cfg.public_rate_per_s, cfg.public_burst), "public API"))]
-
-    async def raw_body(request: Request) -> bytes:
-        return await request.body()
-
-    def signed(*roles: str, allow_unregistered: bool = False) -> Callable[..., Principal]:
-        def dep(request: Request, body: bytes = Depends(raw_body)) -> Principal:
-            p = orch.authenticate(request.method, _signed_path(request), request.headers, body_sha256(body),
-                                  roles, allow_unregistered)
-            if not allow_unregistered:  # registration vouches for an address only once it succeeds
-                _trusted(request)
-            return p
-        return dep
-
-    @app.get("/v1/ping", tags=["public"])
-    async def ping() -> dict[str, bool]:
-        """Unsigned no-op (liveness; the benchmark's baseline)."""
-        return {"ok": True}
-
-    @app.get("/metrics", response_class=Response, tags=["public"], dependencies=public,
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 429: {"model": ErrorBody}})
-    def metrics() -> Response:
-        """Prometheus metrics (text format): counters of this process, and gauges of the database read by one
-        query at most every few seconds. Rate-limited per address like the other public views."""
-        return Response(orch.prom.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/health", response_model=Health, responses=_ERRORS, tags=["public"], dependencies=public)
-    def health() -> Health:
-        return orch.health()
-
-    @app.get("/v1/nodes/{node_id}", response_model=NodeInfo, responses=_ERRORS, tags=["public"], dependencies=public)
-    def node_info(node_id: str) -> NodeInfo:
-        return orch.node_info(node_id)
-
-    @app.get("/v1/nodes/{node_id}/ledger", response_model=Balance, responses=_ERRORS, tags=["public"],
-             dependencies=public)
-    def node_ledger(node_id: str) -> Balance:
-        return orch.balance(node_id)
-
-    @app.get("/dashboard", response_class=HTMLResponse, tags=["public"], dependencies=public,
-             responses={429: {"model": ErrorBody}})
-    def dashboard() -> HTMLResponse:
-        """The live dashboard (one self-contained HTML page polling ``/v1/stats/...``; see docs/dashboard.md)."""
-        return HTMLResponse(page_html(), headers={"Cache-Control": "no-store"})
-
-    @app.get("/v1/stats/overview", response_model=Overview, responses=_ERRORS, tags=["stats"], dependencies=public)
-    def stats_overview() -> Overview:
-        """Step, policy version, worker nodes by status, the validation queue and verdict counts."""
-        return orch.stats_overview()
-
-    @app.get("/v1/stats/nodes", response_model=NodeList, responses=_ERRORS, tags=["stats"], dependencies=public)
-    def stats_nodes(limit: Annotated[int, Query(ge=1, le=MAX_NODES)] = MAX_NODES) -> NodeList:
-        """Worker nodes (at most ``limit``, active first, then by throughput) with stake, credits, verdicts,
-        slashes and the policy version of their latest assignment; ``total`` counts them all."""
-        return orch.stats_nodes(limit)
-
-    @app.get("/v1/stats/trainer", response_model=TrainerCurves, responses=_ERRORS, tags=["stats"],
-             dependencies=public)
-    def stats_trainer(limit: Annotated[int, Query(ge=1, le=MAX_POINTS)] = 500) -> TrainerCurves:
-        """The trainer's newest ``limit`` policy-version records (loss, reward, held-out accuracy), as it posts
-        them with its step."""
-        return orch.stats_trainer(limit)
-
-    @app.get("/v1/stats/policy", response_model=PolicyStats, responses=_ERRORS, tags=["stats"], dependencies=public)
-    def stats_policy() -> PolicyStats:
-        """The current policy version, the SHARDCAST servers announced to nodes and the nodes per version."""
-        return orch.stats_policy()
-
-    @app.post("/v1/nodes/register", response_model=RegisterReply, responses=_ERRORS, tags=["node"], dependencies=joins)
-    def register(body: RegisterRequest, request: Request,
-                 p: Principal = Depends(signed("worker", allow_unregistered=True))) -> RegisterReply:
-        """Join with a public key, hardware description, measured throughput and a stake (at most what a stake
-        authority deposited for the key). Rate-limited per source address."""
-        reply = orch.register(p, body)
-        _trusted(request)
-        return reply
-
-    @app.post("/v1/ledger/deposits", response_model=DepositReply, responses=_ERRORS, tags=["authority"])
-    def deposit(body: DepositRequest, p: Principal = Depends(signed("authority"))) -> DepositReply:
-        """A stake authority deposits stake for a node (by node id or public key, registered or not yet)."""
-        return orch.deposit(p, body)
-
-    @app.post("/v1/nodes/heartbeat", response_model=HeartbeatReply, responses=_ERRORS, tags=["node"])
-    def heartbeat(body: HeartbeatRequest, request: Request, raw: bytes = Depends(raw_body),
-                  wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0) -> HeartbeatReply:
-        """Liveness; the reply carries the node's assignments (seeded tasks, budget, weight relays). With ``wait``,
-        a reply without work is held until work may have opened or ``wait`` seconds passed (a long poll)."""
-        reply = orch.signed_heartbeat(request.method, _signed_path(request), request.headers, body_sha256(raw), body,
-                                      verified=request.scope.get(VERIFIED), wait=wait)
-        _trusted(request)
-        return reply
-
-    @app.put(UPLOAD_PREFIX + "{assignment_id}", response_model=SubmitReply, responses=_ERRORS, tags=["node"],
-             openapi_extra={"requestBody": {"required": True, "description": "the rollout parquet file; "
-                                            "X-Swarm-Content-SHA256 is its sha256",
-                                            "content": {"application/octet-stream": {"schema": {
-                                                "type": "string", "format": "binary"}}}}})
-    async def upload(assignment_id: IdParam, request: Request) -> SubmitReply:
-        """Upload a rollout file for an open assignment (streamed under a byte cap, schema-checked)."""
-        p = await run_in_threadpool(orch.authenticate, request.method, _signed_path(request), request.headers, None,
-                                    ("worker",))
-        _trusted(request)
-        await run_in_threadpool(orch.precheck_upload, p, assignment_id)
-        try:
-            cl = request.headers.get("content-length")
-            if cl is not None and cl.isdigit() and int(cl) > cfg.max_upload_bytes:
-                raise ProtocolError(413, f"upload of {cl} bytes is over the {cfg.max_upload_bytes}-byte limit")
-            try:
-                tmp, sha, size = await orch.store.receive(request.stream(), cfg.max_upload_bytes)
-            except UploadTooLarge as e:
-                raise ProtocolError(413, str(e)) from None
-            orch.prom.upload_bytes.inc(size)
-            if sha != p.content_sha256:
-                orch.store.discard(tmp)
-                raise ProtocolError(401, "uploaded bytes do not match the signed content hash")
-            rep = await run_in_threadpool(orch.accept_upload, p, assignment_id, tmp, sha, size)
-        except ProtocolError as e:
-            if e.status in (413, 422):
-                await run_in_threadpool(orch.release_assignment, p, assignment_id, e.detail)
-            raise
-        if request.query_params.get("next") == "1":  # the node's heartbeat, answered with the upload
-            try:
-                rep.next = await run_in_threadpool(orch.heartbeat, p, HeartbeatRequest())
-            except ProtocolError:  # it hears why at its next heartbeat; the upload itself stands
-                rep.next = None
-        return rep
-
-    @app.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=_ERRORS, tags=["public"],
-             dependencies=public)
-    def submission(submission_id: IdParam) -> SubmissionDetail:
-        """A submission's status and, once judged, the validator's verdict with the reason of every check."""
-        return orch.submission(submission_id)
-
-    @app.get("/v1/submissions/{submission_id}/file", responses=_ERRORS, tags=["validator", "trainer"],
-             response_class=FileResponse)
-    def submission_file(submission_id: IdParam, p: Principal = Depends(signed("validator", "trainer"))) -> FileResponse:
-        path = orch.submission_path(submission_id)
-        orch.prom.file_bytes.inc(path.stat().st_size)
-        return FileResponse(path, media_type="application/octet-stream")
-
-    @app.get("/v1/validator/pending", response_model=PendingList, responses=_ERRORS, tags=["validator"])
-    def pending(limit: Annotated[int, Query(ge=1, le=256)] = 16,
-                wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
-                inline: Annotated[int, Query(ge=0, le=256)] = 0,
-                p: Principal = Depends(signed("validator"))) -> PendingList:
-        """Pending submissions; with ``wait``, an empty list is answered only once an upload came or ``wait``
-        seconds passed (a long poll); with ``inline=N``, ``files`` carries the files of the first N listed (within
-        the orchestrator's inline budget; the others are downloaded)."""
-        seen = orch.changes.generation("uploads")  # before listing: an upload after the listing ends the wait
-        got = orch.pending(limit)
-        if not got.items and wait and orch.changes.wait("uploads", seen, wait) != seen:
-            got = orch.pending(limit)
-        if inline and got.items:
-            got.files = orch.inline_files([it.submission for it in got.items], inline)
-        return got
-
-    @app.post("/v1/validator/verdicts", response_model=VerdictReply, responses=_ERRORS, tags=["validator"])
-    def verdict(body: VerdictRequest, p: Principal = Depends(signed("validator"))) -> VerdictReply:
-        """Accept (credit, locked for the challenge window) or reject (slash, revoke, eject). Rejecting an
-        accepted submission inside its challenge window is a challenge."""
-        return orch.verdict(p, body)
-
-    @app.post("/v1/trainer/step", response_model=StepReply, responses=_ERRORS, tags=["trainer"])
-    def set_step(body: StepRequest, p: Principal = Depends(signed("trainer"))) -> StepReply:
-        return orch.set_step(body)
-
-    @app.post("/v1/trainer/weights", response_model=WeightsReply, responses=_ERRORS, tags=["trainer"])
-    def set_weights(body: WeightsRequest, p: Principal = Depends(signed("trainer"))) -> WeightsReply:
-        """Announce the SHARDCAST servers (relays) and manifest-signing key; heartbeats hand them to nodes."""
-        return orch.set_weights(body)
-
-    @app.get("/v1/trainer/accepted", response_model=AcceptedList, responses=_ERRORS, tags=["trainer"])
-    def accepted_window(since: Annotated[int, Query(ge=-1, le=MAX_ID)] = -1,
-                        wait: Annotated[float, Query(ge=0, le=MAX_CHANGES_WAIT_S)] = 0.0,
-                        inline: Annotated[int, Query(ge=0, le=256)] = 0,
-                        have: Annotated[str, Query(max_length=MAX_HAVE_CHARS, pattern=r"^([0-9]{1,19}(,[0-9]{1,19})*)?$")] = "",
-                        p: Principal = Depends(signed("trainer"))) -> AcceptedList:
-        """Accepted submissions of the trainer's current step and the async window after it, once the verdict
-        counter (optimistic: the upload counter) is no longer ``since`` or after ``wait`` seconds (a long poll;
-        ``changes`` in the answer is the counter to pass next). With ``inline=N``, ``files`` carries the files of
-        up to N listed submissions whose ids are not in ``have`` (comma-separated: the ones the trainer holds)."""
-        kind = "uploads" if orch.cfg.optimistic else "verdicts"
-        orch.changes.wait(kind, since, wait)
-        seen = orch.changes.generation(kind)  # before listing
-        got = orch.accepted_window()
-        got.changes = seen
-        if inline and got.items:
-            held = {int(x) for x in have.split(",") if x}
-            got.files = orch.inline_files([it for it in got.items if it.submission_id not in held], inline)
-        return got
-
-    @app.get("/v1/trainer/steps/{step}/submissions", response_model=AcceptedList, responses=_ERRORS,
-             tags=["trainer"])
-    def accepted(step: Annotated[int, PathParam(ge=0, le=MAX_ID)], p: Principal = Depends(signed("trainer"))) -> AcceptedList:
-        """Accepted submissions for a step (plus pending ones when the orchestrator runs optimistic)."""
-        return orch.accepted(step)
-
-    return app
-
