@@ -48,17 +48,16 @@ def test_relays_wait_for_the_new_trainers_origin_not_a_stale_one(tmp_path):
     from swarmrl.rl.store import RunDir
 
     run = RunDir(tmp_path / "run")
-    run.write_json("origin.json", {"url": "http://127.0.0.1:1", "public_key": "00" * 32})  # from the last run
+    run.announce_origin("http://127.0.0.1:1", "00" * 32)  # from the last run
     fake_trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         run.forget_servers()
-        t = threading.Timer(0.5, lambda: run.write_json("origin.json", {"url": "http://127.0.0.1:2",
-                                                                        "public_key": "11" * 32}))
+        t = threading.Timer(0.5, lambda: run.announce_origin("http://127.0.0.1:2", "11" * 32))
         t.start()
         t0 = time.monotonic()
         origin = wait_for_origin(run, fake_trainer, tmp_path, timeout_s=10)
         assert origin["url"] == "http://127.0.0.1:2" and time.monotonic() - t0 >= 0.4
-        assert json.loads((run.shardcast / "origin.json").read_text()) == origin
+        assert json.loads(run.origin_file.read_text()) == origin
     finally:
         fake_trainer.kill()
         fake_trainer.wait()

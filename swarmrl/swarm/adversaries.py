@@ -148,7 +148,7 @@ class OwnTasks(SwarmNode):
     """Answers easy, self-chosen tasks (another seed's) under the assigned seed's name."""
 
     def tasks_for(self, a: AssignmentSpec, expected: list[Task]) -> list[Task]:
-        return assigned_tasks(a.env, a.env_params, a.seed + 1, len(a.tasks))
+        return assigned_tasks(a.contract.task.name, a.contract.task.params, a.seed + 1, len(a.tasks))
 
 
 class Malformed(SwarmNode):
