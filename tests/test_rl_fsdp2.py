@@ -133,3 +133,49 @@ def test_fsdp2_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
         report[name] = {f"max_{key}_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(got[key], one[key]))
                         for key in ("loss", "grad_norm")} | {"max_weight_diff": wdiff}
     print("2 ranks vs 1 rank:", report)
+
+
+def _held_bytes(t: Trainer) -> dict:
+    """What this rank holds of the model: parameters (the KL reference model's too), gradients, optimizer state
+    (a sharded tensor counts its local shard only; a tied parameter once)."""
+    def local(x: torch.Tensor) -> int:
+        x = x.to_local() if hasattr(x, "to_local") else x
+        return x.numel() * x.element_size()
+
+    params = {id(p): p for m in (t.model, t.ref_model) for p in m.parameters()}
+    return {"params": sum(local(p) for p in params.values()),
+            "grads": sum(local(p.grad) for p in params.values() if p.grad is not None),
+            "optimizer": sum(local(v) for s in t.opt.state.values() for v in s.values()
+                             if isinstance(v, torch.Tensor) and v.dim() > 0)}
+
+
+def _bytes_cfg(run_dir, model_dir, parallel: str) -> RLConfig:
+    cfg = _cfg(run_dir, model_dir, parallel, steps=1)
+    return cfg.model_copy(update={"loss": cfg.loss.model_copy(update={"kl_coef": 0.1})})
+
+
+def _bytes_main(rank, world, port, model_dir, tmp):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    try:
+        t = Trainer(_bytes_cfg(f"{tmp}/bytes2", model_dir, "fsdp2"))
+        t.run_loop()  # one step: gradients and AdamW state exist
+        with open(f"{tmp}/bytes{rank}.json", "w") as f:
+            json.dump(_held_bytes(t), f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_fsdp2_ranks_hold_about_half_each(tiny_model_dir, tmp_path):
+    """Each of 2 FSDP2 ranks holds at most 0.6x of what 1 rank holds, for parameters (the KL reference model
+    included), gradients and optimizer state alike: no rank keeps a whole copy or gathers the optimizer state."""
+    for name in ("bytes1", "bytes2"):
+        _write_rollouts(tmp_path / name)
+    one = Trainer(_bytes_cfg(tmp_path / "bytes1", tiny_model_dir, "fsdp2"))
+    one.run_loop()
+    whole = _held_bytes(one)
+    assert all(v > 0 for v in whole.values()), whole
+    _spawn(_bytes_main, (2, free_port(), str(tiny_model_dir), str(tmp_path)), timeout_s=180)
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"bytes{rank}.json").read_text())
+        assert all(got[k] <= 0.6 * whole[k] for k in whole), (rank, got, whole)

@@ -4,27 +4,35 @@
 the gradients are summed with one all-reduce (each rank's weights already carry the global normalisation).
 
 ``"fsdp2"`` (``FullySharded``): ``torch.distributed.fsdp.fully_shard`` on every decoder layer and then on the
-root, so parameters, gradients and optimizer state are split across the ranks (DTensors, one shard each). A
-forward pass all-gathers a layer's parameters and a backward pass reduce-scatters its gradients (averaged over the
-ranks, so each rank's loss is scaled by the world size), so every rank must run as many forward/backward passes
-as the busiest one: ``micro_batches`` says how many. Commits and evaluations need the full weights:
-``sync_full_model`` gathers them (a collective every rank joins) into a plain copy of the model that rank 0 keeps
-for evaluation and ``save_pretrained`` (so a published version is the same HF safetensors directory as under
-"ddp"). The optimizer's state is never gathered: ``rl.state`` saves each rank's shard by parameter name through
-``torch.distributed.checkpoint``, so a checkpoint resumes under either mode and any world size.
+root, so parameters, gradients and optimizer state are split across the ranks (DTensors, one shard each). No
+rank ever holds the whole model for training: it is built on the meta device, sharded, and only then
+materialised, with rank 0 reading the weights file and broadcasting each rank its shards; the KL reference model
+(when ``kl_coef > 0``) is sharded the same way. A forward pass all-gathers a layer's parameters and a backward
+pass reduce-scatters its gradients (averaged over the ranks, so each rank's loss is scaled by the world size),
+so every rank must run as many forward/backward passes as the busiest one: ``micro_batches`` says how many.
+Publishing a version needs the whole weights once: ``gather`` (a collective) assembles them into a model on
+rank 0 that lives only while that version is evaluated and written, so a published version is the same HF
+safetensors directory as under "ddp". The optimizer's state is never gathered: ``rl.state`` saves each rank's
+shard by parameter name through ``torch.distributed.checkpoint``, so a checkpoint resumes under either mode and
+any world size.
 
 With one rank there is nothing to shard or reduce: both modes are the plain single-process trainer.
 """
 
 from __future__ import annotations
 
-import copy
 import math
+from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from accelerate import init_empty_weights
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from swarmrl.models.io import load_model
 
 
 class Replicated:
@@ -34,10 +42,15 @@ class Replicated:
         self.model, self.world, self.rank = model, world, rank
         self.loss_scale = 1  # weights are global and gradients summed: each rank's loss as it is
 
-    @property
-    def full_model(self) -> torch.nn.Module | None:
-        """The whole model with the current weights (rank 0): what evaluation and commits use."""
-        return self.model
+    @classmethod
+    def load(cls, model_dir: str | Path, world: int, rank: int) -> Replicated:
+        model = load_model(model_dir)
+        model.train()
+        return cls(model, world, rank)
+
+    def gather(self) -> torch.nn.Module | None:
+        """The whole model with the current weights on rank 0 (None elsewhere); every rank calls it."""
+        return self.model if self.rank == 0 else None
 
     def micro_batches(self, shares: list[int], micro_batch: int) -> int | None:
         """Forward/backward passes every rank must run, given each rank's sequences (None: its own number)."""
@@ -47,26 +60,26 @@ class Replicated:
         if self.world > 1:
             allreduce_grads(self.model)
 
-    def sync_full_model(self) -> None:
-        """Bring ``full_model`` up to date with the weights (every rank calls it)."""
-
 
 class FullySharded(Replicated):
     """FSDP2: parameters, gradients and optimizer state sharded across the ranks (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, world: int, rank: int) -> None:
         super().__init__(model, world, rank)
-        # rank 0's whole copy for evaluation and publishing: plain tensors, outside autograd
-        self._full = copy.deepcopy(model).requires_grad_(False) if rank == 0 else None
-        mesh = init_device_mesh(next(model.parameters()).device.type, (world,))
-        for layer in decoder_layers(model):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)  # the rest: embeddings, (tied) LM head, final norm
         self.loss_scale = world  # FSDP averages the reduce-scattered gradients over the ranks
 
-    @property
-    def full_model(self) -> torch.nn.Module | None:
-        return self._full
+    @classmethod
+    def load(cls, model_dir: str | Path, world: int, rank: int) -> FullySharded:
+        model = load_sharded(model_dir, rank)
+        model.train()
+        return cls(model, world, rank)
+
+    def gather(self) -> torch.nn.Module | None:
+        """Collective: the full weights, as a model on rank 0 built around them (None elsewhere)."""
+        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        return _model_around(self.model.config, weights)
 
     def micro_batches(self, shares: list[int], micro_batch: int) -> int | None:
         return max(math.ceil(n / micro_batch) for n in shares)
@@ -74,11 +87,47 @@ class FullySharded(Replicated):
     def reduce_grads(self) -> None:
         pass  # done by the backward passes (reduce-scatter)
 
-    def sync_full_model(self) -> None:
-        """Collective: gathers the full weights into rank 0's copy."""
-        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
-            self._full.load_state_dict(weights)  # in place: a tied LM head stays tied (deepcopy kept the tie)
+
+def load_sharded(model_dir: str | Path, rank: int) -> PreTrainedModel:
+    """The model of ``model_dir`` built on the meta device, sharded with FSDP2 (each decoder layer, then the root)
+    and materialised shard by shard: only rank 0 reads the weights, and no rank holds more than its shards (rank 0
+    holds the file's tensors until they are sent). Collective: every rank of the default group calls it."""
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed here
+        model = AutoModelForCausalLM.from_config(config)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()  # from_config on meta does not tie: one parameter for the embeddings and the LM head
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)  # the rest: embeddings, (tied) LM head, final norm
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # in place: a tied parameter stays one parameter
+    try:
+        model.to_empty(device="cpu")  # shards allocated, uninitialised; the buffers too, so they are put back
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    for n, b in model.named_buffers():
+        b.copy_(buffers[n])
+    full: dict[str, torch.Tensor] = {}
+    if rank == 0:
+        full = load_file(str(Path(model_dir) / "model.safetensors"))
+        if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in full:
+            full["lm_head.weight"] = full[next(k for k in full if k.endswith("embed_tokens.weight"))]
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    return model
+
+
+def _model_around(config, weights: dict[str, torch.Tensor]) -> PreTrainedModel:  # noqa: ANN001
+    """A plain model holding ``weights`` (no copy, no random initialisation)."""
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(weights, assign=True, strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    model.eval()
+    return model
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -101,11 +150,12 @@ def allreduce_grads(model: torch.nn.Module) -> None:
         off += g.numel()
 
 
-def make_parallel(mode: str, model: torch.nn.Module, world: int, rank: int) -> Replicated:
-    """``trainer.parallel``'s strategy for ``model`` (wraps it in place under "fsdp2" with more than one rank)."""
+def load_parallel(mode: str, model_dir: str | Path, world: int, rank: int) -> Replicated:
+    """``trainer.parallel``'s strategy with the model of ``model_dir`` loaded its way ("fsdp2" with more than one
+    rank: sharded; otherwise a whole copy)."""
     if mode == "fsdp2" and world > 1:
-        return FullySharded(model, world, rank)
-    return Replicated(model, world, rank)
+        return FullySharded.load(model_dir, world, rank)
+    return Replicated.load(model_dir, world, rank)
 
 
-__all__ = ["Replicated", "FullySharded", "make_parallel", "decoder_layers", "allreduce_grads"]
+__all__ = ["Replicated", "FullySharded", "load_parallel", "load_sharded", "decoder_layers", "allreduce_grads"]

@@ -20,10 +20,14 @@ from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.rundir.records import LossStats
 
 
-def _null_pass(model, pad_id: int) -> None:
-    """A forward/backward pass that adds exactly zero to every gradient (a rank's share of passes is padded)."""
+def _null_pass(model, pad_id: int, ref_model=None) -> None:
+    """A forward/backward pass that adds exactly zero to every gradient (a rank's share of passes is padded); the
+    reference model, when one is used, runs its forward pass too (sharded, it all-gathers as the others do)."""
     ids = torch.full((1, 2), pad_id, dtype=torch.long)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    if ref_model is not None:  # in the order of a real pass (policy forward, reference forward, backward): a
+        with torch.no_grad():  # sharded pair's collectives must come in the same order on every rank
+            ref_model(input_ids=ids, attention_mask=torch.ones_like(ids))
     (out.logits.float().sum() * 0.0).backward()
 
 
@@ -45,7 +49,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
     for start in range(0, passes * micro_batch, micro_batch):
         mb = seqs[start: start + micro_batch]
         if not mb:
-            _null_pass(model, pad_id)
+            _null_pass(model, pad_id, ref_model if loss_cfg.kl_coef else None)
             continue
         packed = pack(mb, pad_id)
         temps = {s.temperature for s in mb}

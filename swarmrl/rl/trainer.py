@@ -38,11 +38,9 @@ import torch
 
 from swarmrl.contract import Rollout, group_advantages
 from swarmrl.eval.heldout import evaluate
-from swarmrl.models.io import load_model, load_tokenizer
-from swarmrl.policy.holder import PolicyHolder
-from swarmrl.policy.sources import RunDirPolicySource
+from swarmrl.models.io import load_tokenizer
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.parallel import make_parallel
+from swarmrl.rl.parallel import load_parallel
 from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
 from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
 from swarmrl.rl.state import STATE_DIR, Checkpointer, TrainerState
@@ -103,14 +101,13 @@ class Trainer:
     def _setup(self) -> None:
         cfg = self.cfg
         latest = self.run.latest_version()
-        holder = PolicyHolder(RunDirPolicySource(self.run.root), cfg.model)
-        self.model = holder.load(latest, timeout_s=0.0) if latest is not None else holder.model
-        self.model.train()
-        self.par = make_parallel(cfg.trainer.parallel, self.model, self.world, self.rank)  # fsdp2: shards self.model
+        start = self.run.version_dir(latest) if latest is not None else cfg.model
+        self.par = load_parallel(cfg.trainer.parallel, start, self.world, self.rank)  # fsdp2: built sharded
+        self.model = self.par.model
         self.ref_model = None
-        if cfg.loss.kl_coef:
-            self.ref_model = load_model(cfg.model)
-            self.ref_model.requires_grad_(False)
+        if cfg.loss.kl_coef:  # the initial policy, held the same way (sharded under fsdp2)
+            self.ref_model = load_parallel(cfg.trainer.parallel, cfg.model, self.world, self.rank).model
+            self.ref_model.eval().requires_grad_(False)
         o = cfg.optim
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
@@ -123,7 +120,7 @@ class Trainer:
                 self._recover_metrics_row((meta or {}).get("metrics_row"))
                 self._publish(latest)  # a crash between commit and publication left it unpublished
         else:
-            self._commit(0, consumed=[])
+            self._commit(0, consumed=[], full=self.par.gather())
         self._barrier()
 
     def _barrier(self) -> None:
@@ -138,18 +135,18 @@ class Trainer:
         if row["step"] not in done:
             self.metrics.write(**row)
 
-    def _commit(self, version: int, consumed: list[str], record: StepRecord | None = None) -> None:
-        """Every rank, after ``sync_full_model``: the weights (rank 0's whole copy), tokenizer and calibration, and
-        the trainer's state (each rank its part) into a staging directory that rank 0 renames into place."""
+    def _commit(self, version: int, consumed: list[str], full: torch.nn.Module | None,
+                record: StepRecord | None = None) -> None:
+        """Every rank: the weights (``full``, the gathered model on rank 0), tokenizer and calibration, and the
+        trainer's state (each rank its part) into a staging directory that rank 0 renames into place."""
         if self.rank == 0:
             staged = self.run.staging_dir(version)
-            model = self.par.full_model
-            was = model.training
-            model.eval()
-            model.save_pretrained(staged, safe_serialization=True)
+            was = full.training
+            full.eval()
+            full.save_pretrained(staged, safe_serialization=True)
             self.tokenizer.save_pretrained(staged)
             copy_calibration(self.cfg.model, staged)  # per-model TOPLOC thresholds travel with every version
-            model.train(was)
+            full.train(was)
         self._barrier()
         staged = self.run.policies.staging_path(version)
         row = record.model_dump(exclude_none=True, exclude={"time"}) if record is not None else None
@@ -247,9 +244,9 @@ class Trainer:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
         return float(t.item())
 
-    def evaluate(self) -> float:
-        """Rank 0 (under fsdp2 on its whole copy of the weights, which ``sync_full_model`` keeps current)."""
-        res = evaluate(self.par.full_model, self.tokenizer, self.env, n=self.cfg.eval.n,
+    def evaluate(self, full: torch.nn.Module) -> float:
+        """Rank 0, on ``full`` (the gathered model: ``par.gather``)."""
+        res = evaluate(full, self.tokenizer, self.env, n=self.cfg.eval.n,
                        max_new_tokens=self.cfg.eval.max_new_tokens, chat_template=self.cfg.contract.chat_template)
         self.model.train()
         return res["accuracy"]
@@ -291,8 +288,11 @@ class Trainer:
 
     def _loop(self, t_start: float, deadline: float | None) -> int:
         cfg = self.cfg
-        if self.rank == 0 and not self.resumed and cfg.eval.every_steps:
-            self._log_event("eval", step=0, version=0, heldout_acc=self.evaluate(), wall_s=0.0)
+        if not self.resumed and cfg.eval.every_steps:
+            full = self.par.gather()
+            if self.rank == 0:
+                self._log_event("eval", step=0, version=0, heldout_acc=self.evaluate(full), wall_s=0.0)
+            del full
         while self.step < cfg.steps:
             n = self.step
             batch = self._next_batch(n, deadline)
@@ -300,7 +300,7 @@ class Trainer:
                 break
             t1 = time.perf_counter()
             info = self.update(batch.groups)
-            self.par.sync_full_model()  # fsdp2: gathers the weights into rank 0's copy (a collective)
+            full = self.par.gather()  # the new version's whole weights on rank 0 (fsdp2: a collective)
             train_s = time.perf_counter() - t1
             self.state.step = n + 1
             record = None
@@ -308,19 +308,22 @@ class Trainer:
                 record = self._record(n, batch, info, t_start, train_s)
                 if cfg.eval.every_steps and (n + 1) % cfg.eval.every_steps == 0:
                     te = time.perf_counter()
-                    record.heldout_acc = self.evaluate()
+                    record.heldout_acc = self.evaluate(full)
                     record.eval_s = round(time.perf_counter() - te, 3)
-            self._commit(n + 1, consumed=batch.files, record=record)
+            self._commit(n + 1, consumed=batch.files, full=full, record=record)
+            del full  # under fsdp2 the whole weights live only while their version is published
             if record is not None:
                 self.metrics.write(**record.model_dump(exclude_none=True, exclude={"time"}))
-        if self.rank == 0:  # the full copy is current: synced after the last step (or at setup)
-            final = self.evaluate()
+        full = self.par.gather()
+        if self.rank == 0:
+            final = self.evaluate(full)
             self._log_event("final", step=self.step, version=self.step, heldout_acc=final,
                             wall_s=round(time.monotonic() - t_start, 3))
             self.run.done_flag.write_text(str(self.step))
             for p in self.publishers:
                 p.close()
             self.metrics.close()
+        del full
         self._barrier()
         return self.step
 
