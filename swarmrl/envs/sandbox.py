@@ -3,7 +3,8 @@
 Process layout: host --(Popen, new session, scrubbed env)--> launcher (``_sandbox_launcher.py``,
 ``python -I -S -B``) --> harness (``_sandbox_harness.py``, pid 1 of its own pid namespace) --fork
 per test case--> the untrusted program (``exec`` of its source in the forked child, stdin/stdout/
-stderr redirected to files in the work dir).
+stderr redirected to files in the work dir). The launcher dies with the host (``PDEATHSIG=SIGKILL``), and the
+harness with the launcher, so a host that dies mid-run leaves nothing running.
 
 What is enforced, and by whom
 =============================
@@ -218,7 +219,7 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
         read_roots = [os.path.realpath(sys.base_prefix), "/usr/lib/python3", stdlib] + devs
         work_in = "/work" if isolate else work
         tmp_in = "/tmp" if isolate else work
-        args = {"isolate": isolate, "python": python, "harness": str(_HARNESS), "root": root, "workdir": work,
+        args = {"isolate": isolate, "host_pid": os.getpid(), "python": python, "harness": str(_HARNESS), "root": root, "workdir": work,
                 "uid": uid, "ro_paths": _ro_paths(python), "mem_bytes": int(limits.mem_bytes),
                 "cpu_s": int(limits.cpu_s) * n + 5, "fsize_bytes": int(max(limits.out_bytes, limits.max_input_bytes, 1 << 16)) + 1,
                 "nofile": int(limits.nofile), "fs_bytes": int(limits.fs_bytes),
