@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from swarmrl.job.commands import eval_settings
 from swarmrl.job.config import RunConfig
 from swarmrl.rl.store import RunDir
 from swarmrl.utils.metrics import read_metrics
@@ -114,8 +115,7 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
     rows = read_metrics(root / "metrics" / "trainer.jsonl")
     evals = [r for r in rows if "heldout_acc" in r]
     steps = {r["step"]: r for r in rows if "reward" in r}
-    ev = EvalConfig(model=str(final_dir), task=cfg.rl.task, n=cfg.final_eval_n,
-                    max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.chat_template)
+    ev = EvalConfig.model_validate({**eval_settings(cfg), "model": str(final_dir)})  # as `swarmrl eval -c` runs it
     final = evaluate_path(ev)
     init = evaluate_path(ev.model_copy(update={"model": cfg.rl.model}))
     last_wall = max((r["wall_s"] for r in steps.values()), default=1e-9)
