@@ -185,6 +185,10 @@ class ValidatorConfig(StrictModel):
     orchestrator: str = "http://127.0.0.1:8700"
     key: str = ""  # path to the validator's Ed25519 PEM key (its public key must be in validator_keys)
     model_dir: str = ""  # HF model dir of the policy in use: its tokenizer decodes completions
+    # No model: only the cheap checks (schema, seed, tasks, policy, proof shape) can run; rewards, logprobs, TOPLOC
+    # and sampling cannot, so a node could forge any of them. Without a model_dir the validator refuses to start
+    # unless this says so explicitly; then every verdict states that the model checks were not run.
+    cheap_checks_only: bool = False
     run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # must match the orchestrator's (re-derives task seeds)
     poll_interval_s: float = Field(2.0, gt=0)
     # with nothing to do, wait for the next upload in one long poll of GET /v1/changes up to this long (it
