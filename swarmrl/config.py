@@ -8,6 +8,7 @@ message names the offending field.
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["ConfigError", "StrictModel", "load_config", "parse_override", "dump_config"]
+__all__ = ["ConfigError", "StrictModel", "load_config", "parse_override", "dump_config", "read_toml_keys"]
 
 
 class ConfigError(ValueError):
@@ -70,10 +71,14 @@ def _format_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Build ``model`` from an optional TOML file plus ``key=value`` overrides."""
-    data: dict[str, Any] = {}
-    source = "defaults"
+def load_config(model: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None, base_source: str = "") -> T:
+    """Build ``model`` from an optional TOML file plus ``key=value`` overrides. ``base`` (no file then): the data
+    to start from instead, e.g. what a command takes from a run config; ``base_source`` names it in errors."""
+    if base is not None and path is not None:
+        raise ValueError("load_config takes a file or a base, not both")
+    data: dict[str, Any] = copy.deepcopy(base) if base is not None else {}
+    source = base_source or "defaults"
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -92,6 +97,14 @@ def load_config(model: type[T], path: str | Path | None = None, overrides: list[
         return model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_error(e, source)) from None
+
+
+def read_toml_keys(path: str | Path) -> set[str]:
+    """The top-level keys of the TOML file ``path`` (none if it is missing or not TOML: ``load_config`` says so)."""
+    try:
+        return set(tomllib.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return set()
 
 
 def dump_config(cfg: BaseModel) -> str:

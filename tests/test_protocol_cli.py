@@ -84,15 +84,18 @@ def test_real_processes_end_to_end(tmp_path):
         assert len(beats) == 2 and beats[0]["assignments"]
         node = NodeClient(url, tmp_path / "node.pem")
         a = node.heartbeat().assignments[0]
-        node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "r.parquet"))
+        sid = node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp_path / "r.parquet")).submission_id
+        # no model here: the validator starts only when told to run the cheap checks alone
         r = _cli("validator", "run", "--orchestrator", url, "--key", str(tmp_path / "validator.pem"),
-                 "--set", "run_secret='s3'", "--set", "max_batches=1", "--set", f"work_dir='{tmp_path / 'val'}'")
+                 "--set", "run_secret='s3'", "--set", "max_batches=1", "--set", f"work_dir='{tmp_path / 'val'}'",
+                 "--set", "cheap_checks_only=true")
         assert r.returncode == 0, r.stderr
         summary = json.loads(r.stdout.strip().splitlines()[-1])  # the validator's health at exit
         assert summary["judged"] == 1 and summary["validator_internal_errors"] == 0 and not summary["left_pending"]
         before = node.ledger()
-        # without a model_dir the validator cannot decode: rewards are skipped, the rest is checked
+        # without a model_dir the validator cannot decode: rewards are skipped, the rest is checked, and it says so
         assert before.credits_locked == 4.0
+        assert "model checks not run" in node.submission(sid).reason
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

@@ -59,18 +59,47 @@ console: Console = _LazyConsole()  # type: ignore[assignment]
 
 
 def resolve(model: type[T], config: Path | None, sets: list[str] | None, extra: list[str] | None = None,
-            print_config: bool = False) -> T:
-    """Load a command's config; exits with status 2 and one line naming the field on error."""
-    from swarmrl.config import ConfigError, dump_config, load_config  # noqa: PLC0415  # lazy: startup
+            print_config: bool = False, from_run: Callable[[Any], dict[str, Any]] | None = None) -> T:
+    """Load a command's config; exits with status 2 and one line naming the field on error.
 
+    ``from_run``: the command also takes the run config of ``swarmrl run`` (``swarmrl.job.commands``): when
+    ``config`` is one (some of its top-level keys are ``RunConfig``'s, none is the command's own), it is validated
+    as a run config (its errors name its fields) and ``from_run(run)`` gives the command's settings, under
+    ``extra`` and ``sets`` (which name the command's own fields, as ``--print-config`` shows them)."""
+    from swarmrl.config import ConfigError, dump_config, load_config, read_toml_keys  # noqa: PLC0415  # lazy: startup
+
+    overrides = (extra or []) + (sets or [])
     try:
-        cfg = load_config(model, config, (extra or []) + (sets or []))
+        cfg = None
+        if config is not None and from_run is not None:
+            keys, own = read_toml_keys(config), set(model.model_fields)
+            if keys and not keys & own:
+                from swarmrl.job.config import RunConfig  # noqa: PLC0415  # lazy: startup
+
+                if keys & (set(RunConfig.model_fields) - own):
+                    run = load_config(RunConfig, config)
+                    cfg = load_config(model, None, overrides, base=from_run(run),
+                                      base_source=f"{config} as a run config")
+        if cfg is None:
+            cfg = load_config(model, config, overrides)
     except ConfigError as e:
         fail(e)
     if print_config:
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
     return cfg
+
+
+def require_model_dir(path: str | Path, hint: str = "") -> None:
+    """Exit 2 with one line unless ``path`` is a model directory: a missing one is said to be missing (transformers
+    would take the path for a hub repo id and complain about its form), one without ``config.json`` is not a model.
+    ``hint``: what the option accepts, appended in parentheses."""
+    p = Path(path)
+    tail = f" ({hint})" if hint else ""
+    if not p.exists():
+        fail(f"model directory {p} does not exist{tail}")
+    if not (p / "config.json").is_file():
+        fail(f"{p} is not a Hugging Face model directory (no config.json){tail}")
 
 
 def short_command(fn: F) -> F:

@@ -9,7 +9,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, fail, opt, require_backend, resolve
+from swarmrl.cli.common import (
+    ConfigOpt,
+    PrintOpt,
+    SetOpt,
+    backend_errors,
+    console,
+    fail,
+    opt,
+    require_backend,
+    require_model_dir,
+    resolve,
+)
 
 rl_app = typer.Typer(help="The asynchronous GRPO processes (normally started by `swarmrl run`).", no_args_is_help=True, rich_markup_mode=None)
 
@@ -154,11 +165,17 @@ def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
             model: Annotated[Optional[str], typer.Option(help="Policy used to estimate solve rates.")] = None,
             task: Annotated[Optional[str], typer.Option(help="Task name.")] = None,
             out: Annotated[Optional[str], typer.Option(help="Output JSONL task list.")] = None) -> None:
-    """Offline filtering: keep training tasks whose estimated solve rate lies in a band (default [0.1, 0.8])."""
+    """Offline filtering: keep training tasks whose estimated solve rate lies in a band (default [0.1, 0.8]).
+
+    --config takes a filter config or the run config of `swarmrl run` (configs/run.toml): then the run's initial
+    model on the run's task, params and chat template, sampled as its workers sample (rl.sampling, rl.contract.group_size
+    completions per task); options and --set still win."""
+    from swarmrl.job.commands import filter_settings  # noqa: PLC0415  # lazy: startup
     from swarmrl.rl.filter import FilterConfig, run_filter  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(FilterConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("out", out),
-                  print_config)
+                  print_config, from_run=filter_settings)
+    require_model_dir(cfg.model, "--model: an HF model dir")
     typer.echo(json.dumps(run_filter(cfg, progress=lambda m: console.print(m, highlight=False)), indent=2))
 
 

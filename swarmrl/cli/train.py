@@ -9,7 +9,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from swarmrl.cli.common import ConfigOpt, PrintOpt, SetOpt, backend_errors, console, fail, opt, resolve
+from swarmrl.cli.common import (
+    ConfigOpt,
+    PrintOpt,
+    SetOpt,
+    backend_errors,
+    console,
+    fail,
+    opt,
+    require_model_dir,
+    resolve,
+)
+
+_MODEL_HINT = "--model: an HF model dir, a run dir or one of its policy versions"
 
 
 def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
@@ -17,11 +29,17 @@ def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
         task: Annotated[Optional[str], typer.Option(help="Task name (see `swarmrl tasks`).")] = None,
         out: Annotated[Optional[Path], typer.Option(help="Output directory.")] = None,
         minutes: Annotated[Optional[float], typer.Option(help="Training wall-clock budget.")] = None) -> None:
-    """Supervised warm start on a task's demonstrations; saves OUT/model and OUT/metrics.jsonl."""
+    """Supervised warm start on a task's demonstrations; saves OUT/model and OUT/metrics.jsonl.
+
+    --config takes an sft config or the run config of `swarmrl run` (configs/run.toml): then the run's warm start
+    ([warmstart.sft]) on the run's task, params and chat template; options and --set still win."""
+    from swarmrl.job.commands import sft_settings  # noqa: PLC0415  # lazy: startup
     from swarmrl.sft.config import SFTConfig  # noqa: PLC0415  # lazy: startup
 
     extra = opt("model", model) + opt("task.name", task) + opt("out", out) + opt("minutes", minutes)
-    cfg = resolve(SFTConfig, config, set_, extra, print_config)
+    cfg = resolve(SFTConfig, config, set_, extra, print_config, from_run=sft_settings)
+    if cfg.model is not None:
+        require_model_dir(cfg.model, "--model: an HF model dir to start from, or none for a fresh tiny model")
     from swarmrl.sft.train import run_sft  # noqa: PLC0415  # lazy: startup
 
     def progress(row: dict) -> None:
@@ -110,22 +128,29 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
 
     When --model belongs to a run (RUN, RUN/final_model, RUN/policy/vN: RUN/rl.toml) or is an sft output's model
     (OUT/model: OUT/summary.json), its task, params, chat template and answer length are the defaults; --task,
-    --set task.params.*=... and --config still win. Which task was used, and from where, goes to stderr."""
+    --set task.params.*=... and --config still win. Which task was used, and from where, goes to stderr.
+
+    --config takes an eval config or the run config of `swarmrl run` (configs/run.toml, configs/smollm2.toml):
+    then the run's final evaluation (its task, params, chat template, answer length, final_eval_n tasks) on the
+    run's initial model unless --model names another."""
     from swarmrl.config import dump_config  # noqa: PLC0415  # lazy: startup
     from swarmrl.eval.config import EvalConfig  # noqa: PLC0415  # lazy: startup
+    from swarmrl.job.commands import eval_settings  # noqa: PLC0415  # lazy: startup
 
-    cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n))
+    cfg = resolve(EvalConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("n", n),
+                  from_run=eval_settings)
     console.print(apply_recorded(cfg, explicit_task="task" in cfg.model_fields_set), highlight=False, soft_wrap=True)
     if print_config:
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
+    require_model_dir(cfg.model, _MODEL_HINT)
     from swarmrl.eval.heldout import evaluate_path  # noqa: PLC0415  # lazy: startup
 
     try:
         with backend_errors():
             res = evaluate_path(cfg)
     except FileNotFoundError as e:
-        fail(f"{e} (--model: an HF model dir, a run dir or one of its policy versions)")
+        fail(f"{e} ({_MODEL_HINT})")
     typer.echo(json.dumps(res))
 
 

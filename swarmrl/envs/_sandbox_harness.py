@@ -15,6 +15,7 @@ import time
 IN, OUT, ERR = ".in", ".out", ".err"
 HARNESS_FILES = {IN, OUT, ERR}
 STDERR_TAIL = 2048
+NO_SECCOMP_EXIT = 124  # swarmrl.envs.sandbox.NO_SECCOMP_EXIT: the filter is required and does not install
 
 # seccomp: system calls an untrusted program never needs, denied in each case's process (kill the process, so
 # the harness sees SIGSYS and reports it). (x86_64, aarch64) numbers. socket() is killed too except for AF_UNIX,
@@ -323,7 +324,12 @@ def main():
         pass
     report_fd = os.dup(1)
     spec = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    spec["seccomp"] = bool(spec.get("seccomp")) and seccomp_works()
+    wanted = bool(spec.get("seccomp"))
+    spec["seccomp"] = wanted and seccomp_works()
+    if wanted and not spec["seccomp"] and spec.get("require_seccomp", True):  # fail closed: no program runs
+        sys.stderr.write("sandbox: the seccomp filter cannot be installed here\n")
+        sys.stderr.flush()
+        os._exit(NO_SECCOMP_EXIT)
     work = os.getcwd()
     results = []
     for case in spec["cases"]:

@@ -140,13 +140,26 @@ def drop_uid(a: dict) -> None:
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
+def die_with_host(a: dict) -> None:
+    """SIGKILL when the host process (the role that runs the program) dies: nobody would be left to enforce the
+    overall wall time. Set again after a uid change, which clears it; a host already gone ends this at once."""
+    host = a.get("host_pid")
+    if host is None:
+        return
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    if os.getppid() != host:
+        fail("the host process is gone")
+
+
 def main() -> None:
     a = json.loads(sys.argv[1])
+    die_with_host(a)
     with open(a["harness"], encoding="utf-8") as f:  # read before the host filesystem disappears
         source = f.read()
     if not a["isolate"]:
         set_limits(a, nproc=a["uid"] is not None)  # a fresh uid's count starts at 1
         drop_uid(a)
+        die_with_host(a)  # cleared by setuid
         exec_harness(a, a["workdir"], source)
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     outer_uid, outer_gid = os.getuid(), os.getgid()

@@ -19,6 +19,11 @@ any of:
 (```python / ```py / ```), an unterminated trailing one, or else the whole text. Reward: the fraction
 of tests passed (``all_or_nothing=True``: 1 only if all pass). A failed sandbox gives 0; never raises, except
 ``VerifierUnavailable`` when ``strict`` and the sandbox itself failed (the validator's setting).
+
+Isolation fails closed (``swarmrl.envs.sandbox``): the env refuses to be built where kernel namespaces are not
+available (``isolation = "namespaces"``, the default) or the seccomp filter does not install
+(``require_seccomp = true``), with an error saying which; ``isolation = "auto"`` or ``"fallback"`` and
+``require_seccomp = false`` (task params) accept the weaker isolation explicitly.
 """
 
 from __future__ import annotations
@@ -33,7 +38,14 @@ from typing import Any
 from swarmrl.envs.base import Task, VerifierUnavailable
 from swarmrl.envs.datafile import DataFileError, FileEnvironment, Record
 from swarmrl.envs.registry import register_env
-from swarmrl.envs.sandbox import CaseResult, SandboxLimits, isolation_level, run_program
+from swarmrl.envs.sandbox import (
+    NO_SECCOMP_MESSAGE,
+    CaseResult,
+    SandboxLimits,
+    no_namespaces_message,
+    run_program,
+    sandbox_status,
+)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_CODE_PATH = DATA_DIR / "code_sample.jsonl"
@@ -108,20 +120,26 @@ class CodeEnv(FileEnvironment):
     default_task_type = "verifiable_code"
 
     def __init__(self, path: str | Path | None = None, heldout_pct: float = 10.0, all_or_nothing: bool = False,
-                 wall_s: float = 5.0, cpu_s: int = 5, mem_mb: int = 512, isolation: str = "auto",
-                 audit_hook: bool = True, max_completion_chars: int = MAX_COMPLETION_CHARS) -> None:
+                 wall_s: float = 5.0, cpu_s: int = 5, mem_mb: int = 512, isolation: str = "namespaces",
+                 audit_hook: bool = True, max_completion_chars: int = MAX_COMPLETION_CHARS,
+                 require_seccomp: bool = True) -> None:
         if isolation not in ("auto", "namespaces", "fallback", "require_namespaces"):
-            raise ValueError("isolation must be auto, namespaces, fallback or require_namespaces")
-        if isolation == "require_namespaces":
-            if isolation_level() != "namespaces":
-                raise RuntimeError("code env: kernel namespace isolation is not available on this machine "
-                                   "(needs root or unprivileged user namespaces)")
+            raise ValueError("isolation must be namespaces, auto or fallback")
+        if isolation == "require_namespaces":  # its former name, when "auto" was the default
             isolation = "namespaces"
+        # fail closed, here and now: a worker would otherwise score every program 0 and a validator retry forever,
+        # each for a reason in no log line but the sandbox's
+        if isolation != "fallback" or require_seccomp:
+            status = sandbox_status()
+            if isolation == "namespaces" and status["isolation"] != "namespaces":
+                raise RuntimeError(no_namespaces_message(status))
+            if require_seccomp and not status["seccomp"]:
+                raise RuntimeError(NO_SECCOMP_MESSAGE)
         self.isolation = isolation
         self.all_or_nothing = all_or_nothing
         self.max_completion_chars = int(max_completion_chars)
         self.limits = SandboxLimits(wall_s=float(wall_s), cpu_s=int(cpu_s), mem_bytes=int(mem_mb) * 1024**2,
-                                    audit_hook=audit_hook)
+                                    audit_hook=audit_hook, require_seccomp=bool(require_seccomp))
         super().__init__(path or DEFAULT_CODE_PATH, heldout_pct)
 
     # -- data ------------------------------------------------------------------------------
@@ -228,8 +246,8 @@ class CodeEnv(FileEnvironment):
 
 @register_env("code")
 def _code(path: str | None = None, heldout_pct: float = 10.0, all_or_nothing: bool = False, wall_s: float = 5.0,
-          cpu_s: int = 5, mem_mb: int = 512, isolation: str = "auto", audit_hook: bool = True,
-          max_completion_chars: int = MAX_COMPLETION_CHARS) -> CodeEnv:
+          cpu_s: int = 5, mem_mb: int = 512, isolation: str = "namespaces", audit_hook: bool = True,
+          max_completion_chars: int = MAX_COMPLETION_CHARS, require_seccomp: bool = True) -> CodeEnv:
     return CodeEnv(path=path, heldout_pct=heldout_pct, all_or_nothing=all_or_nothing, wall_s=wall_s,
                    cpu_s=cpu_s, mem_mb=mem_mb, isolation=isolation, audit_hook=audit_hook,
-                   max_completion_chars=max_completion_chars)
+                   max_completion_chars=max_completion_chars, require_seccomp=require_seccomp)

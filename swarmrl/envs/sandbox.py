@@ -3,13 +3,18 @@
 Process layout: host --(Popen, new session, scrubbed env)--> launcher (``_sandbox_launcher.py``,
 ``python -I -S -B``) --> harness (``_sandbox_harness.py``, pid 1 of its own pid namespace) --fork
 per test case--> the untrusted program (``exec`` of its source in the forked child, stdin/stdout/
-stderr redirected to files in the work dir).
+stderr redirected to files in the work dir). The launcher dies with the host (``PDEATHSIG=SIGKILL``), and the
+harness with the launcher, so a host that dies mid-run leaves nothing running.
 
 What is enforced, and by whom
 =============================
 
-Isolation ``"namespaces"`` (the default when available: the caller is root, or unprivileged user
-namespaces are allowed). Enforced by the KERNEL:
+Isolation ``"namespaces"`` (the default; it needs root or unprivileged user namespaces). The sandbox FAILS CLOSED:
+where namespaces are not available no program runs (an internal error naming the cause) unless the caller chose
+weaker isolation explicitly (``"auto"``: namespaces when available, else the fallback; ``"fallback"``).
+``sandbox_status()`` / ``isolation_level()`` report what this machine gives (``python -m
+swarmrl.envs.sandbox_check --expect namespaces`` prints it and fails below that: CI runs it). Enforced by the
+KERNEL:
 
 * network: a new network namespace (only a down loopback): no connection leaves the sandbox;
 * filesystem: a new mount namespace whose root is a fresh size-capped tmpfs (``fs_bytes``, 4096
@@ -42,8 +47,9 @@ any ``CLONE_NEW*`` flag, module loading, ``reboot``, ``swapon/off``, ``userfault
 ``io_uring_*``, ``acct``, ``quotactl``, ``lookup_dcookie``, and any other ABI (i386 ``int 0x80``, x32);
 ``clone3`` gets ENOSYS (its flags are behind a pointer; libc falls back to ``clone``). A case killed there
 reports ``status="signal"``, ``code=SIGSYS``, ``denied_syscall=True`` and says so in its stderr;
-``SandboxRun.seccomp`` tells whether the filter was in place (if the kernel refuses it, a warning, and the
-other layers remain).
+``SandboxRun.seccomp`` tells whether the filter was in place. If it cannot be installed (a kernel without seccomp, an
+unsupported architecture), no program runs (an internal error) unless ``require_seccomp=False`` accepts the other
+layers alone (then a warning).
 
 Enforced by a Python AUDIT HOOK (``sys.addaudithook``) installed in each case's process before the
 program runs (``audit_hook=True``, the default; a second layer under namespaces): ``open`` only
@@ -56,13 +62,12 @@ that reach processes, sockets or native code; the harness's own copies are dropp
 ``sys.modules`` first so a re-import is seen). An audit hook is NOT a security boundary on its own (a
 determined program can reach native code through channels that raise no audit event).
 
-Isolation ``"fallback"`` (no namespaces available): only the rlimits, the audit hook, a scrubbed
+Isolation ``"fallback"`` (chosen explicitly, or by ``"auto"`` without namespaces): only the rlimits, the audit hook, a scrubbed
 environment, ``python -I -S``, a fresh host temp dir as cwd, process-group kills and, when the
 caller is root, the fresh unprivileged uid (file permissions then protect root-only files, and
 every process of that uid is killed afterwards). World-readable host files (``/etc/passwd``, a
 world-readable project tree) are then protected by the audit hook only, network by the audit hook
-only, and disk use only per file (RLIMIT_FSIZE). ``isolation_level()`` reports which mode is in
-use; environments can demand ``"namespaces"``.
+only, and disk use only per file (RLIMIT_FSIZE). The seccomp filter is installed here too.
 
 Verdicts: the host alone holds expected outputs; a case's stdout is compared by the caller. The
 harness never runs untrusted code. In ``"function"`` mode (assert-style tests) the tests run in the
@@ -94,6 +99,7 @@ _HERE = Path(__file__).resolve().parent
 _LAUNCHER = _HERE / "_sandbox_launcher.py"
 _HARNESS = _HERE / "_sandbox_harness.py"
 _UID_BASE, _UID_SPAN = 2_000_000_000, 100_000_000
+NO_SECCOMP_EXIT = 124  # the harness's exit status when the filter is required and does not install
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class SandboxLimits:
     max_input_bytes: int = 4 * 1024**2  # all case inputs together
     audit_hook: bool = True  # forced on in the fallback, where it is the main barrier
     seccomp: bool = True  # a seccomp filter in each case's process (see DENIED_SYSCALLS in the harness)
+    require_seccomp: bool = True  # no filter, no run (fail closed); False: run with the other layers alone
 
 
 @dataclass
@@ -146,35 +153,86 @@ def _ro_paths(python: str) -> list[str]:
 
 
 _level_lock = threading.Lock()
-_level: str | None = None
+_status: dict[str, Any] | None = None
+LEVELS = ("fallback", "namespaces")  # weakest first
+
+
+def _probe(isolation: str) -> tuple[bool, SandboxRun]:
+    """(whether it ran, the run) of a benign program in ``isolation``, the seccomp filter wanted but not required
+    (so its absence is seen, not fatal)."""
+    with warnings.catch_warnings():  # a probe's warnings are not the caller's: it may never use that mode
+        warnings.simplefilter("ignore")
+        run = _run("print(6*7)", [{"input": ""}], "stdio", SandboxLimits(wall_s=10, cpu_s=10, require_seccomp=False),
+                   isolation=isolation)
+    return run.error is None and bool(run.results) and run.results[0].stdout.strip() == "42", run
+
+
+def sandbox_status() -> dict[str, Any]:
+    """What this machine gives the sandbox, probed once per process: ``isolation`` (``"namespaces"`` when the
+    kernel isolation works here, else ``"fallback"``), ``seccomp`` (whether the filter installs), ``error`` (why
+    namespaces did not work, or None)."""
+    global _status
+    with _level_lock:
+        if _status is None:
+            ok, run = _probe("namespaces")
+            if ok:
+                _status = {"isolation": "namespaces", "seccomp": run.seccomp, "error": None}
+            else:
+                fb_ok, fb = _probe("fallback")
+                _status = {"isolation": "fallback", "seccomp": fb_ok and fb.seccomp,
+                           "error": run.error or "the probe program did not run"}
+        return dict(_status)
 
 
 def isolation_level() -> str:
     """``"namespaces"`` when the kernel isolation works here, else ``"fallback"`` (probed once)."""
-    global _level
-    with _level_lock:
-        if _level is None:
-            probe = _run("print(6*7)", [{"input": ""}], "stdio", SandboxLimits(wall_s=10, cpu_s=10),
-                         isolation="namespaces")
-            ok = probe.error is None and probe.results and probe.results[0].stdout.strip() == "42"
-            _level = "namespaces" if ok else "fallback"
-            if not ok:
-                warnings.warn("code sandbox: kernel namespaces unavailable, using the weaker fallback "
-                              f"(rlimits + audit hook): {probe.error}", RuntimeWarning, stacklevel=2)
-        return _level
+    return sandbox_status()["isolation"]
+
+
+def no_namespaces_message(status: dict[str, Any]) -> str:
+    return ("code sandbox: kernel namespace isolation is not available here (it needs root or unprivileged user "
+            f"namespaces: {status.get('error') or 'the probe failed'}); refusing to run untrusted code with weaker "
+            "isolation. To accept the fallback (rlimits, seccomp and an audit hook, no kernel boundary around files "
+            'and network), choose it explicitly: isolation = "auto" or "fallback"')
+
+
+NO_SECCOMP_MESSAGE = ("code sandbox: the seccomp filter cannot be installed here (a kernel without seccomp, or an "
+                      "unsupported architecture); refusing to run untrusted code without it. To accept the other "
+                      "layers alone, set require_seccomp = false")
+
+
+def expectation_problems(status: dict[str, Any], expect: str) -> list[str]:
+    """Why ``status`` (``sandbox_status()``) is less than ``expect`` (a level of ``LEVELS``, with the seccomp
+    filter); [] when it is not."""
+    problems = []
+    if LEVELS.index(status["isolation"]) < LEVELS.index(expect):
+        problems.append(f"isolation {status['isolation']}, expected {expect}: {status.get('error')}")
+    if not status["seccomp"]:
+        problems.append("the seccomp filter does not install here")
+    return problems
 
 
 def run_program(program: str, cases: list[dict[str, Any]], mode: Mode = "stdio",
-                limits: SandboxLimits | None = None, isolation: Isolation = "auto", prelude: str = "") -> SandboxRun:
+                limits: SandboxLimits | None = None, isolation: Isolation = "namespaces",
+                prelude: str = "") -> SandboxRun:
     """Run ``program`` once per case, isolated; never raises for anything the program does.
 
     ``cases``: stdio mode ``{"input": str}``; function mode ``{"test": str}`` (run after the program
     and ``prelude`` in the same process; passing = no exception); call mode ``{"fn_name": str,
     "args": list}`` (the JSON of ``fn(*args)`` comes back in ``ret``).
+
+    ``isolation``: ``"namespaces"`` (the default) runs nothing where namespaces are not available (an internal
+    error); ``"auto"`` falls back to the weaker ``"fallback"`` there (a warning); ``"fallback"`` always uses it.
     """
     limits = limits or SandboxLimits()
-    if isolation == "auto":
-        isolation = "namespaces" if isolation_level() == "namespaces" else "fallback"
+    if isolation in ("namespaces", "auto"):
+        status = sandbox_status()
+        if status["isolation"] != "namespaces":
+            if isolation == "namespaces":
+                return _error_run("namespaces", len(cases), no_namespaces_message(status), internal=True)
+            _warn_once("code sandbox: kernel namespaces unavailable, using the weaker fallback (isolation = "
+                       f"\"auto\"; rlimits, seccomp and an audit hook): {status.get('error')}")
+            isolation = "fallback"
     return _run(program, cases, mode, limits, isolation, prelude)
 
 
@@ -218,7 +276,7 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
         read_roots = [os.path.realpath(sys.base_prefix), "/usr/lib/python3", stdlib] + devs
         work_in = "/work" if isolate else work
         tmp_in = "/tmp" if isolate else work
-        args = {"isolate": isolate, "python": python, "harness": str(_HARNESS), "root": root, "workdir": work,
+        args = {"isolate": isolate, "host_pid": os.getpid(), "python": python, "harness": str(_HARNESS), "root": root, "workdir": work,
                 "uid": uid, "ro_paths": _ro_paths(python), "mem_bytes": int(limits.mem_bytes),
                 "cpu_s": int(limits.cpu_s) * n + 5, "fsize_bytes": int(max(limits.out_bytes, limits.max_input_bytes, 1 << 16)) + 1,
                 "nofile": int(limits.nofile), "fs_bytes": int(limits.fs_bytes),
@@ -226,7 +284,7 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
         spec = {"program": program, "mode": mode, "prelude": prelude, "cases": cases, "wall_s": limits.wall_s,
                 "cpu_s": limits.cpu_s, "out_bytes": int(limits.out_bytes) + 1,
                 "audit": limits.audit_hook or not isolate,  # the fallback always needs the hook
-                "seccomp": limits.seccomp,
+                "seccomp": limits.seccomp, "require_seccomp": limits.require_seccomp,
                 "read_roots": read_roots + [work_in, tmp_in], "write_roots": [work_in, tmp_in],
                 "sweep": (not isolate) and uid is not None}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -242,6 +300,8 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
         finally:
             if not isolate and uid is not None:
                 _sweep_uid(python, uid)
+        if proc.returncode == NO_SECCOMP_EXIT and limits.seccomp and limits.require_seccomp:
+            return _error_run(isolation, n, NO_SECCOMP_MESSAGE, internal=True)
         if proc.returncode != 0:
             msg = err.decode("utf-8", errors="replace")[-2000:].strip()
             return _error_run(isolation, n, f"sandbox failed (rc={proc.returncode}): {msg}", internal=True)
@@ -253,9 +313,10 @@ def _run(program: str, cases: list[dict[str, Any]], mode: str, limits: SandboxLi
             return _error_run(isolation, n, f"bad sandbox report: {e}", internal=True)
         if len(results) != n:
             return _error_run(isolation, n, "sandbox report has the wrong number of results", internal=True)
-        if limits.seccomp and not seccomp:
+        if limits.seccomp and not seccomp:  # only when not required: the harness refuses otherwise
             _warn_once("code sandbox: the seccomp filter could not be installed here (kernel without seccomp, or "
-                       "an unsupported architecture); namespaces, rlimits and the audit hook remain")
+                       "an unsupported architecture); running without it (require_seccomp = false): namespaces, "
+                       "rlimits and the audit hook remain")
         return SandboxRun(isolation=isolation, results=results, seccomp=seccomp)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -305,3 +366,4 @@ def _sweep_uid(python: str, uid: int) -> None:
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except (subprocess.TimeoutExpired, OSError):
         pass
+

@@ -22,7 +22,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from swarmrl.dashboard.server import DashboardServer
@@ -117,10 +118,37 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     swarm = plan.mode == "swarm"
     if swarm:
         (root / "swarm.json").write_text(json.dumps({"orchestrator": plan.url, "members": plan.members}, indent=2))
-    if swarm and threading.current_thread() is threading.main_thread():  # SIGTERM: still stop every child
-        def _term(_sig, _frame):  # noqa: ANN001, ANN202
-            raise SystemExit(143)
-        signal.signal(signal.SIGTERM, _term)
+    with stop_on_sigterm():
+        return _supervise(cfg, plan, run, progress, live)
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (systemd, ``docker stop``, ``kill``) ends the launcher as Ctrl-C (SIGINT) does, by an exception, so
+    its ``finally`` stops every role in order (the roles are in sessions of their own: the signal reaches only the
+    launcher). A second SIGTERM while they are being stopped is ignored: the stop is bounded (SIGKILL after
+    ``stop_term_s``), and a launcher that dies anyway takes its roles with it (``swarmrl.utils.procs``). Only in
+    the main thread (Python delivers signals there); the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _term(_sig, _frame):  # noqa: ANN001, ANN202
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, _term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str], None],
+               live: Callable[[dict], None] | None) -> dict:
+    """Start the roles of ``plan``, watch them until the trainer is done, stop them all (whatever happened), and
+    finish the run (final evaluation, summary)."""
+    root, swarm = plan.root, plan.mode == "swarm"
     t0 = time.monotonic()
     report: dict = {}
     dash = None
@@ -128,8 +156,7 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
     # that need them are forked from it (swarmrl.job.zygote)
     (root / "logs").mkdir(parents=True, exist_ok=True)
     zygote = Zygote(preload_modules(cfg.rl.model), root / "logs" / "zygote.log") if cfg.zygote else None
-    sup = Supervisor(root / "logs", progress, url=plan.url, pids_file=root / "pids.json" if swarm else None,
-                     zygote=zygote)
+    sup = Supervisor(root / "logs", progress, url=plan.url, pids_file=root / "pids.json", zygote=zygote)
     try:
         # the trainer first: it needs nothing from the other roles (the adapter speaks for it), and its startup
         # (imports, model load, origin) is on the run's critical path, so the orchestrator comes up beside it

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from swarmrl.job.commands import eval_settings
 from swarmrl.job.config import RunConfig
 from swarmrl.rl.store import RunDir
 from swarmrl.rundir import RunLayout, read_trainer_log
@@ -113,8 +114,7 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
     png = plot_run(root)
     log = read_trainer_log(run.trainer_metrics)
     steps = log.steps
-    ev = EvalConfig(model=str(final_dir), task=cfg.rl.contract.task, n=cfg.final_eval_n,
-                    max_new_tokens=cfg.rl.eval.max_new_tokens, chat_template=cfg.rl.contract.chat_template)
+    ev = EvalConfig.model_validate({**eval_settings(cfg), "model": str(final_dir)})  # as `swarmrl eval -c` runs it
     final = evaluate_path(ev)
     init = evaluate_path(ev.model_copy(update={"model": cfg.rl.model}))
     last_wall = max((r.wall_s or 0.0 for r in steps), default=1e-9)

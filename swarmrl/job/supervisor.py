@@ -13,7 +13,7 @@ from pathlib import Path
 from swarmrl.job.derive import RoleSpec
 from swarmrl.job.zygote import ZYGOTE_ROLES, Zygote, ZygoteChild
 from swarmrl.protocol.client import wait_until_up
-from swarmrl.utils.procs import stop_process
+from swarmrl.utils.procs import child_env, stop_process
 
 
 class RoleFailed(RuntimeError):
@@ -29,10 +29,11 @@ def role_env() -> dict[str, str]:
 
 
 def spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    """``python -m swarmrl <argv>`` in its own session, output appended to ``log``."""
+    """``python -m swarmrl <argv>`` in its own session, output appended to ``log``; it dies with this process
+    (``child_env``: its own session puts it out of reach of the signals that end this one)."""
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "swarmrl", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                env=role_env(), start_new_session=True)
+                                env=child_env(role_env()), start_new_session=True)
 
 
 class Supervisor:

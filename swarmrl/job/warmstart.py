@@ -6,7 +6,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from swarmrl.job.commands import sft_settings
 from swarmrl.job.config import RunConfig
+from swarmrl.sft.config import SFTConfig
 
 
 def prepare_warmstart(cfg: RunConfig, progress: Callable[[str], None]) -> str:
@@ -18,7 +20,7 @@ def prepare_warmstart(cfg: RunConfig, progress: Callable[[str], None]) -> str:
         raise FileNotFoundError(f"initial model {model} does not exist and warm start is disabled")
     from swarmrl.sft.train import run_sft  # noqa: PLC0415  # lazy: torch, only when a warm start is made
 
-    sft = cfg.warmstart.sft.model_copy(update={"task": cfg.rl.contract.task})
+    sft = SFTConfig.model_validate(sft_settings(cfg))  # as `swarmrl sft -c RUN_CONFIG`: the run's task and template
     progress(f"warm start: SFT of a fresh tiny model on {sft.task.name} for {sft.minutes} min")
 
     def cb(row: dict) -> None:

@@ -15,8 +15,12 @@ torch / numpy (Python's ``random`` reseeds itself at fork), then ``python -m swa
 Protocol (JSON lines, private to the launcher): requests on the zygote's stdin
 ``{"id": n, "argv": [...], "log": path, "env": {...}}``; replies on its stdout ``{"ready": true, "s": t}`` once
 imported, ``{"id": n, "pid": p}`` (or ``{"id": n, "error": msg}``) per request, ``{"exit": p, "code": c}`` per
-child that ended (``c`` as ``Popen.returncode``: negative for a signal). EOF on stdin ends the zygote; its
-children keep running (they are in their own sessions, as spawned roles are).
+child that ended (``c`` as ``Popen.returncode``: negative for a signal). EOF on stdin ends the zygote.
+
+Lifetimes: the zygote dies with the launcher and every forked role with the zygote (``PR_SET_PDEATHSIG``,
+``swarmrl.utils.procs``), so a launcher that dies (SIGKILL, a crash) leaves no role behind although each is in a
+session of its own. The launcher stops its roles before it closes the zygote; a role whose zygote crashed ends
+with it and is restarted plainly as its spec allows.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import time
 from pathlib import Path
 
 import setproctitle
+
+from swarmrl.utils.procs import PARENT_ENV, adopt_parent_death, child_env, die_with_parent
 
 __all__ = ["ZYGOTE_ROLES", "Zygote", "ZygoteChild", "fresh_random_state", "preload_modules"]
 
@@ -76,10 +82,12 @@ def fresh_random_state() -> None:
         np.random.seed(None)
 
 
-def _child(argv: list[str], log: str, env: dict[str, str], fds: tuple[int, ...]) -> None:
+def _child(argv: list[str], log: str, env: dict[str, str], fds: tuple[int, ...], zygote: int) -> None:
     """In the forked child: become the role process, never return."""
     code = 1
     try:
+        die_with_parent(zygote)  # first: the zygote may die at any moment (zygote: its pid, taken before the fork)
+        env.pop(PARENT_ENV, None)  # the launcher's, not this process's parent
         os.setsid()
         # ps / top show the role (before the environment is replaced: setproctitle finds argv's memory by it)
         setproctitle.setproctitle(" ".join([sys.executable, "-m", "swarmrl", *argv]))
@@ -171,13 +179,14 @@ def serve(modules: list[str]) -> None:
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
+                me = os.getpid()
                 try:
                     pid = os.fork()
                 except OSError as e:  # out of processes or memory: the launcher starts the role plainly
                     _send({"id": rid, "error": f"fork failed: {e}"})
                     continue
                 if pid == 0:
-                    _child(argv, log, env, (fin, sys.stdout.fileno()))
+                    _child(argv, log, env, (fin, sys.stdout.fileno()), me)
                 children.add(pid)
                 _send({"id": rid, "pid": pid})
         while children:
@@ -241,8 +250,8 @@ class Zygote:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         with open(log, "ab") as f:
             self.proc = subprocess.Popen([sys.executable, "-m", "swarmrl.job.zygote", *modules],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f, env=env,
-                                         start_new_session=True)
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=f,
+                                         env=child_env(env), start_new_session=True)
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._replies: dict[int, dict] = {}
@@ -311,7 +320,7 @@ class Zygote:
         return child
 
     def close(self) -> None:
-        """End the zygote (its children are not touched: the supervisor stops them)."""
+        """End the zygote (the supervisor stops its children first; any still running die with it)."""
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
@@ -325,4 +334,5 @@ class Zygote:
 
 
 if __name__ == "__main__":
+    adopt_parent_death()  # the zygote dies with the launcher, and its children with it
     serve(sys.argv[1:])

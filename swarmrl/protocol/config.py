@@ -168,6 +168,10 @@ class ValidatorConfig(StrictModel):
     # under other rules is not judged (left pending: the operator's mistake, not the node's). None: each
     # assignment's own, with proofs checked at the default geometry (contract.proof)
     contract: RLContract | None = None
+    # No model: only the cheap checks (schema, seed, tasks, policy, proof shape) can run; rewards, logprobs, TOPLOC
+    # and sampling cannot, so a node could forge any of them. Without a model_dir the validator refuses to start
+    # unless this says so explicitly; then every verdict states that the model checks were not run.
+    cheap_checks_only: bool = False
     run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # must match the orchestrator's (re-derives task seeds)
     poll_interval_s: float = Field(2.0, gt=0)
     # with nothing to do, wait for the next upload in one long poll of GET /v1/changes up to this long (it

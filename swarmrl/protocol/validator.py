@@ -160,9 +160,27 @@ def contract_mismatch(cfg: ValidatorConfig, item: PendingSubmission) -> str | No
             + " differ from this validator's " + ", ".join(f"{k}={mine[k]!r}" for k in diff))
 
 
+# what every verdict of a validator without a model says (``cheap_checks_only``): it must not pass unchecked work
+# off as checked
+MODEL_CHECKS_NOT_RUN = ("model checks not run: cheap_checks_only = true, no model; rewards, logprobs, TOPLOC "
+                        "proofs and sampling are unchecked")
+
+
+def _skip_without_model(ctx: CheckContext) -> tuple[bool, str]:
+    raise SkipCheck(MODEL_CHECKS_NOT_RUN)
+
+
 def config_problems(cfg: ValidatorConfig) -> list[str]:
     """Why this configuration cannot judge (the CLI refuses to start with them); [] when it can."""
     problems = configured_functions_problems(cfg)
+    if not cfg.model_dir and not cfg.cheap_checks_only:
+        problems.append("no model_dir: without the policy's model the reward, logprob, TOPLOC and sampling checks "
+                        "cannot run, and a validator that skips them accepts forged work; set model_dir (or "
+                        "--model-dir) to the policy's HF model dir, or cheap_checks_only = true to run the cheap "
+                        "checks alone (every verdict then says the model checks were not run)")
+    if cfg.cheap_checks_only and (cfg.model_dir or cfg.model_dir_template):
+        problems.append("cheap_checks_only = true with a model (model_dir / model_dir_template): the model checks "
+                        "would not run; drop cheap_checks_only or the model")
     geometry = cfg.proof_geometry
     if cfg.model_dir and not Path(cfg.model_dir).is_dir():
         problems.append(f"model_dir = {cfg.model_dir!r} is not a directory")
@@ -212,10 +230,16 @@ class Validator:
             log.error("validator config: %s", p)
         self.client = client or ValidatorClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.checks = checks if checks is not None else default_checks(cfg)
+        # cheap checks only: the reward check is not run either (a tokenizer given here would let it run, and the
+        # verdicts would say it did not); the other model checks are skipped by judge (``_judge_item``)
+        self._not_run = MODEL_CHECKS_NOT_RUN if cfg.cheap_checks_only else ""
+        if cfg.cheap_checks_only:
+            self.checks = [(n, _skip_without_model if n == "rewards" else c) for n, c in self.checks]
+            log.warning("cheap_checks_only: %s; every verdict says so", MODEL_CHECKS_NOT_RUN)
         self.tokenizer = tokenizer
         if self.tokenizer is None and cfg.model_dir:
             self.tokenizer = load_tokenizer(cfg.model_dir)
-        if self.tokenizer is None:
+        if self.tokenizer is None and not cfg.cheap_checks_only:
             log.warning("no model_dir: completions cannot be decoded, so rewards are NOT re-checked")
         self.vocab_size = vocab_bound(self.tokenizer, cfg.model_dir)
         template = cfg.model_dir_template or cfg.model_dir
@@ -309,8 +333,11 @@ class Validator:
                     # storage or transfer fault on our side of the wire, not the node's
                     why = f"download: the file's sha256 {sha[:16]}.. is not the recorded {item.submission.sha256[:16]}.."
                     return Verdict(False, why, [], internal_error=why)
-                return judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model, self.vocab_size,
-                             self._toploc_settings, sampled_out=sampled_out)
+                v = judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model, self.vocab_size,
+                          self._toploc_settings, sampled_out=sampled_out or self._not_run)
+                if self._not_run and not v.accepted and v.internal_error is None:  # accepted: judge says it
+                    v.reason = f"{v.reason[:3800]} ({self._not_run})"
+                return v
         except Exception as e:  # noqa: BLE001 - download or disk trouble: ours
             log.exception("submission %d: could not be judged", sid)
             return Verdict(False, f"internal error: {e}", [], internal_error=_describe("download", e))
