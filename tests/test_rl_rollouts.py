@@ -130,7 +130,7 @@ def test_same_group_id_from_two_workers_stays_separate():
     assert len(usable) == 2 and all(len(g) == 2 for g in usable)
 
 
-def test_config_rejects_keep_versions_below_async_window():
+def test_config_rejects_keep_versions_below_the_async_level():
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="keep_versions"):

@@ -81,9 +81,12 @@ def _model_of_run(model: Path) -> Path:
     if (model / "rl.toml").is_file() and not (model / "config.json").is_file():
         if (model / "final_model" / "config.json").is_file():
             return model / "final_model"
-        latest = model / "policy" / "LATEST"
+        from swarmrl.rundir import RunLayout  # noqa: PLC0415  # lazy: startup
+
+        run = RunLayout(model)
+        latest = run.latest_file
         if latest.is_file() and latest.read_text().strip().isdigit():
-            return model / "policy" / f"v{int(latest.read_text().strip()):06d}"
+            return run.version_dir(int(latest.read_text().strip()))
     return model
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from swarmrl.policy.store import PolicyDir
+from swarmrl.rundir import RunLayout
 from swarmrl.shardcast import FetchError, fetch
 
 
@@ -49,7 +50,7 @@ class RunDirPolicySource(_NoDownloads):
     """Policy versions straight from ``run_dir/policy/v{n:06d}`` (written atomically by the trainer)."""
 
     def __init__(self, run_dir: str | Path, poll_s: float = 0.05) -> None:
-        self.policies = PolicyDir(Path(run_dir) / "policy")
+        self.policies = PolicyDir(RunLayout(run_dir).policy)
         self.poll_s = poll_s
 
     def latest(self) -> int | None:
