@@ -79,11 +79,14 @@ def test_a_publisher_and_a_source_written_here_drive_a_real_trainer(tmp_path, ti
 
 
 def test_max_minutes_ends_a_run_that_never_waits(tmp_path, tiny_model_dir):
-    """Rollouts are always there, so the trainer never waits: the deadline still ends the run (it was checked
-    only while waiting), with its final evaluation and DONE."""
-    t = Trainer(_cfg(tmp_path, tiny_model_dir, 50, max_minutes=0.01), source=MemorySource(50))
+    """Every step's rollouts are on disk before the trainer starts, so it never waits: the deadline still ends
+    the run (it was checked only while waiting), with its final evaluation and DONE."""
+    run = RunDir(tmp_path / "run")
+    for s in range(300):  # without the deadline: ~20 ms a step here, 6 s in all
+        write_rollouts(_group(s), run.new_rollout_path(s, "w0", 1))
+    t = Trainer(_cfg(tmp_path, tiny_model_dir, 300, max_minutes=0.005))
     done = t.run_loop()
-    assert 1 <= done < 50
+    assert 1 <= done < 300
     assert t.run.done_flag.read_text() == str(done)
     assert any(e.event == "final" for e in read_trainer_log(t.run.trainer_metrics).evals)
 
