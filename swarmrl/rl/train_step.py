@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from swarmrl.rl.config import LossConfig
-from swarmrl.rl.loss import grpo_token_loss, token_weights
+from swarmrl.rl.loss import policy_loss, token_weights
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.rundir.records import LossStats
 
@@ -45,6 +45,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
     weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
                                 total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
     loss_sum, parts = 0.0, []
+    objective = loss_cfg.objective()
     passes = max(math.ceil(len(seqs) / micro_batch), micro_batches or 0)
     for start in range(0, passes * micro_batch, micro_batch):
         mb = seqs[start: start + micro_batch]
@@ -66,9 +67,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
         if ref_model is not None and loss_cfg.kl_coef:
             with torch.no_grad():
                 ref, _ = sequence_logprobs(ref_model, packed, temp)
-        st = grpo_token_loss(logp, packed["old"], adv, w, packed["cmask"], clip_eps=loss_cfg.clip_eps,
-                             delta=loss_cfg.delta, entropy=ent, entropy_coef=loss_cfg.entropy_coef,
-                             ref_logp=ref, kl_coef=loss_cfg.kl_coef)
+        st = policy_loss(objective, logp, packed["old"], adv, w, packed["cmask"], entropy=ent, ref_logp=ref)
         (st.loss * world_size).backward()
         loss_sum += float(st.loss.detach())
         parts.append(st.stats)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmrl.contract import Rollout, group_advantages
+from swarmrl.contract import Rollout
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_tokenizer
 from swarmrl.rl.config import RLConfig
@@ -208,8 +208,10 @@ class Trainer:
         cfg = self.cfg
         seqs: list[Sequence] = []
         for g in groups:
-            adv = group_advantages([r.reward for r in g], use_std=cfg.loss.use_std)  # recomputed, not trusted
+            adv = cfg.loss.advantages([r.reward for r in g])  # recomputed, not trusted
             for r, a in zip(g, adv):
+                if cfg.loss.overlong_filter and not r.finished:  # cut at max_new_tokens: left out of the loss
+                    continue
                 seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature))
         total_tokens = sum(len(s.completion_ids) for s in seqs)
         mine = seqs[self.rank:: self.world]

@@ -29,9 +29,13 @@ class LossStats:
     ratio_max: float = 1.0
     entropy: float = 0.0
     kl: float = 0.0
+    mismatch_kl: float = 0.0  # KL(inference || trainer) over the sampled tokens (k3): 0 when both agree
+    is_weight_mean: float = 1.0  # the off-policy correction's importance weight (1 without one)
+    is_dropped_frac: float = 0.0  # share of tokens the correction gave weight 0 (masked IS)
     tokens: int = 0
 
-    _MEANS = ("clip_frac", "clip_low_frac", "clip_high_frac", "delta_frac", "ratio_mean", "entropy", "kl")
+    _MEANS = ("clip_frac", "clip_low_frac", "clip_high_frac", "delta_frac", "ratio_mean", "entropy", "kl",
+              "mismatch_kl", "is_weight_mean", "is_dropped_frac")
 
     @classmethod
     def combine(cls, parts: list[LossStats]) -> LossStats:
@@ -89,6 +93,9 @@ class StepRecord(_Record):
     ratio_max: float | None = None
     entropy: float | None = None
     kl: float | None = None
+    mismatch_kl: float | None = None
+    is_weight_mean: float | None = None
+    is_dropped_frac: float | None = None
     grad_norm: float | None = None
     train_tokens: int | None = None
     lr: float | None = None
