@@ -29,3 +29,35 @@ def test_the_package_and_the_wire_format_import_no_torch():
             "from swarmrl.rollouts import pack; assert 'torch' in sys.modules, 'packing'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_chunked_logprobs_equal_the_full_log_softmax(tiny_model_dir, monkeypatch):
+    """The chunked path (LM head over completion positions only, CHUNK_TOKENS at a time, recomputed in backward)
+    gives the full log-softmax's logprobs and entropies, and the same gradients, within float32 rounding."""
+    import random
+
+    import torch
+
+    import swarmrl.rollouts.packing as packing
+    from swarmrl.models.io import load_model
+
+    model = load_model(tiny_model_dir).train()
+    rng = random.Random(0)
+    seqs = []
+    for _ in range(6):
+        comp = [rng.randrange(4, 200) for _ in range(rng.randint(1, 7))]
+        seqs.append(packing.Sequence([rng.randrange(4, 200) for _ in range(rng.randint(1, 9))], comp,
+                                     [-1.0] * len(comp), 1.0, 1.0))
+    packed = packing.pack(seqs, 0)
+    monkeypatch.setattr(packing, "CHUNK_TOKENS", 5)  # several chunks, the last one short
+    assert packing._plain_head(model) is not None
+    a, ea = packing.sequence_logprobs(model, packed, 0.7, with_entropy=True, entropy_grad=True)
+    b, eb = packing._full_logprobs(model, packed, 0.7, True)
+    m = packed["cmask"]
+    assert float(((a - b) * m).abs().max()) <= 1e-6 and float(((ea - eb) * m).abs().max()) <= 5e-6
+    params = list(model.parameters())
+    ga = torch.autograd.grad(((a + ea) * m).sum(), params, allow_unused=True)
+    gb = torch.autograd.grad(((b + eb) * m).sum(), params, allow_unused=True)
+    assert max(float((x - y).abs().max()) for x, y in zip(ga, gb) if x is not None) <= 1e-5
+    model.config.final_logit_softcapping = 30.0  # a head that is not plain logits: the full path
+    assert packing._plain_head(model) is None

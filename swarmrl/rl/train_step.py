@@ -57,7 +57,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
         if len(temps) != 1:
             raise ValueError("a micro-batch mixes sampling temperatures")
         temp = temps.pop() or 1.0
-        logp, ent = sequence_logprobs(model, packed, temp, with_entropy=True)
+        logp, ent = sequence_logprobs(model, packed, temp, with_entropy=True, entropy_grad=bool(loss_cfg.entropy_coef))
         w = torch.zeros_like(packed["old"])
         for i, s in enumerate(mb):
             p = len(s.prompt_ids)

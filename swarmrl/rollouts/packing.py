@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -39,7 +40,72 @@ def pack(seqs: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
     return {"ids": ids, "attn": attn, "cmask": cmask, "old": old}
 
 
-def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False):
+CHUNK_TOKENS = 512  # completion positions whose vocabulary-wide logits exist at once (chunked path)
+
+
+def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs [B, L-1] of each next token under ``model`` at ``temperature`` (and the entropy of each position's
+    distribution with ``with_entropy``; differentiable only with ``entropy_grad``). Completion positions
+    (``packed["cmask"]``) are exact; the others are 0 where the chunked path runs.
+
+    The chunked path (any HF model whose LM head is a plain linear layer on the decoder's output): the decoder runs
+    once, then the LM head, log-sum-exp and the gather run over the completion positions only, ``CHUNK_TOKENS`` at
+    a time, each chunk recomputed in the backward pass (activation checkpointing), so no [B, L, vocabulary] tensor
+    (logits, log-softmax, their gradients) is ever whole in memory. Other models (a sharded or scaled head) take
+    the plain path: the full log-softmax. Both give the same values (within float32 rounding)."""
+    head = _plain_head(model)
+    if head is None:
+        return _full_logprobs(model, packed, temperature, with_entropy)
+    hidden = model.get_decoder()(input_ids=packed["ids"], attention_mask=packed["attn"]).last_hidden_state
+    pos = packed["cmask"].bool()
+    h = hidden[:, :-1][pos]  # [N, H]: the positions that predict a completion token
+    target = packed["ids"][:, 1:][pos]
+    inv_t = 1.0 / max(temperature, 1e-6)
+    lps, ents = [], []
+    for i in range(0, h.shape[0], CHUNK_TOKENS):
+        hc, tc = h[i: i + CHUNK_TOKENS], target[i: i + CHUNK_TOKENS]
+        if with_entropy and entropy_grad:
+            lp, ent = checkpoint(_chunk, hc, tc, head.weight, head.bias, inv_t, True, use_reentrant=False)
+        else:
+            lp = checkpoint(_chunk, hc, tc, head.weight, head.bias, inv_t, False, use_reentrant=False)[0]
+            ent = None
+            if with_entropy:
+                with torch.no_grad():
+                    ent = _chunk(hc, tc, head.weight, head.bias, inv_t, True)[1]
+        lps.append(lp)
+        ents.append(ent)
+    zeros = torch.zeros(pos.shape, dtype=torch.float32, device=h.device)
+    logp = zeros.masked_scatter(pos, torch.cat(lps)) if lps else zeros
+    ent = (zeros.masked_scatter(pos, torch.cat(ents)) if ents else zeros) if with_entropy else None
+    return logp, ent
+
+
+def _chunk(h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float,
+           entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = torch.nn.functional.linear(h, weight, bias).float() * inv_t
+    lse = torch.logsumexp(logits, dim=-1)
+    lp = logits.gather(-1, target[:, None])[:, 0] - lse
+    if not entropy:
+        return lp, None
+    return lp, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+def _plain_head(model) -> torch.nn.Linear | None:  # noqa: ANN001
+    """The LM head when logits are just ``head(decoder output)`` (no soft-capping or scaling, not sharded)."""
+    get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
+    if get_head is None or get_decoder is None:
+        return None
+    head = get_head()
+    cfg = getattr(model, "config", None)
+    scaled = any(getattr(cfg, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale",
+                                                                    "logits_scaling"))
+    if type(head) is not torch.nn.Linear or scaled or type(head.weight) is not torch.nn.Parameter:
+        return None  # (a DTensor weight: FSDP2 gathers the head only inside the root module's forward)
+    return head
+
+
+def _full_logprobs(model, packed: dict[str, torch.Tensor], temperature: float, with_entropy: bool):  # noqa: ANN001
     out = model(input_ids=packed["ids"], attention_mask=packed["attn"])
     logits = out.logits[:, :-1, :].float() / max(temperature, 1e-6)
     logp_all = torch.log_softmax(logits, dim=-1)
