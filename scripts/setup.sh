@@ -17,7 +17,7 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 quiet() { grep -v "is ignored" || true; }  # drop pip's noise about local index paths; pip's own status still counts
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | quiet
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres,hivemind]" 2>&1 | quiet
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres,hivemind,tracking]" 2>&1 | quiet
 .venv/bin/python -c "import torch, swarmrl; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 compile_package
 touch "$stamp"

@@ -11,6 +11,7 @@ from swarmrl.contract import RLContract, group_advantages
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.inference.params import SamplingParams
 from swarmrl.rl.objective import Correction, LossKind, Objective
+from swarmrl.rl.tracking import TrackingSection
 
 # settings that moved into ``rl.contract`` (every role shares them): an old config is told where they went
 MOVED_TO_CONTRACT = {"task": "contract.task", "chat_template": "contract.chat_template",
@@ -135,6 +136,7 @@ class RLConfig(StrictModel):
     workers: WorkerSection = Field(default_factory=WorkerSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     shardcast: ShardcastSection = Field(default_factory=ShardcastSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)  # W&B / trackio, besides metrics/*.jsonl
     keep_versions: int = Field(4, ge=1)
     # rollout directories of trained steps kept behind the newest version (the trainer never reads them again;
     # a resumed trainer redoes only the step in flight): older ones are deleted, so disk use stays bounded. -1: all

@@ -45,9 +45,10 @@ from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
 from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
 from swarmrl.rl.state import STATE_DIR, Checkpointer, TrainerState
 from swarmrl.rl.store import RunDir
+from swarmrl.rl.tracking import SafeTracker, make_tracker, numbers
 from swarmrl.rl.train_step import accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
-from swarmrl.rundir import StepRecord, read_trainer_log
+from swarmrl.rundir import EvalRecord, StepRecord, read_trainer_log
 from swarmrl.toploc.calibration import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
@@ -90,6 +91,8 @@ class Trainer:
                                                       port=sc.origin_port, on_error=self._publish_failed))
         if lead:
             self.publishers += list(publishers)
+        tracker = make_tracker(cfg.tracking, cfg.run_dir, cfg.model_dump(mode="json")) if lead else None
+        self.tracker = SafeTracker(tracker) if tracker is not None else None
         self.checkpointer = Checkpointer(self.rank, self.world)
         self._setup()
 
@@ -201,6 +204,12 @@ class Trainer:
     def _log_event(self, kind: str, **kw) -> None:
         if self.metrics is not None:
             self.metrics.write(event=kind, **kw)
+            if kind in ("eval", "final"):
+                self._track(kw["step"], EvalRecord(event=kind, **kw))
+
+    def _track(self, step: int, record: StepRecord | EvalRecord) -> None:
+        if self.tracker is not None:
+            self.tracker.log(step, numbers(record))
 
     # ---- update ------------------------------------------------------------------------------
     def update(self, groups: list[list[Rollout]]) -> dict:
@@ -316,6 +325,7 @@ class Trainer:
             del full  # under fsdp2 the whole weights live only while their version is published
             if record is not None:
                 self.metrics.write(**record.model_dump(exclude_none=True, exclude={"time"}))
+                self._track(record.step, record)
         full = self.par.gather()
         if self.rank == 0:
             final = self.evaluate(full)
@@ -324,6 +334,8 @@ class Trainer:
             self.run.done_flag.write_text(str(self.step))
             for p in self.publishers:
                 p.close()
+            if self.tracker is not None:
+                self.tracker.close()
             self.metrics.close()
         del full
         self._barrier()
