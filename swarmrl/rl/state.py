@@ -3,9 +3,12 @@
 ``TrainerState`` follows ``torch.distributed.checkpoint``'s ``Stateful`` protocol (``state_dict`` /
 ``load_state_dict``): the optimizer's state by parameter name (``get_optimizer_state_dict``: under FSDP2 each
 rank's shard, so no rank gathers it), the learning-rate schedule, the RNG and the step counters.
-``Checkpointer`` saves it with ``torch.distributed.checkpoint`` into ``<version dir>/trainer_state/`` (every rank
-writes its part; one rank or many, DDP or FSDP2, it loads back under either and at any world size), beside a
-small ``meta.json`` (the step, the files it consumed, the step's metrics row, whether the optimizer has stepped).
+``Checkpointer`` saves it into ``<version dir>/trainer_state/`` beside a small ``meta.json`` (the step, the files it
+consumed, the step's metrics row, whether the optimizer has stepped): with several ranks through
+``torch.distributed.checkpoint`` (every rank writes its part; it loads back under DDP or FSDP2 at any world size);
+with one rank as one ``torch.save`` file of the same state dict (``state.pt``), since DCP's planning costs ~50 ms
+a save, a noticeable share of a small model's step, and one process has nothing to plan. Either loads under
+either: a ``state.pt`` is read whole by every rank, which keeps its shard.
 The model's weights are not part of it: they are the version's own ``model.safetensors``, which the trainer
 loads as any holder does.
 
@@ -23,13 +26,18 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.checkpoint.stateful import Stateful
 
 from swarmrl.policy.store import atomic_write_text
 from swarmrl.rundir.layout import STATE_DIR
 
 META_FILE = "meta.json"
+SINGLE_FILE = "state.pt"  # a one-rank trainer's state (see the module docstring)
 
 
 class TrainerState(Stateful):
@@ -56,9 +64,11 @@ class TrainerState(Stateful):
             sd["optimizer"] = get_optimizer_state_dict(self.model, self.opt)
         return sd
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
+    def load_state_dict(self, sd: dict[str, Any], full: bool = False) -> None:
+        """``full``: the optimizer state is whole (a one-rank ``state.pt``), not this rank's DCP-loaded shard."""
         if "optimizer" in sd:
-            set_optimizer_state_dict(self.model, self.opt, sd["optimizer"])
+            opts = StateDictOptions(full_state_dict=True) if full else None
+            set_optimizer_state_dict(self.model, self.opt, sd["optimizer"], options=opts)
         self.sched.load_state_dict(sd["scheduler"])
         torch.set_rng_state(sd["rng"])
         self.step, self.nonfinite_total = int(sd["step"]), int(sd["nonfinite_total"])
@@ -72,8 +82,11 @@ class Checkpointer:
 
     def save(self, version_dir: Path, state: TrainerState, meta: dict[str, Any]) -> None:
         d = version_dir / STATE_DIR
-        with _quiet():
-            dcp.save({"trainer": state}, checkpoint_id=d, no_dist=self.world == 1)
+        if self.world == 1:
+            d.mkdir(parents=True, exist_ok=True)
+            torch.save(state.state_dict(), d / SINGLE_FILE)
+        else:
+            dcp.save({"trainer": state}, checkpoint_id=d)
         if self.rank == 0:
             atomic_write_text(d / META_FILE, json.dumps({**meta, "optimizer": state.stepped}))
 
@@ -84,6 +97,9 @@ class Checkpointer:
             meta = json.loads((d / META_FILE).read_text())
         except FileNotFoundError:
             return None
+        if (d / SINGLE_FILE).is_file():
+            state.load_state_dict(torch.load(d / SINGLE_FILE, weights_only=False), full=True)
+            return meta
         state.loading_optimizer = bool(meta["optimizer"])
         try:
             with _quiet():
@@ -97,10 +113,13 @@ def read_saved_state(version_dir: Path) -> dict[str, Any]:
     """A version's saved trainer state as plain tensors and values, without a model or optimizer to load it into
     (inspection and tests): ``{"trainer": {"optimizer": ..., "scheduler": ..., "step": ...}, "meta": {...}}``."""
     d = version_dir / STATE_DIR
-    with tempfile.TemporaryDirectory() as tmp, _quiet():
-        out = Path(tmp) / "state.pt"
-        dcp_to_torch_save(d, out)
-        state = torch.load(out, weights_only=False)
+    if (d / SINGLE_FILE).is_file():
+        state = {"trainer": torch.load(d / SINGLE_FILE, weights_only=False)}
+    else:
+        with tempfile.TemporaryDirectory() as tmp, _quiet():
+            out = Path(tmp) / "state.pt"
+            dcp_to_torch_save(d, out)
+            state = torch.load(out, weights_only=False)
     state["meta"] = json.loads((d / META_FILE).read_text())
     return state
 
