@@ -7,6 +7,10 @@
 - ``boxed``: the contents of the last balanced ``\\boxed{...}`` (or ``\\fbox{...}``), the convention of math
   reasoning models (INTELLECT-2's math data).
 
+Tasks whose answers are text, not integers (reasoning-gym's), use ``extract_text`` and its rules:
+``answer_tag`` (the last ``<answer>...</answer>``, reasoning-gym's own convention), ``last_line``, ``exact`` and
+``boxed``.
+
 Only the tail of a completion (``MAX_COMPLETION_CHARS``) is searched, so a hostile completion costs bounded time.
 """
 
@@ -76,4 +80,47 @@ def extract_integer(text: str, rule: AnswerRule = "exact", max_chars: int = MAX_
     raise ValueError(f"unknown answer rule {rule!r}; choose from {', '.join(ANSWER_RULES)}")
 
 
-__all__ = ["ANSWER_RULES", "AnswerRule", "extract_boxed", "extract_integer"]
+TextAnswerRule = Literal["answer_tag", "last_line", "exact", "boxed"]
+TEXT_ANSWER_RULES: tuple[str, ...] = ("answer_tag", "last_line", "exact", "boxed")
+
+_OPEN, _CLOSE = "<answer>", "</answer>"
+
+
+def extract_tagged(text: str, max_chars: int = MAX_COMPLETION_CHARS) -> str | None:
+    """Contents of the last ``<answer>`` that is closed, up to its first ``</answer>`` (stripped; None if none).
+
+    Searched with ``rfind``/``find`` from the end, each stretch of the tail at most once (linear, where a regex over
+    many unclosed tags is quadratic); nested tags give the innermost answer."""
+    if not isinstance(text, str):
+        return None
+    tail = text[-max_chars:]
+    end = len(tail)
+    while True:
+        o = tail.rfind(_OPEN, 0, end)
+        if o < 0:
+            return None
+        c = tail.find(_CLOSE, o + len(_OPEN), end)
+        if c >= 0:
+            return tail[o + len(_OPEN): c].strip()
+        end = o  # no close after this opening, so none after any earlier one either: search only before it
+
+
+def extract_text(text: str, rule: TextAnswerRule = "answer_tag", max_chars: int = MAX_COMPLETION_CHARS) -> str | None:
+    """The answer ``text`` states under ``rule``, as stripped text (None if it states none)."""
+    if not isinstance(text, str):
+        return None
+    if rule == "answer_tag":
+        return extract_tagged(text, max_chars)
+    if rule == "boxed":
+        inner = extract_boxed(text, max_chars)
+        return None if inner is None else inner.strip()
+    if rule == "last_line":
+        lines = [line for line in text[-max_chars:].splitlines() if line.strip()]
+        return lines[-1].strip() if lines else None
+    if rule == "exact":
+        return text.strip() if len(text) <= max_chars else None
+    raise ValueError(f"unknown answer rule {rule!r}; choose from {', '.join(TEXT_ANSWER_RULES)}")
+
+
+__all__ = ["ANSWER_RULES", "TEXT_ANSWER_RULES", "AnswerRule", "TextAnswerRule", "extract_boxed", "extract_integer",
+           "extract_tagged", "extract_text"]
