@@ -51,6 +51,7 @@ def test_cli_ddp_baseline_allreduces_every_step(tmp_path):
     assert s["mode"] == "ddp" and s["identical_params"]
     assert s["sync_calls_per_worker"] == 5
     assert s["bytes_sent_per_worker"] == 5 * s["params"] * 4
+    assert s["bytes_sent_per_worker"] <= s["tcp_bytes_sent_per_worker"] <= 1.05 * s["bytes_sent_per_worker"]
 
 
 def test_config_rejects_ddp_on_hivemind_and_bad_fields(tmp_path):
@@ -85,6 +86,9 @@ def test_int8_workers_identical_and_bytes_counted(tmp_path):
     # per round: one int8 code per parameter plus one fp32 scale per 4096-element chunk
     assert s["bytes_sent_per_worker"] == 3 * wire_bytes(s["params"], "int8", 4096)
     assert s["bytes_sent_per_worker"] == 3 * (s["params"] + 4 * -(-s["params"] // 4096))
+    # what the kernel counted on each worker's TCP connections during training: a 2-worker all-reduce sends every
+    # handed byte once (half in the reduce-scatter, half in the all-gather), plus gloo's headers
+    assert s["bytes_sent_per_worker"] <= s["tcp_bytes_sent_per_worker"] <= 1.05 * s["bytes_sent_per_worker"]
     assert s["final_eval_loss"] < s["evals"][0]["eval_loss"]
 
 

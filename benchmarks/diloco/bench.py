@@ -1,22 +1,34 @@
-"""DiLoCo (default config) vs DDP on the same data and budget, over torch.distributed (gloo) and hivemind.
+"""DiLoCo (``DilocoConfig()`` unchanged) vs DDP on the same data and budget, on two data sets.
 
-Runs, in one go and on identical batches (worker r at step s sees the same sequences in every run):
-  * ddp fp32            gradients all-reduced (gloo) every inner step: the baseline
-  * diloco default      ``DilocoConfig()``'s H, wire, outer lr/momentum, overlap (torch.distributed gloo)
-  * diloco hivemind     the same over hivemind's DHT averaging (skipped cleanly if hivemind is absent)
-  * 1 worker            one worker alone, no communication (W times fewer tokens): what communication
-                        buys; ``gap_closed`` = (lone - diloco) / (lone - ddp), 1.0 = as good as DDP
-  * before              the previous default (H 25, fp32, outer lr 0.7, momentum 0.9), for before/after
+The method is ``DilocoConfig()``'s, untouched (``swarmrl.diloco.config.METHOD_FIELDS``: the inner AdamW and its
+schedule, H, the wire, the outer Nesterov step, the overlap); so is the scenario (model, workers, steps, batch)
+unless a flag below changes it. Per data set, on identical batches (worker r at step s sees the same sequences
+in every run):
+  * ddp fp32            gradients all-reduced (gloo) every inner step, same inner optimiser: the baseline
+  * diloco default      ``DilocoConfig()`` over torch.distributed (gloo)
+  * diloco hivemind     the same over hivemind's DHT averaging (``HivemindConfig()``; skipped if hivemind is absent)
+  * 1 worker            one worker alone, no communication (W times fewer tokens): what communication buys;
+                        ``gap_closed`` = (lone - diloco) / (lone - ddp), 1.0 = as good as DDP
+and on the first data set only, unless --no-extras:
+  * before              DDP and DiLoCo with the previous ``DilocoConfig()`` inner optimiser (lr 4e-4, warmup
+                        100), the setting this version replaced: before/after in one sitting
   * overlap             the default with the outer all-reduce overlapped with the next H inner steps
-  * W=4                 DDP, DiLoCo and the lone worker again with 4 workers (a lone worker is further
-                        from DDP there, so the comparison says more); --no-w4 skips it
+  * W=4                 DDP and DiLoCo with 4 workers (a lone worker is further from DDP there); --no-w4 skips it
 
-Bytes are what one worker hands to the collectives (int8: codes plus chunk scales; hivemind int8: codes
-plus its per-part codebooks); the ring/butterfly wire traffic is ~2(W-1)/W times that for every run.
-Ends with one JSON line: bytes_ratio and loss_gap (default config, gloo), the hivemind_* figures, the
-lone-worker baseline and the settings used.
+Data sets (``--data``; the config's ``task`` field selects them in ``swarmrl diloco``):
+  * mul_add   ``12*7+33=117``: the task the outer settings were tuned on
+  * add5      ``40123+7789=47912``: 5-digit addition (the ``add`` task, digits 5), never used for tuning
 
-    python benchmarks/diloco/bench.py [--steps 600] [--workers 2] [--batch-size 4] [-H N] [--wire int8] ...
+Bytes, per worker (the most any worker sent):
+  * ``bytes``: what the worker handed to the averaging, counted per call: over gloo the tensors passed to
+    ``all_reduce`` (fp32 gradients; int8 codes plus fp32 chunk scales), over hivemind the serialized all-reduce
+    messages it sent (compressed parts and averaged deltas);
+  * ``tcp``: what its TCP connections carried during training, counted by the kernel (``tcpi_bytes_sent`` of
+    every socket of the worker and its child processes, p2pd included; headers of gloo and libp2p, matchmaking
+    and the DHT included; the set-up before the first step, e.g. the initial broadcast, is reported apart).
+Each data set ends with one JSON line: bytes and TCP ratios, loss gaps, the hivemind figures, the lone worker.
+
+    flock /tmp/swarmrl-bench.lock python benchmarks/diloco/bench.py [--data mul_add,add5] [--no-extras] ...
 """
 
 from __future__ import annotations
@@ -25,19 +37,58 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from swarmrl.diloco import DilocoConfig, run  # noqa: E402
 from swarmrl.diloco.comm import hivemind_available  # noqa: E402
-from swarmrl.diloco.config import HivemindConfig  # noqa: E402
+from swarmrl.diloco.config import METHOD_FIELDS  # noqa: E402
+from swarmrl.envs.config import TaskConfig  # noqa: E402
 
-BEFORE = dict(inner_steps=25, wire="fp32", outer_lr=0.7, outer_momentum=0.9, overlap_steps=0)
+DATA = {"mul_add": TaskConfig(name="mul_add"), "add5": TaskConfig(name="add", params={"digits": 5})}
+# the inner optimiser DilocoConfig() had before this version (OpenDiLoCo's), for the before/after rows
+PREVIOUS_INNER = {"inner_lr": 4e-4, "warmup_steps": 100}
 
 
-def _ratio(base: dict, s: dict) -> float | None:
-    return round(base["bytes_sent_per_worker"] / s["bytes_sent_per_worker"], 2) if s["bytes_sent_per_worker"] else None
+@dataclass
+class Planned:
+    name: str
+    cfg: DilocoConfig
+    varies: tuple[str, ...] = field(default=())  # method fields changed on purpose (the extras); else none
+
+
+def plan(data: str, args: argparse.Namespace, extras: bool) -> list[Planned]:
+    """The runs on one data set: ``DilocoConfig()`` with only the scenario, ``mode`` and ``backend`` set, except the
+    labelled extras, whose ``varies`` names the method fields they change."""
+    out = Path(args.out) / data
+    scenario = dict(task=DATA[data], seed=args.seed, timeout_s=3600)
+    if args.workers is not None:
+        scenario["workers"] = args.workers
+    if args.steps is not None:
+        scenario["total_steps"] = args.steps
+
+    def cfg(slug: str, **kw) -> DilocoConfig:
+        return DilocoConfig(**{**scenario, **kw, "out": str(out / slug)})
+
+    runs = [Planned("ddp fp32", cfg("ddp", mode="ddp")), Planned("diloco default", cfg("diloco"))]
+    if not args.no_hivemind and hivemind_available():
+        runs.append(Planned("diloco hivemind", cfg("hivemind", backend="hivemind")))
+    runs.append(Planned("1 worker, no comm", cfg("lone", mode="ddp", workers=1)))
+    if extras:
+        runs += [Planned("before: ddp", cfg("before_ddp", mode="ddp", **PREVIOUS_INNER), tuple(PREVIOUS_INNER)),
+                 Planned("before: diloco", cfg("before_diloco", **PREVIOUS_INNER), tuple(PREVIOUS_INNER))]
+        h = DilocoConfig().inner_steps
+        runs.append(Planned(f"overlap tau={h}", cfg("overlap", overlap_steps=h), ("overlap_steps",)))
+        if not args.no_w4:
+            runs += [Planned("W=4 ddp fp32", cfg("w4_ddp", mode="ddp", workers=4)),
+                     Planned("W=4 diloco default", cfg("w4_diloco", workers=4))]
+    return runs
+
+
+def _ratio(base: dict, s: dict, key: str = "bytes_sent_per_worker") -> float | None:
+    return round(base[key] / s[key], 2) if base.get(key) and s.get(key) else None
 
 
 def _gap(base: dict, s: dict, key: str = "final_eval_loss") -> float | None:
@@ -46,120 +97,123 @@ def _gap(base: dict, s: dict, key: str = "final_eval_loss") -> float | None:
     return round(s[key] / base[key] - 1.0, 5)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = DilocoConfig()
-    ap.add_argument("--steps", type=int, default=600, help="inner steps per worker (same budget for every run)")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--inner-lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("-H", "--inner-steps", type=int, default=d.inner_steps, help="default: DilocoConfig's")
-    ap.add_argument("--wire", default=d.wire, choices=["fp32", "fp16", "bf16", "int8"])
-    ap.add_argument("--outer-lr", type=float, default=d.outer_lr)
-    ap.add_argument("--outer-momentum", type=float, default=d.outer_momentum)
-    ap.add_argument("--overlap-steps", type=int, default=d.overlap_steps)
-    ap.add_argument("--no-hivemind", action="store_true")
-    ap.add_argument("--no-extras", action="store_true", help="skip the before / overlap / W=4 runs")
-    ap.add_argument("--no-w4", action="store_true")
-    ap.add_argument("--out", default="runs/bench_diloco")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+def _run(p: Planned) -> dict:
+    t = time.perf_counter()
+    s = run(p.cfg)
+    s["bench_wall_s"] = round(time.perf_counter() - t, 1)
+    ws = [json.loads((Path(p.cfg.out) / f"worker{r}.summary.json").read_text()) for r in range(p.cfg.workers)]
+    s["solo_rounds"] = max(w["solo_rounds"] for w in ws)
+    tcp = s["tcp_bytes_sent_per_worker"]
+    print(f"{p.name:>22}: eval loss {s['final_eval_loss']:.4f} (answers {s['final_answer_loss']:.4f})  "
+          f"bytes/worker {s['bytes_sent_per_worker']:>12,}  tcp {'-' if tcp is None else f'{tcp:,}':>12}  "
+          f"syncs {s['sync_calls_per_worker']:>4}  identical {s['identical_params']}  "
+          f"wall {s['bench_wall_s']:.0f}s (sync {s['sync_s']:.2f}s)", flush=True)
+    return s
 
-    common = dict(workers=args.workers, total_steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                  inner_lr=args.inner_lr, warmup_steps=args.warmup, eval_seqs=64, threads=1, seed=args.seed,
-                  timeout_s=3600)
-    default = dict(mode="diloco", inner_steps=args.inner_steps, wire=args.wire, outer_lr=args.outer_lr,
-                   outer_momentum=args.outer_momentum, overlap_steps=args.overlap_steps)
-    runs: list[tuple[str, dict]] = [("ddp fp32", dict(mode="ddp", wire="fp32")), ("diloco default", default)]
-    hm_skip = None
-    if args.no_hivemind:
-        hm_skip = "--no-hivemind"
-    elif not hivemind_available():
-        hm_skip = "hivemind not installed"
-    elif args.wire == "bf16":
-        hm_skip = "hivemind has no bf16 wire"
-    if hm_skip is None:
-        runs.append(("diloco hivemind", {**default, "backend": "hivemind",
-                                         "hivemind": HivemindConfig(matchmaking_time=1.0, round_timeout=30.0)}))
-    runs.append(("1 worker, no comm", dict(mode="ddp", workers=1)))
-    if not args.no_extras:
-        runs.append(("before (H25 fp32 mu0.9)", {**default, **BEFORE}))
-        runs.append((f"overlap tau={args.inner_steps}", {**default, "overlap_steps": args.inner_steps}))
-        if not args.no_w4:
-            runs += [("W=4 ddp fp32", dict(mode="ddp", wire="fp32", workers=4)),
-                     ("W=4 diloco default", {**default, "workers": 4})]
-    results: dict[str, dict] = {}
-    for name, kw in runs:
-        slug = "".join(c if c.isalnum() else "_" for c in name)
-        cfg = DilocoConfig(**{**common, **kw, "out": str(Path(args.out) / slug)})
-        t = time.perf_counter()
-        s = run(cfg)
-        s["bench_wall_s"] = round(time.perf_counter() - t, 1)
-        if cfg.backend == "hivemind":
-            ws = [json.loads((Path(cfg.out) / f"worker{r}.summary.json").read_text()) for r in range(cfg.workers)]
-            s["solo_rounds"] = max(w["solo_rounds"] for w in ws)
-        results[name] = s
-        print(f"{name:>24}: eval loss {s['final_eval_loss']:.4f} (answers {s['final_answer_loss']:.4f})  bytes/worker {s['bytes_sent_per_worker']:>12,}  "
-              f"syncs {s['sync_calls_per_worker']:>4}  identical {s['identical_params']}  "
-              f"wall {s['bench_wall_s']:.0f}s (sync {s['sync_s']:.2f}s)", flush=True)
 
-    base, lone = results["ddp fp32"], results["1 worker, no comm"]
-    print(f"\nDiLoCo vs DDP, {args.workers} workers x {args.steps} inner steps x {args.batch_size}x{args.seq_len} tokens, "
-          f"{base['params']:,} params; default: H={args.inner_steps} wire={args.wire} outer lr {args.outer_lr} "
-          f"mu {args.outer_momentum} overlap {args.overlap_steps}")
-    print(f"{'run':>24} | {'eval loss':>9} | {'loss / DDP':>10} | {'answer loss':>11} | {'/ DDP':>6} | "
-          f"{'bytes/worker':>14} | {'DDP bytes / bytes':>17}")
+def _reference(name: str, results: dict[str, dict]) -> dict:
+    """The DDP run a row compares with: the one with the same workers and inner optimiser."""
+    if name.startswith("W=4"):
+        return results["W=4 ddp fp32"]
+    if name.startswith("before"):
+        return results["before: ddp"]
+    return results["ddp fp32"]
+
+
+def _table(data: str, results: dict[str, dict]) -> None:
+    base = results["ddp fp32"]
+    print(f"\n{data}: DiLoCo vs DDP, {base['workers']} workers x {base['total_steps']} inner steps, "
+          f"{base['params']:,} params")
+    print(f"{'run':>22} | {'eval loss':>9} | {'/ DDP':>6} | {'answer loss':>11} | {'/ DDP':>6} | "
+          f"{'bytes/worker':>12} | {'DDP / it':>8} | {'tcp/worker':>12} | {'DDP / it':>8}")
     for name, s in results.items():
-        ref = results["W=4 ddp fp32"] if name.startswith("W=4") else base
-        ratio = _ratio(ref, s)
-        print(f"{name:>24} | {s['final_eval_loss']:9.4f} | {s['final_eval_loss'] / ref['final_eval_loss']:10.4f} | "
+        ref = _reference(name, results)
+        r, rt = _ratio(ref, s), _ratio(ref, s, "tcp_bytes_sent_per_worker")
+        tcp = s["tcp_bytes_sent_per_worker"]
+        print(f"{name:>22} | {s['final_eval_loss']:9.4f} | {s['final_eval_loss'] / ref['final_eval_loss']:6.4f} | "
               f"{s['final_answer_loss']:11.4f} | {s['final_answer_loss'] / ref['final_answer_loss']:6.3f} | "
-              f"{s['bytes_sent_per_worker']:14,} | {('no comm' if ratio is None else f'{ratio:.1f}'):>17}")
+              f"{s['bytes_sent_per_worker']:12,} | {'-' if r is None else f'{r:.1f}':>8} | "
+              f"{'-' if tcp is None else f'{tcp:,}':>12} | {'-' if rt is None else f'{rt:.1f}':>8}")
+
+
+def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> dict:
+    """The JSON line of one data set (ratios: DDP's bytes over the run's; gaps: the run's loss over DDP's - 1)."""
+    base, lone, ours = results["ddp fp32"], results["1 worker, no comm"], results["diloco default"]
 
     def gap_closed(ddp: dict, s: dict, key: str = "final_eval_loss") -> float | None:
         span = lone[key] - ddp[key]
         return round((lone[key] - s[key]) / span, 3) if span > 0 else None
 
-    ours = results["diloco default"]
     line: dict = {
-        "bytes_ratio": _ratio(base, ours), "loss_gap": _gap(base, ours),
+        "data": data, "task": DATA[data].model_dump(),
+        "bytes_ratio": _ratio(base, ours), "tcp_bytes_ratio": _ratio(base, ours, "tcp_bytes_sent_per_worker"),
+        "loss_gap": _gap(base, ours),
         "ddp_eval_loss": round(base["final_eval_loss"], 5), "diloco_eval_loss": round(ours["final_eval_loss"], 5),
         "lone_worker_loss_gap": _gap(base, lone), "gap_closed": gap_closed(base, ours),
         # loss on the answer tokens only (determined by the prompt; the operands' entropy left out)
         "answer_loss_gap": _gap(base, ours, "final_answer_loss"),
         "lone_worker_answer_loss_gap": _gap(base, lone, "final_answer_loss"),
         "answer_gap_closed": gap_closed(base, ours, "final_answer_loss"),
+        "ddp_bytes": base["bytes_sent_per_worker"], "diloco_bytes": ours["bytes_sent_per_worker"],
+        "ddp_tcp_bytes": base["tcp_bytes_sent_per_worker"], "diloco_tcp_bytes": ours["tcp_bytes_sent_per_worker"],
+        "diloco_tcp_setup_bytes": ours["tcp_setup_bytes_sent_per_worker"],
     }
     hm = results.get("diloco hivemind")
     if hm is not None:
-        line.update(hivemind_bytes_ratio=_ratio(base, hm), hivemind_loss_gap=_gap(base, hm),
-                    hivemind_gap_closed=gap_closed(base, hm),
-                    hivemind_answer_loss_gap=_gap(base, hm, "final_answer_loss"), hivemind_solo_rounds=hm["solo_rounds"])
+        line.update(hivemind_bytes_ratio=_ratio(base, hm),
+                    hivemind_tcp_bytes_ratio=_ratio(base, hm, "tcp_bytes_sent_per_worker"),
+                    hivemind_loss_gap=_gap(base, hm), hivemind_gap_closed=gap_closed(base, hm),
+                    hivemind_answer_loss_gap=_gap(base, hm, "final_answer_loss"), hivemind_solo_rounds=hm["solo_rounds"],
+                    hivemind_bytes=hm["bytes_sent_per_worker"], hivemind_tcp_bytes=hm["tcp_bytes_sent_per_worker"])
     else:
         line.update(hivemind_bytes_ratio=None, hivemind_loss_gap=None, hivemind_skipped=hm_skip)
-    before = results.get("before (H25 fp32 mu0.9)")
-    if before is not None:
-        line.update(before_bytes_ratio=_ratio(base, before), before_loss_gap=_gap(base, before),
-                    before_answer_loss_gap=_gap(base, before, "final_answer_loss"))
-    ov = results.get(f"overlap tau={args.inner_steps}")
+    if "before: diloco" in results:
+        bd, bo = results["before: ddp"], results["before: diloco"]
+        line.update(before_ddp_eval_loss=round(bd["final_eval_loss"], 5), before_loss_gap=_gap(bd, bo),
+                    before_diloco_vs_ddp_now=_gap(base, bo), before_answer_loss_gap=_gap(bd, bo, "final_answer_loss"))
+    ov = results.get(f"overlap tau={DilocoConfig().inner_steps}")
     if ov is not None:
         line.update(overlap_bytes_ratio=_ratio(base, ov), overlap_loss_gap=_gap(base, ov),
                     overlap_answer_loss_gap=_gap(base, ov, "final_answer_loss"),
                     overlap_sync_s=ov["sync_s"], default_sync_s=ours["sync_s"])
     if "W=4 ddp fp32" in results:
         b4, o4 = results["W=4 ddp fp32"], results["W=4 diloco default"]
-        line.update(w4_bytes_ratio=_ratio(b4, o4), w4_loss_gap=_gap(b4, o4), w4_lone_worker_loss_gap=_gap(b4, lone),
+        line.update(w4_bytes_ratio=_ratio(b4, o4), w4_tcp_bytes_ratio=_ratio(b4, o4, "tcp_bytes_sent_per_worker"),
+                    w4_loss_gap=_gap(b4, o4), w4_lone_worker_loss_gap=_gap(b4, lone),
                     w4_gap_closed=gap_closed(b4, o4), w4_answer_loss_gap=_gap(b4, o4, "final_answer_loss"),
                     w4_lone_worker_answer_loss_gap=_gap(b4, lone, "final_answer_loss"),
                     w4_answer_gap_closed=gap_closed(b4, o4, "final_answer_loss"))
-    line["settings"] = {**{k: v for k, v in common.items() if k not in ("timeout_s",)},
-                        **{k: v for k, v in default.items() if k != "mode"}, "params": base["params"],
-                        "int8_chunk": d.int8_chunk, "error_feedback": d.error_feedback}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "bench.json").write_text(json.dumps({"runs": results, "summary": line}, indent=2, default=str))
-    print(json.dumps(line))
+    d = DilocoConfig()
+    line["settings"] = {"workers": base["workers"], "total_steps": base["total_steps"], "batch_size": d.batch_size,
+                        "seq_len": d.seq_len, "eval_seqs": d.eval_seqs, "params": base["params"],
+                        **{k: getattr(d, k) for k in METHOD_FIELDS}}
+    return line
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=",".join(DATA), help=f"comma-separated, of {', '.join(DATA)}")
+    ap.add_argument("--workers", type=int, default=None, help="scenario; default: DilocoConfig's")
+    ap.add_argument("--steps", type=int, default=None, help="inner steps per worker; default: DilocoConfig's")
+    ap.add_argument("--no-hivemind", action="store_true")
+    ap.add_argument("--no-extras", action="store_true", help="skip the before / overlap / W=4 runs")
+    ap.add_argument("--no-w4", action="store_true")
+    ap.add_argument("--out", default="runs/bench_diloco")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    names = [n.strip() for n in args.data.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DATA]
+    if unknown:
+        ap.error(f"unknown data set(s) {unknown}; known: {', '.join(DATA)}")
+    hm_skip = "--no-hivemind" if args.no_hivemind else None if hivemind_available() else "hivemind not installed"
+    for i, data in enumerate(names):
+        results = {p.name: _run(p) for p in plan(data, args, extras=i == 0 and not args.no_extras)}
+        _table(data, results)
+        line = summary_line(data, results, hm_skip)
+        Path(args.out, data).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / data / "bench.json").write_text(json.dumps({"runs": results, "summary": line}, indent=2,
+                                                                     default=str))
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,19 @@
   delta sent through the wire compression, so group members agree to rounding (not bit for bit);
   with fp16 the difference is of the order of fp16 rounding of the delta.
 
-Both count ``bytes_sent``: the bytes this worker hands to the all-reduce (numel x wire element size
-per round; int8 adds the fp32 per-chunk scales). The real wire traffic of a ring/butterfly
-all-reduce is about 2(W-1)/W times that, for DDP and DiLoCo alike.
+``bytes_sent``, counted per call, not predicted: over torch.distributed, the bytes of the tensors this
+worker hands to the collectives (numel x element size of each tensor passed to ``all_reduce``; int8:
+the codes plus the fp32 chunk scales of the MAX all-reduce); over hivemind, the serialized all-reduce
+messages this peer sends (its compressed parts out, the averaged deltas of the part it reduces back),
+counted at hivemind's stream boundary (``_hivemind.AllReduceTraffic``). What actually crosses the
+network (a ring all-reduce sends about 2(W-1)/W times the tensor; gloo's headers, libp2p's framing,
+matchmaking and the DHT) is measured separately from the kernel's TCP counters (``traffic.TcpTraffic``).
 
 Wire int8: over torch.distributed, ``Int8Chunked`` with group-shared chunk scales (a MAX all-reduce
 of the chunk absmax, then an int8 SUM all-reduce with ``127 // W`` levels per side) and optional
 error feedback; over hivemind, hivemind's own ``Uniform8BitQuantization`` (8-bit codes plus a
-256-entry fp32 codebook per part, no error feedback).
+256-entry fp32 codebook per part, no error feedback), with its deserializer fixed for NumPy 2
+(``_hivemind.Uniform8Bit``: hivemind 1.1.12's fails on every part, and then no peer averages).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from swarmrl.diloco.outer import Int8Chunked, WireDtype, compress, decompress, int8_levels, wire_bytes
+from swarmrl.diloco.outer import Int8Chunked, WireDtype, compress, decompress, int8_levels
 
 __all__ = ["AverageResult", "Averager", "TorchDistributedAverager", "HivemindAverager", "hivemind_available",
            "HIVEMIND_MISSING"]
@@ -142,10 +147,12 @@ class HivemindAverager:
                  host: str = "127.0.0.1") -> None:
         try:
             import hivemind  # noqa: PLC0415  # lazy: optional
-            from hivemind.compression import (  # noqa: PLC0415  # lazy: optional
-                Float16Compression,
-                NoCompression,
-                Uniform8BitQuantization,
+            from hivemind.compression import Float16Compression, NoCompression  # noqa: PLC0415  # lazy: optional
+
+            from swarmrl.diloco._hivemind import (  # noqa: PLC0415  # lazy: optional
+                AllReduceTraffic,
+                Uniform8Bit,
+                averager_class,
             )
         except ImportError as e:
             raise RuntimeError(HIVEMIND_MISSING) from e
@@ -159,31 +166,36 @@ class HivemindAverager:
         elif wire == "fp32":
             compression = NoCompression()
         elif wire == "int8":
-            compression = Uniform8BitQuantization()
+            compression = Uniform8Bit()
         else:
             raise ValueError(f"hivemind backend supports wire fp32, fp16 or int8, not {wire!r}")
         self.wire, self.round_timeout = wire, round_timeout
-        self.bytes_sent = 0
         self.rounds = 0
         self.solo_rounds = 0
+        self.refused_rounds = 0  # a group formed but some part came back as an error: those values stayed local
         self._lock = threading.Lock()
-        self._state_fn = state_fn
+        self._traffic = AllReduceTraffic()  # before the averager forks: its child process counts into it
         self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{host}/tcp/0"], start=True)
-        outer_self = self
+        averager = averager_class(self._traffic, state_fn, self._lock)
+        self._avg = averager([torch.zeros(numel)], dht=self.dht, prefix=prefix, start=True,
+                             target_group_size=target_group_size, min_group_size=min_group_size,
+                             min_matchmaking_time=matchmaking_time, request_timeout=min(1.0, matchmaking_time / 2),
+                             # without it a step whose all-reduce stalls (a peer that stops answering but keeps
+                             # its connection) waits forever; with it the round fails and the worker goes on alone
+                             allreduce_timeout=round_timeout,
+                             compression=compression, state_compression=NoCompression(),
+                             allow_state_sharing=state_fn is not None, declare_state_period=5.0)
 
-        class _Averager(hivemind.averaging.DecentralizedAverager):
-            def get_current_state(self):  # runs in our process (background thread)
-                if outer_self._state_fn is None:
-                    return super().get_current_state()
-                with outer_self._lock:
-                    meta, tensors = outer_self._state_fn()
-                    return meta, [t.detach().cpu().clone() for t in tensors]
+    @property
+    def bytes_sent(self) -> int:
+        """Serialized bytes of the all-reduce messages this peer has sent (measured: see ``_hivemind``). Read just
+        after ``average`` it may lack the last delta this peer sends back as a reducer, which can go out after
+        its own result is in; the total at the end of a run has it."""
+        return self._traffic.sent
 
-        self._avg = _Averager([torch.zeros(numel)], dht=self.dht, prefix=prefix, start=True,
-                              target_group_size=target_group_size, min_group_size=min_group_size,
-                              min_matchmaking_time=matchmaking_time, request_timeout=min(1.0, matchmaking_time / 2),
-                              compression=compression, state_compression=NoCompression(),
-                              allow_state_sharing=state_fn is not None, declare_state_period=5.0)
+    @property
+    def bytes_received(self) -> int:
+        return self._traffic.received
 
     def visible_maddrs(self) -> list[str]:
         return [str(a) for a in self.dht.get_visible_maddrs()]
@@ -196,6 +208,7 @@ class HivemindAverager:
     def average(self, flat: torch.Tensor, round_no: int = 0) -> AverageResult:
         with self._avg.get_tensors() as ts:
             ts[0].copy_(flat.float())
+        refused = self._traffic.refused
         try:
             group = self._avg.step(gather=int(round_no), timeout=self.round_timeout)
         except Exception:  # no group formed in time, or a peer vanished mid-all-reduce
@@ -204,20 +217,12 @@ class HivemindAverager:
         if not group or len(group) < 2:
             self.solo_rounds += 1
             return AverageResult(flat.float().clone(), 1)
-        self.bytes_sent += self._payload_bytes(flat.numel(), len(group))
+        if self._traffic.refused > refused:
+            self.refused_rounds += 1
         with self._avg.get_tensors() as ts:
             out = ts[0].clone()
         rounds = [int(v) for v in group.values() if isinstance(v, int)]
         return AverageResult(out, len(group), rounds)
-
-    def _payload_bytes(self, numel: int, group_size: int) -> int:
-        if self.wire != "int8":
-            return wire_bytes(numel, self.wire)
-        # hivemind splits the vector among the group's peers and into parts of at most
-        # DEFAULT_PART_SIZE_BYTES (2**19 int8 values); each part goes as 8-bit codes plus an int64
-        # codebook length and a 256-entry fp32 codebook (an upper bound on the part count)
-        n_parts = group_size + numel // 2**19
-        return numel + n_parts * (8 + 256 * 4)
 
     def load_state_from_peers(self, timeout: float = 30.0) -> tuple[Any, list[torch.Tensor]] | None:
         res = self._avg.load_state_from_peers(timeout=timeout)

@@ -1,4 +1,15 @@
-"""Settings of a DiLoCo (or DDP baseline) run."""
+"""Settings of a DiLoCo (or DDP baseline) run.
+
+``DilocoConfig()`` is the one default: ``configs/diloco.toml`` and ``benchmarks/diloco/bench.py`` use it
+unchanged. Its fields are of three kinds:
+
+* the method (``METHOD_FIELDS``): how DiLoCo trains: the inner AdamW and its schedule, H, the wire, the outer
+  Nesterov step, the overlap. The DDP baseline shares the inner optimiser. Figures are only quoted for these
+  defaults (benchmarks/diloco/RESULTS.md);
+* the scenario (``SCENARIO_FIELDS``): what is trained on what, by how many, for how long: the model, the
+  data, the workers, the steps, the batch, the evaluation. A benchmark or a test may choose these;
+* how and where it runs (``mode``, ``backend``, ``device``, ``out``, ``threads``, ports, timeouts, logging).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +25,12 @@ from swarmrl.models.config import ModelInitConfig
 def _small_model() -> ModelInitConfig:
     return ModelInitConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
                            max_position_embeddings=128)
+
+
+METHOD_FIELDS = ("inner_lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio", "grad_clip", "inner_steps",
+                 "outer_lr", "outer_momentum", "wire", "int8_chunk", "error_feedback", "overlap_steps")
+SCENARIO_FIELDS = ("init", "task", "workers", "total_steps", "batch_size", "seq_len", "eval_every", "eval_seqs",
+                   "seed")
 
 
 class HivemindConfig(StrictModel):
@@ -36,18 +53,22 @@ class DilocoConfig(StrictModel):
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     workers: int = Field(2, ge=1, le=64)
     device: str = "cpu"
-    # inner optimisation (per worker), as in OpenDiLoCo
-    total_steps: int = Field(2000, ge=1)  # inner steps per worker
-    inner_steps: int = Field(50, ge=1)  # H: inner steps between outer syncs (benchmarks/diloco/RESULTS.md)
-    batch_size: int = Field(16, ge=1)  # sequences per worker per step
+    # scenario: the run the benchmark measures (benchmarks/diloco/RESULTS.md)
+    total_steps: int = Field(600, ge=1)  # inner steps per worker
+    batch_size: int = Field(4, ge=1)  # sequences per worker per step
     seq_len: int = Field(64, ge=8)
-    inner_lr: float = Field(4e-4, gt=0)
+    # inner optimisation (per worker; the DDP baseline uses the same). lr 1e-3 with a 20-step warmup, not
+    # OpenDiLoCo's 4e-4 / 100 (meant for 150M+ models): with those this model is under-trained in 600 steps, DDP
+    # ends 3.7% worse (eval loss 1.4769 vs 1.4240 on mul_add) and DiLoCo beats it only because its outer step
+    # enlarges the small inner steps: a weak baseline. The outer settings below were tuned with these.
+    inner_lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
-    warmup_steps: int = Field(100, ge=0)
+    warmup_steps: int = Field(20, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     grad_clip: float = Field(1.0, gt=0)
     # outer optimisation
+    inner_steps: int = Field(50, ge=1)  # H: inner steps between outer syncs
     # lr 0.7 with Nesterov momentum 0.5: OpenDiLoCo's 0.9 overshoots in runs of tens of outer steps
     outer_lr: float = Field(0.7, gt=0)
     outer_momentum: float = Field(0.5, ge=0, lt=1)
@@ -59,7 +80,7 @@ class DilocoConfig(StrictModel):
     overlap_steps: int = Field(0, ge=0)
     # evaluation / logging
     eval_every: int | None = Field(None, ge=1)  # steps; None: at every outer sync (every H steps)
-    eval_seqs: int = Field(32, ge=1)
+    eval_seqs: int = Field(64, ge=1)
     log_every: int = Field(10, ge=1)
     save_final_params: bool = False  # write OUT/worker{R}.params.pt (flat fp32 vector), e.g. for tests
     threads: int = Field(1, ge=1)

@@ -108,9 +108,18 @@ def summarize(cfg: DilocoConfig, workers: list[dict], wall_s: float) -> dict:
         "params": w0["params"], "tokens_per_worker": w0["tokens"],
         "final_eval_loss": w0["final_eval_loss"], "final_answer_loss": w0.get("final_answer_loss"),
         "bytes_sent_per_worker": max(w["bytes_sent"] for w in workers),
+        # measured by the kernel on each worker's TCP connections (None where it cannot be read)
+        "tcp_bytes_sent_per_worker": _max_or_none(w.get("tcp_bytes_sent") for w in workers),
+        "tcp_bytes_received_per_worker": _max_or_none(w.get("tcp_bytes_received") for w in workers),
+        "tcp_setup_bytes_sent_per_worker": _max_or_none(w.get("tcp_setup_bytes_sent") for w in workers),
         "sync_calls_per_worker": w0["sync_calls"],
         "bytes_per_sync": (w0["bytes_sent"] // w0["sync_calls"]) if w0["sync_calls"] else 0,
         "identical_params": len({w["digest"] for w in workers}) == 1,
         "evals": w0["evals"], "wall_s": round(wall_s, 1), "train_s": w0["train_s"], "sync_s": w0["sync_s"],
         "out": cfg.out,
     }
+
+
+def _max_or_none(values) -> int | None:
+    vals = list(values)
+    return None if any(v is None for v in vals) else max(vals)

@@ -30,6 +30,7 @@ from swarmrl.diloco.outer import (
     unflatten_into,
     warmup_cosine,
 )
+from swarmrl.diloco.traffic import TcpCounts, TcpTraffic
 from swarmrl.models.io import save_model
 from swarmrl.models.tiny import init_model
 from swarmrl.utils.metrics import MetricsWriter
@@ -103,6 +104,7 @@ def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
     w = _Worker(cfg, rank, world)
     if world > 1 or cfg.backend == "hivemind":
         w.connect()
+    w.tcp_setup = w.tcp.sample()  # rendezvous, initial broadcast or state download: reported apart
     w.train()
     return w.finish()
 
@@ -145,6 +147,12 @@ class _Worker:
         self.evals: list[dict] = []
         self.round_rows: list[dict] = []
         self.left = False
+        # the kernel's count of what this worker's TCP connections carry (the averaging's real traffic, for
+        # both backends); the first sample, before any connection, is the zero point
+        self.tcp = TcpTraffic()
+        self.tcp.sample()
+        self.tcp_setup: TcpCounts | None = None
+        self.tcp_end: TcpCounts | None = None
 
     # -- joining the averaging
 
@@ -242,6 +250,7 @@ class _Worker:
             self._finish_round(pending)
         if self.executor is not None:
             self.executor.shutdown(wait=True)
+        self.tcp_end = self.tcp.sample()
 
     def _inner_step(self) -> None:
         """One AdamW step on this worker's batch (DDP mode: on the gradients all-reduced first)."""
@@ -292,6 +301,7 @@ class _Worker:
             if self.evaluates:
                 row["eval_loss"] = eval_loss(self.model, self.eval_batch)
                 self.evals.append({"step": step, "eval_loss": row["eval_loss"]})
+            self.tcp.sample()  # a connection closed later keeps what it carried up to here
         if row or step % cfg.log_every == 0:
             recent = self.losses[-cfg.log_every:]
             self.metrics.write(step=step, loss=sum(recent) / len(recent), lr=self.sched.get_last_lr()[0],
@@ -345,6 +355,14 @@ class _Worker:
 
     # -- the end
 
+    def _tcp_summary(self) -> dict:
+        """Kernel-counted TCP bytes: during training (first inner step to the last round) and during set-up."""
+        setup, end = self.tcp_setup, self.tcp_end
+        if setup is None or end is None:
+            return {"tcp_bytes_sent": None, "tcp_bytes_received": None, "tcp_setup_bytes_sent": None}
+        return {"tcp_bytes_sent": end.sent - setup.sent, "tcp_bytes_received": end.received - setup.received,
+                "tcp_setup_bytes_sent": setup.sent}
+
     def finish(self) -> dict:
         """Final evaluation, the summary (metrics, ``worker{R}.summary.json``), the model (rank 0) and the final
         parameters (``save_final_params``); then leave the averaging."""
@@ -359,8 +377,10 @@ class _Worker:
             "rank": rank, "world": self.world, "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire,
             "steps": step, "start_step": self.start_step, "rounds": self.rnd, "inner_steps": cfg.inner_steps,
             "params": self.numel, "bytes_sent": averager.bytes_sent if averager else 0,
+            **self._tcp_summary(),
             "sync_calls": averager.rounds if averager else 0,
             "solo_rounds": getattr(averager, "solo_rounds", 0),
+            "refused_rounds": getattr(averager, "refused_rounds", 0),
             "final_eval_loss": final_eval, "final_answer_loss": final_answer, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
             "digest": params_digest(flat), "train_s": round(self.train_s, 2), "sync_s": round(self.sync_time, 2),
             "wall_s": round(time.perf_counter() - self.t0, 2),
