@@ -65,7 +65,7 @@ def test_real_processes_end_to_end(tmp_path):
     args = ["--port", str(port), "--data-dir", str(tmp_path / "orch"),
             "--set", f"validator_keys=['{keys['validator']['public_key']}']", "--set", "run_secret='s3'",
             "--set", f"stake_authority_keys=['{keys['authority']['public_key']}']",
-            "--set", "tasks_per_node=2", "--set", "group_size=2"]
+            "--set", "tasks_per_node=2", "--set", "contract.group_size=2"]
     dburl = database_url(tmp_path)
     if dburl:
         args += ["--database-url", dburl]
