@@ -15,7 +15,7 @@ own_tasks         answers tasks of its own choosing                            t
 malformed         uploads bytes that are not a rollout file                    upload refused (422)
 oversized         uploads a file over the size limit                           upload refused (413)
 wrong_key         signs its upload with a key other than the registered one    upload refused (401)
-bomb              uploads a few-KB file of legal-shaped rows decoding to 512MiB upload refused (413)
+bomb              uploads a few-KB file of legal rows that decode to 2 GiB     upload refused (413)
 flood             honest, and floods registrations of fresh (sybil) keys       registration refused (403
                   that heartbeat once and go idle                              no deposit, 429 per address)
 idle_connections  works honestly, and holds many half-sent connections to the  connection caps and

@@ -33,7 +33,7 @@ class AdversaryConfig(SwarmNodeConfig):
     honest_first: int = Field(3, ge=0)  # late_edit_tokens: honest submissions before it starts cheating
     replay_from: str = ""  # replay: dir whose */*.parquet it steals ("" = <run_dir>/nodes)
     oversize_bytes: int = Field(5 << 20, gt=0)  # oversized: size of the file it uploads
-    bomb_bytes: int = Field(512 << 20, gt=0)  # bomb: what its (few-kilobyte) file decodes to (8x max_decoded_bytes)
+    bomb_bytes: int = Field(2 << 30, gt=0)  # bomb: what its (few-kilobyte) file decodes to (32x max_decoded_bytes)
     flood_batch: int = Field(50, ge=1)  # flood: fresh keys it tries to register per burst
     flood_interval_s: float = Field(5.0, gt=0)  # flood: pause between bursts (and after a 429, its Retry-After)
     # idle_connections: half-sent connections held to the orchestrator and to each weight relay heartbeats name
