@@ -78,7 +78,8 @@ def swarm(steps: int) -> dict:
     if not (model / "config.json").is_file():
         model = tmp / "model"
         init_model(ModelInitConfig(), model)
-    rl = RLConfig(run_dir=str(tmp / "run"), model=str(model), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=4),
+    rl = RLConfig(run_dir=str(tmp / "run"), model=str(model), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=4,
+                                       filter_ties=False),  # a fresh model ties everywhere: nothing would train
                   steps=steps, keep_versions=3, prompts_per_step=8,
                   eval=EvalSection(every_steps=0, n=16), workers=WorkerSection(num=0, prompts_per_batch=4),
                   shardcast=ShardcastSection(enabled=True, relays=1))
