@@ -5,11 +5,14 @@ baseline tree is given) before.
 
 - ``bomb_peak_rss_mb``: peak RSS of the upload path refusing a ~17 KB rollout file that decodes to 2 GiB
   (``bomb.py --measure``; ``bomb_unbounded_peak_rss_mb``: the old read-it-whole path, under an address-space cap);
-- ``idle_conns``, ``honest_beat_p99_s``, ``honest_beat_failures``: a real orchestrator with ``--conns`` half-sent
-  connections held open from other loopback addresses, and an honest node's signed heartbeats
+- ``idle_conns``, ``honest_beat_before_p50_s``, ``honest_beat_p50_s``, ``honest_beat_p99_s``,
+  ``honest_beat_failures``, ``honest_beat_held``: a real orchestrator with ``--conns`` half-sent connections held
+  open from other loopback addresses, and an honest node's signed heartbeats before and during the attack
   (``honest_beat.py``; with ``--base`` the same N against the old tree, ``base_*``);
 - ``honest_slashed``, ``adversaries_caught`` / ``adversaries``: a short swarm run (the real processes of
-  ``swarmrl run``) with one node of every adversary kind at once, and the honest nodes' fate.
+  ``swarmrl run``) with one node of every adversary kind at once, and the honest nodes' fate; ``idle_*``: how the
+  ``idle_connections`` node's attack was judged (``held``: the honest nodes' heartbeat and upload p50 outside
+  and during its rounds, ``swarmrl.job.report.honest_latency``), from how many addresses, how many it held.
 
 Each part runs as its own process, bounded in time; nothing leaves 127.0.0.0/8.
 """
@@ -53,8 +56,12 @@ def slowloris(conns: int, beats: int, base: Path | None) -> dict:
     out: dict = {}
     for r in rows:
         prefix = "base_" if base is not None and r is not rows[-1] else ""
-        out.update({f"{prefix}idle_conns": r.get("idle_conns"), f"{prefix}honest_beat_p99_s": r.get("honest_beat_p99_s"),
-                    f"{prefix}honest_beat_failures": r.get("honest_beat_failures")})
+        out.update({f"{prefix}idle_conns": r.get("idle_conns"),
+                    f"{prefix}honest_beat_before_p50_s": r.get("honest_beat_before_p50_s"),
+                    f"{prefix}honest_beat_p50_s": r.get("honest_beat_p50_s"),
+                    f"{prefix}honest_beat_p99_s": r.get("honest_beat_p99_s"),
+                    f"{prefix}honest_beat_failures": r.get("honest_beat_failures"),
+                    f"{prefix}honest_beat_held": r.get("held")})
     return out
 
 
@@ -71,7 +78,8 @@ def swarm(steps: int) -> dict:
     if not (model / "config.json").is_file():
         model = tmp / "model"
         init_model(ModelInitConfig(), model)
-    rl = RLConfig(run_dir=str(tmp / "run"), model=str(model), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=4),
+    rl = RLConfig(run_dir=str(tmp / "run"), model=str(model), contract=RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=4,
+                                       filter_ties=False),  # a fresh model ties everywhere: nothing would train
                   steps=steps, keep_versions=3, prompts_per_step=8,
                   eval=EvalSection(every_steps=0, n=16), workers=WorkerSection(num=0, prompts_per_batch=4),
                   shardcast=ShardcastSection(enabled=True, relays=1))
@@ -84,10 +92,20 @@ def swarm(steps: int) -> dict:
     honest = [n for n in nodes if n["adversary"] is None]
     cheats = [n for n in nodes if n["adversary"] is not None]
     caught = [n["adversary"] for n in cheats if n["caught"]]
-    return {"swarm_steps": s["steps"], "swarm_wall_s": round(time.monotonic() - t0, 1),
-            "honest_slashed": sum(1 for n in honest if n["slashed"] > 0 or n["rejected"] > 0),
-            "honest_accepted": sum(n["accepted"] for n in honest), "adversaries": len(cheats),
-            "adversaries_caught": len(caught), "not_caught": sorted({n["adversary"] for n in cheats} - set(caught))}
+    out = {"swarm_steps": s["steps"], "swarm_wall_s": round(time.monotonic() - t0, 1),
+           "honest_slashed": sum(1 for n in honest if n["slashed"] > 0 or n["rejected"] > 0),
+           "honest_accepted": sum(n["accepted"] for n in honest), "adversaries": len(cheats),
+           "adversaries_caught": len(caught), "not_caught": sorted({n["adversary"] for n in cheats} - set(caught))}
+    for n in cheats:
+        if n["adversary"] == "idle_connections":
+            out.update({k: n.get(k) for k in ("held", "idle_rounds", "idle_addresses", "idle_peak_open",
+                                              "idle_closed_by_server", "idle_refused_503")})
+            out["idle_held"] = out.pop("held")
+            for kind, v in (n.get("honest_latency") or {}).items():
+                out[f"honest_{kind}_p50_s"] = [v.get("quiet_p50_s"), v.get("during_p50_s")]  # outside, during
+                out[f"honest_{kind}_calls"] = [v.get("quiet_n"), v.get("during_n")]
+                out[f"honest_{kind}_unserved_during"] = v.get("during_unserved")
+    return out
 
 
 def main() -> None:

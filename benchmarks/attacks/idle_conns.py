@@ -10,7 +10,8 @@ report is still printed).
 
 stderr gets one JSON line ``{"event": "ready", ...}`` once every first connection has connected or failed;
 stdout gets the report: attempted, connected, open_after_s (still open when the hold ended), closed_by_server
-(answered or closed by the server while held), connect_failed, peak_open.
+(answered or closed by the server while held), refused_503 (of those, answered 503: a connection cap),
+connect_failed, peak_open.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def attack(url: str, conns: int, seconds: float, per_address: int = 50, reconnec
             w.kill()
     r = done.as_dict()
     return {"attempted": r["attempted"], "connected": r["connected"], "open_after_s": r["open_at_end"],
-            "closed_by_server": r["closed_by_server"], "connect_failed": r["connect_failed"],
+            "closed_by_server": r["closed_by_server"], "refused_503": r["refused_503"],
+            "connect_failed": r["connect_failed"],
             "peak_open": r["peak_open"], "seconds": r["seconds"], "procs": procs, "addresses": len(sources),
             "workers_reported": n_done}
 

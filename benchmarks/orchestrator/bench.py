@@ -12,9 +12,12 @@ start-up time (loading that membership) is reported too.
     python benchmarks/orchestrator/bench.py                       # 10,000 and 100,000 nodes, SQLite
     python benchmarks/orchestrator/bench.py --nodes 100,1000 --seconds 5
     python benchmarks/orchestrator/bench.py --database-url "$(bash scripts/ci-postgres.sh)"
+    python benchmarks/orchestrator/bench.py --both-paths --out benchmarks/orchestrator/results_sqlite.json
 
 Prints one line per node count, and ends with one JSON line (the largest node count; ``by_nodes`` has all):
-``nodes``, ``heartbeats_per_s``, ``p99_ms``, ``ping_per_s``.
+``nodes``, ``heartbeats_per_s``, ``p99_ms``, ``ping_per_s``. ``--both-paths`` measures the hot path, then the
+full path (``fast_heartbeats=false``, on a fresh database, without the cold pass); ``--out`` writes every row of
+both with the date and the command (``benchmarks/orchestrator/results_*.json`` are written so).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -128,31 +132,21 @@ def start_server(cfg: OrchestratorConfig, log_path: Path) -> tuple[subprocess.Po
         time.sleep(0.1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", default="10000,100000", help="node counts, ascending, comma-separated")
-    ap.add_argument("--seconds", type=float, default=10.0, help="per measurement")
-    ap.add_argument("--concurrency", type=int, default=16, help="connections sending heartbeats at once")
-    ap.add_argument("--database-url", "--db", default="", help="PostgreSQL URL (default: a fresh SQLite file)")
-    ap.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
-    ap.add_argument("--full-path", action="store_true", help="turn the heartbeat hot path off (fast_heartbeats=false)")
-    ap.add_argument("--no-cold", action="store_true", help="skip the pass where every node beats once")
-    ap.add_argument("--out", default="", help="write results JSON here")
-    args = ap.parse_args()
-    counts = sorted(int(x) for x in args.nodes.split(","))
+def measure_path(args: argparse.Namespace, counts: list[int], keys: list, full: bool, cold: bool) -> list[dict]:
+    """One path (the heartbeat hot path, or the full path: ``fast_heartbeats=false``) on a fresh database: for
+    each node count, register up to it, (re)start the server, the cold pass (if ``cold``), then ping and
+    heartbeats for ``--seconds`` each. One row per node count (printed as it is measured)."""
     tmp = Path(tempfile.mkdtemp(prefix="swarmrl-bench-"))
     cfg = OrchestratorConfig(data_dir=str(tmp), database_url=args.database_url, port=free_port(),
                              heartbeat_interval_s=3600.0, rate_limit_per_s=1e6, rate_limit_burst=1_000_000,
                              run_secret="bench", tasks_per_node=8, workers=args.workers,
                              contract=RLContract(group_size=4, budget={"enabled": True, "tiers": [64, 128, 256],
                                                                        "step_time_s": 60.0}),
-                             fast_heartbeats=not args.full_path)
+                             fast_heartbeats=not full)
     db = Database(cfg.database_url or sqlite_url(tmp / "orchestrator.db"))
     if args.database_url:
         db.drop_all()
     db.create_all()
-    print(f"generating {max(counts)} node keys...", flush=True)
-    keys = [generate_key() for _ in range(max(counts))]
     url = f"http://127.0.0.1:{cfg.port}"
     body = json.dumps({"status": {}}).encode()
     results = []
@@ -179,7 +173,7 @@ def main() -> None:
             # warm-up: every node beats once after the (re)start (the first beat of a node at a step derives its
             # tasks; reported as the cold rate), then the steady state is measured
             t0 = time.perf_counter()
-            lc, sc = asyncio.run(load(url, 0.0 if args.no_cold else 3600.0, args.concurrency,
+            lc, sc = asyncio.run(load(url, 3600.0 if cold else 0.0, args.concurrency,
                                       lambda: heartbeat(order.pop), count=n))
             cold_s = max(time.perf_counter() - t0, 1e-9)
             asyncio.run(load(url, 2.0, args.concurrency, heartbeat))  # warm up
@@ -196,17 +190,48 @@ def main() -> None:
                "cold_statuses": sc}
         row["throughput_vs_ping"] = round(row["heartbeats_per_s"] / row["ping_per_s"], 3)
         results.append(row)
-        print(f"{n:>7} nodes: {row['heartbeats_per_s']:7.1f} signed heartbeats/s (p50 {row['p50_ms']:.1f} ms, "
-              f"p99 {row['p99_ms']:.1f} ms, statuses {sh}) | baseline ping {row['ping_per_s']:7.1f}/s "
-              f"p99 {row['ping_p99_ms']:.1f} ms | {row['throughput_vs_ping']:.3f}x ping | "
+        print(f"{'full' if full else 'hot'} path, {n:>7} nodes: {row['heartbeats_per_s']:7.1f} signed heartbeats/s "
+              f"(p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, statuses {sh}) | baseline ping "
+              f"{row['ping_per_s']:7.1f}/s p99 {row['ping_p99_ms']:.1f} ms | {row['throughput_vs_ping']:.3f}x ping | "
               f"start-up {startup_s:.1f} s; first beat of each node after it: {row['cold_heartbeats_per_s']:.1f}/s "
               f"p99 {row['cold_p99_ms']:.1f} ms", flush=True)
+    db.dispose()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", default="10000,100000", help="node counts, ascending, comma-separated")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per measurement")
+    ap.add_argument("--concurrency", type=int, default=16, help="connections sending heartbeats at once")
+    ap.add_argument("--database-url", "--db", default="", help="PostgreSQL URL (default: a fresh SQLite file)")
+    ap.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
+    ap.add_argument("--full-path", action="store_true", help="turn the heartbeat hot path off (fast_heartbeats=false)")
+    ap.add_argument("--both-paths", action="store_true",
+                    help="the hot path, then the full path on a fresh database (its cold pass skipped)")
+    ap.add_argument("--no-cold", action="store_true", help="skip the pass where every node beats once")
+    ap.add_argument("--out", default="", help="write results JSON here (date, command, hot_path / full_path rows)")
+    args = ap.parse_args()
+    counts = sorted(int(x) for x in args.nodes.split(","))
+    print(f"generating {max(counts)} node keys...", flush=True)
+    keys = [generate_key() for _ in range(max(counts))]
+    paths: dict[str, list[dict]] = {}
+    if args.both_paths or not args.full_path:
+        paths["hot_path"] = measure_path(args, counts, keys, full=False, cold=not args.no_cold)
+    if args.both_paths or args.full_path:
+        paths["full_path"] = measure_path(args, counts, keys, full=True, cold=not (args.no_cold or args.both_paths))
+    database = "postgresql" if args.database_url else "sqlite"
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        argv = [re.sub(r"//[^@/]*@", "//...@", a) for a in sys.argv[1:]]  # no database password in the file
+        Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "database": database,
+                                              "command": " ".join(["benchmarks/orchestrator/bench.py", *argv]),
+                                              **paths}, indent=2) + "\n")
+    results = paths.get("hot_path") or paths["full_path"]
     last = results[-1]
     print(json.dumps({"nodes": last["nodes"], "heartbeats_per_s": last["heartbeats_per_s"], "p99_ms": last["p99_ms"],
-                      "ping_per_s": last["ping_per_s"], "database": "postgresql" if args.database_url else "sqlite",
-                      "hot_path": not args.full_path, "by_nodes": results}))
+                      "ping_per_s": last["ping_per_s"], "database": database, "hot_path": "hot_path" in paths,
+                      "by_nodes": results, **({"full_path_by_nodes": paths["full_path"]}
+                                              if args.both_paths else {})}))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """SHARDCAST benchmark on loopback; every figure is a ratio against curl measured in the same run.
 
-1. single: one client (``fetch``: signed manifest, per-shard + whole-file BLAKE3, temp file + rename) fetching
-   a checkpoint from one origin server, against curl fetching the same shards from the same server into one
-   file (``fetch_over_curl`` = curl time / ours, higher is better).
+1. single: one client (``swarmrl shardcast fetch``: signed manifest, per-shard + whole-file BLAKE3, temp file +
+   rename) fetching a checkpoint from one origin server, against curl fetching the same shards from the same server
+   into one file; both timed the same way, as a process from start to exit (``fetch_over_curl`` = curl time /
+   ours, higher is better). Until 2026-11-26 ours was timed around the ``fetch`` call inside its process, so
+   without the interpreter's start-up that curl's time included.
 2. cli: ``swarmrl shardcast fetch`` of ``--cli-mib`` (200 MiB) as a new process, start-up included, against
    curl of the same shards (``cli_over_curl`` = CLI wall time / curl wall time, lower is better). The code's
    package is byte-compiled first, as an installed package is (``--no-compile`` to time it without .pyc files).
@@ -139,29 +141,41 @@ def publish(code: Path, base: Path, name: str, size: int, shard_mb: float) -> tu
     return base / name, pub, int(n)
 
 
+def compile_code(args: argparse.Namespace, code: Path) -> None:
+    """The bytecode an installed package has (PYTHONDONTWRITEBYTECODE would skip writing it)."""
+    if not args.no_compile:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "swarmrl")], check=True,
+                       capture_output=True)
+
+
+def run_cli_fetch(code: Path, url: str, pub: str, out: Path, size: int) -> float:
+    """``swarmrl shardcast fetch`` as a new process, timed as ``run_curl`` times curl: start to exit."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-P", "-c", CLI, "shardcast", "fetch", "--server", url, "--origin-pubkey", pub,
+                    "--out", str(out), "--version", "1"], env=_env(code), check=True, capture_output=True)
+    dt = time.perf_counter() - t
+    assert out.stat().st_size == size
+    out.unlink()
+    return dt
+
+
 def bench_single(args: argparse.Namespace, code: Path, base: Path, procs: list) -> dict:
     size = args.size_mib << 20
     root, pub, n = publish(code, base, "single", size, args.shard_mb)
     p, url = spawn(code, SERVE_ORIGIN, root, 0)
     procs.append(p)
-    script = ("import sys, time; from swarmrl.shardcast import fetch; t = time.perf_counter(); "
-              "fetch([sys.argv[1]], sys.argv[2], sys.argv[3], version=1); print(time.perf_counter() - t)")
+    compile_code(args, code)
     curl_t, ours_t = [], []
     for _ in range(args.repeats):
         curl_t.append(run_curl(shard_glob(url, 1, n), base / "curl.bin", size))
-        out = base / "ours.bin"
-        r = subprocess.run([sys.executable, "-P", "-c", script, url, str(out), pub], env=_env(code), check=True,
-                           capture_output=True, text=True)
-        ours_t.append(float(r.stdout.strip()))  # the fetch call itself (process start-up is in the cli figure)
-        assert out.stat().st_size == size
-        out.unlink()
+        ours_t.append(run_cli_fetch(code, url, pub, base / "ours.bin", size))
     kill(procs)
     shutil.rmtree(root)
     c, o = statistics.median(curl_t), statistics.median(ours_t)
     print(f"[single] {args.size_mib} MiB, {n} shards: curl from the same server median {c:.2f} s = "
           f"{size / 1e6 / c:.0f} MB/s (runs {', '.join(f'{x:.2f}' for x in curl_t)})")
-    print(f"[single] shardcast fetch (verified): median {o:.2f} s = {size / 1e6 / o:.0f} MB/s "
-          f"(runs {', '.join(f'{x:.2f}' for x in ours_t)}); fetch_over_curl = {c / o:.2f}x")
+    print(f"[single] `swarmrl shardcast fetch` (verified), as a process like curl: median {o:.2f} s = "
+          f"{size / 1e6 / o:.0f} MB/s (runs {', '.join(f'{x:.2f}' for x in ours_t)}); fetch_over_curl = {c / o:.2f}x")
     return {"size_mib": args.size_mib, "curl_s": curl_t, "ours_s": ours_t, "curl_MBps": size / 1e6 / c,
             "ours_MBps": size / 1e6 / o, "fetch_over_curl": c / o}
 
@@ -171,9 +185,7 @@ def bench_cli(args: argparse.Namespace, code: Path, base: Path, procs: list) -> 
     root, pub, n = publish(code, base, "cli", size, args.shard_mb)
     p, url = spawn(code, SERVE_ORIGIN, root, 0)
     procs.append(p)
-    if not args.no_compile:  # the bytecode an installed package has (PYTHONDONTWRITEBYTECODE would skip writing it)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "swarmrl")], check=True,
-                       capture_output=True)
+    compile_code(args, code)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-P", "-c", CLI, "shardcast", "fetch", "--help"], env=_env(code), check=True,
                    capture_output=True)
@@ -181,13 +193,7 @@ def bench_cli(args: argparse.Namespace, code: Path, base: Path, procs: list) -> 
     curl_t, cli_t = [], []
     for _ in range(args.repeats):
         curl_t.append(run_curl(shard_glob(url, 1, n), base / "curl.bin", size))
-        out = base / "cli.bin"
-        t = time.perf_counter()
-        subprocess.run([sys.executable, "-P", "-c", CLI, "shardcast", "fetch", "--server", url, "--origin-pubkey", pub,
-                        "--out", str(out), "--version", "1"], env=_env(code), check=True, capture_output=True)
-        cli_t.append(time.perf_counter() - t)
-        assert out.stat().st_size == size
-        out.unlink()
+        cli_t.append(run_cli_fetch(code, url, pub, base / "cli.bin", size))
     kill(procs)
     shutil.rmtree(root)
     c, o = statistics.median(curl_t), statistics.median(cli_t)

@@ -52,9 +52,77 @@ def orchestrator_counts(root: Path) -> dict:
             "active_nodes": last.get("nodes_active", 0), "refused_requests": last.get("refused", 0)}
 
 
-def _caught(info: dict, root: Path, nid: str) -> bool:
+# An idle_connections attack is judged as an attacker is: it held (failed) if the honest nodes' calls kept their
+# latency while it ran. For heartbeats (those that do not wait) and uploads apart, with at least HELD_MIN_CALLS
+# of each kind both during its rounds and outside them (before the first and between rounds): the median during
+# is at most HELD_FACTOR x the median outside + HELD_SLACK_S, and no honest call went unserved (no answer, 429,
+# 5xx) during a round. A kind with too few calls is not judged; with no kind judged, neither is the attack.
+HELD_FACTOR = 2.0
+HELD_SLACK_S = 0.05
+HELD_MIN_CALLS = 5
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _p90(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+
+
+def honest_latency(calls: list[dict], windows: list[tuple[float, float]]) -> dict[str, dict]:
+    """The honest nodes' timed calls (``{"call", "s", "ok", "time"}`` rows, ``time`` their start) by kind, split
+    into those that overlapped an attack window and those entirely outside every window; per side: count,
+    median and p90 seconds, unserved calls; and per kind whether it held (None: too few calls to judge)."""
+    out: dict[str, dict] = {}
+    for kind in ("heartbeat", "upload"):
+        sides: dict[str, list[dict]] = {"quiet": [], "during": []}
+        for c in calls:
+            if c.get("call") != kind:
+                continue
+            t0, t1 = c["time"], c["time"] + c["s"]
+            sides["during" if any(t0 < end and t1 > start for start, end in windows) else "quiet"].append(c)
+        row: dict = {}
+        for side, cs in sides.items():
+            served = [c["s"] for c in cs if c.get("ok", True)]
+            row[f"{side}_n"] = len(cs)
+            row[f"{side}_unserved"] = len(cs) - len(served)
+            row[f"{side}_p50_s"] = round(_median(served), 4) if served else None
+            row[f"{side}_p90_s"] = round(_p90(served), 4) if served else None
+        judged = row["quiet_n"] >= HELD_MIN_CALLS and row["during_n"] >= HELD_MIN_CALLS
+        row["held"] = None if not judged else (
+            row["during_unserved"] == 0 and row["during_p50_s"] is not None and row["quiet_p50_s"] is not None
+            and row["during_p50_s"] <= HELD_FACTOR * row["quiet_p50_s"] + HELD_SLACK_S)
+        out[kind] = row
+    return out
+
+
+def _idle_held(info: dict, root: Path, nid: str, honest: list[str]) -> bool:
+    """Did the honest nodes' heartbeats and uploads keep their latency through this node's idle-connection
+    rounds (and did the rounds hold connections at all)? Fills in the figures it is judged by."""
+    layout = RunLayout(root)
+    rounds = [r for r in read_metrics(layout.role_metrics("idle", nid)) if r.get("event") == "idle_round"]
+    windows = [(r["start"], r["end"]) for r in rounds if "start" in r]
+    calls = [r for h in honest for r in read_metrics(layout.role_metrics("node", h)) if r.get("event") == "call"]
+    lat = honest_latency(calls, windows)
+    info.update(idle_rounds=len(rounds), idle_addresses=max((r.get("addresses", 1) for r in rounds), default=0),
+                idle_attempted=sum(r.get("attempted", 0) for r in rounds),
+                idle_peak_open=max((r.get("peak_open", 0) for r in rounds), default=0),
+                idle_closed_by_server=sum(r.get("closed_by_server", 0) for r in rounds),
+                idle_refused_503=sum(r.get("refused_503", 0) for r in rounds), honest_latency=lat)
+    judged = [v["held"] for v in lat.values() if v["held"] is not None]
+    info["held"] = bool(judged) and all(judged) and info["idle_peak_open"] > 0
+    return info["held"]
+
+
+def _caught(info: dict, root: Path, nid: str, honest: list[str]) -> bool:
     """Was this adversary stopped: rejected (slashed, ejected) or refused at upload; a flood node: none of its
-    sybils got in; an idle-connections node: the servers shed the connections it held."""
+    sybils got in; an idle-connections node: its attack held, i.e. failed (``_idle_held``)."""
+    if info["adversary"] == "idle_connections":
+        return _idle_held(info, root, nid, honest)
     if info["rejected"] or info.get("status") == "ejected" or (info["refused_uploads"] and not info["accepted"]):
         return True
     if info["adversary"] == "flood":
@@ -62,17 +130,14 @@ def _caught(info: dict, root: Path, nid: str) -> bool:
         info["sybils_attempted"] = sum(r.get("attempted", 0) for r in bursts)
         info["sybils_registered"] = sum(r.get("registered", 0) for r in bursts)
         return info["sybils_attempted"] > 0 and info["sybils_registered"] == 0
-    if info["adversary"] == "idle_connections":
-        rounds = [r for r in read_metrics(RunLayout(root).role_metrics("idle", nid)) if r.get("event") == "idle_round"]
-        info["idle_closed_by_server"] = sum(r.get("closed_by_server", 0) for r in rounds)
-        return info["idle_closed_by_server"] > 0
     return False
 
 
 def swarm_report(root: Path, url: str, members: dict[str, dict]) -> dict:
     """Per node: adversary kind, status and stake from the ledger, submissions by verdict, reasons, refusals,
-    and for an adversary whether it was caught."""
+    and for an adversary whether it was caught (an idle-connections node: whether the honest nodes held)."""
     verdicts = [r for r in read_metrics(root / "orchestrator" / "metrics.jsonl") if r.get("event") == "verdict"]
+    honest = [m["node_id"] for m in members.values() if not m["adversary"]]
     out: dict[str, dict] = {}
     for name, m in members.items():
         nid = m["node_id"]
@@ -96,7 +161,7 @@ def swarm_report(root: Path, url: str, members: dict[str, dict]) -> dict:
         except httpx.HTTPError:
             info.update(status="unknown")
         if m["adversary"]:
-            info["caught"] = _caught(info, root, nid)
+            info["caught"] = _caught(info, root, nid, honest)
         out[name] = info
     return {"orchestrator": url, "totals": orchestrator_counts(root), "nodes": out}
 
@@ -132,6 +197,13 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
 
 
 # --- what `swarmrl run` prints when its output is not a terminal (piped, nohup, a log file) ---------------------
+
+
+_SHORT = {"heartbeat": "beat"}
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1000 * v:.0f}"
 
 
 def _pct(v: float | None) -> str:
@@ -199,7 +271,13 @@ def summary_lines(summary: dict) -> list[str]:
         lines.append(f"{'submissions':<{w}}{t.get('accepted', 0)} accepted, {t.get('rejected', 0)} rejected, "
                      f"{slashed} node{'' if slashed == 1 else 's'} slashed")
         for name, n in sw["nodes"].items():
-            if n.get("adversary"):
+            if n.get("adversary") == "idle_connections":  # judged by the honest nodes' latency (_idle_held)
+                lat = n.get("honest_latency") or {}
+                ms = ", ".join(f"{_SHORT.get(k, k)} {_ms(v.get('quiet_p50_s'))}->{_ms(v.get('during_p50_s'))}"
+                               for k, v in lat.items() if v.get("held") is not None)
+                lines.append(f"{'adversary':<{w}}{name}: {'held' if n.get('held') else 'NOT held'}")
+                lines.append(f"{'':<{w}}{'honest p50 ms ' + ms + ' (outside->during)' if ms else 'not judged'}")
+            elif n.get("adversary"):
                 fate = "caught" if n.get("caught") else "NOT caught"
                 lines.append(f"{'adversary':<{w}}{name}: {fate} ({n['rejected']} rejected, slashed "
                              f"{n['slashed']:g}, {n.get('status', '?')})")

@@ -15,11 +15,12 @@ own_tasks         answers tasks of its own choosing                            t
 malformed         uploads bytes that are not a rollout file                    upload refused (422)
 oversized         uploads a file over the size limit                           upload refused (413)
 wrong_key         signs its upload with a key other than the registered one    upload refused (401)
-bomb              uploads a few-KB file of legal-shaped rows decoding to 512MiB upload refused (413)
+bomb              uploads a few-KB file of legal rows that decode to 2 GiB     upload refused (413)
 flood             honest, and floods registrations of fresh (sybil) keys       registration refused (403
                   that heartbeat once and go idle                              no deposit, 429 per address)
-idle_connections  works honestly, and holds many half-sent connections to the  connection caps and
-                  orchestrator and the weight relays (slowloris)               read deadlines (serving)
+idle_connections  works honestly, and holds many half-sent connections to the  held: honest latency
+                  orchestrator and the weight relays from hundreds of          kept (connection caps,
+                  addresses (slowloris)                                        reserve, deadlines)
 ================  ===========================================================  ======================
 """
 
@@ -49,7 +50,7 @@ from swarmrl.rundir import RunLayout
 from swarmrl.swarm.bomb import write_bomb
 from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.swarm.node import SwarmNode, seed_of
-from swarmrl.swarm.slowloris import IdleHolder, loopback_sources
+from swarmrl.swarm.slowloris import HoldReport, IdleHolder, loopback_sources, raise_own_nofile
 from swarmrl.utils.metrics import MetricsWriter
 
 log = logging.getLogger("swarmrl.swarm.adversaries")
@@ -248,10 +249,21 @@ def flood_registrations(url: str, n: int, stake: float = 100.0, timeout: float =
     return out
 
 
+def idle_sources(cfg: AdversaryConfig) -> list[str] | None:
+    """Where an idle_connections node's connections come from: on loopback (one-machine swarms) ``idle_addresses``
+    addresses other than the nodes' 127.0.0.1, as a botnet has, each with a few connections per server, so the
+    servers' global caps, reserve and deadlines are what meet them, not the per-address cap; elsewhere the node's
+    own address (None)."""
+    loopback = (urlsplit(cfg.orchestrator).hostname or "").startswith("127.")
+    return loopback_sources(cfg.idle_addresses) if loopback else None
+
+
 class IdleConnections(SwarmNode):
     """Does honest work, and meanwhile (a background thread) holds ``idle_conns`` half-sent connections to the
-    orchestrator and to each weight relay its heartbeats name, in rounds of ``idle_round_s``, for as long as it
-    runs. The servers shed them (per-address cap, header deadline); the node's own signed calls still pass."""
+    orchestrator and to each weight relay its heartbeats name, from ``idle_addresses`` source addresses, in rounds
+    of ``idle_round_s`` with rests between them, for as long as it runs. It is judged as an attacker is: by the
+    honest nodes' heartbeat and upload latency during its rounds against their latency outside them
+    (``job.report``); each round's report and its start and end go to ``metrics/idle-<node>.jsonl``."""
 
     def __init__(self, cfg: AdversaryConfig, client=None) -> None:  # noqa: ANN001
         super().__init__(cfg, client)
@@ -265,15 +277,16 @@ class IdleConnections(SwarmNode):
 
         self.client.heartbeat = heartbeat  # type: ignore[method-assign]  # learn the relays from every reply
         rounds = MetricsWriter(RunLayout(self.rl.run_dir).role_metrics("idle", self.node_id))
-        # a stranger: on loopback (one-machine swarms) from one address other than the nodes' 127.0.0.1, as one
-        # attacking machine has; with more connections than a server allows one address, the per-address cap
-        # sheds the excess at once, and the head deadline the rest (a run shorter than that deadline still shows
-        # the shedding)
-        loopback = (urlsplit(cfg.orchestrator).hostname or "").startswith("127.")
+        self.sources = idle_sources(cfg)
+        raise_own_nofile(2 * cfg.idle_conns + 1024)  # the orchestrator and a relay, and the node's own files
+
+        def on_round(rep: HoldReport, start: float, end: float) -> None:
+            rounds.write(event="idle_round", start=start, end=end, addresses=len(self.sources or ()) or 1,
+                         **rep.as_dict())
+
         self.holder = IdleHolder(lambda: [cfg.orchestrator, *sorted(self.relays)], cfg.idle_conns,
-                                 cfg.idle_round_s, cfg.idle_reconnect_per_s,
-                                 sources=loopback_sources(1) if loopback else None,
-                                 on_round=lambda rep: rounds.write(event="idle_round", **rep.as_dict()))
+                                 cfg.idle_round_s, cfg.idle_reconnect_per_s, sources=self.sources,
+                                 on_round=on_round, delay_s=cfg.idle_delay_s, rest_s=cfg.idle_rest_s)
 
     def run(self, stop: threading.Event | None = None) -> int:
         self.holder.start()
@@ -298,4 +311,4 @@ def make_adversary(cfg: AdversaryConfig, client=None) -> SwarmNode:  # noqa: ANN
     return ADVERSARIES[cfg.adversary](cfg, client)
 
 
-__all__ = ["ADVERSARIES", "flood_registrations", "make_adversary"]
+__all__ = ["ADVERSARIES", "flood_registrations", "idle_sources", "make_adversary"]

@@ -9,15 +9,21 @@ writes the parquet file and uploads it signed.
 Answering an assignment is split into steps a subclass may override (``tasks_for``, ``version_for``,
 ``backend_for``, ``tamper``, ``upload``): the cheating nodes of ``swarmrl.swarm.adversaries`` are honest nodes
 with one step replaced.
+
+Every heartbeat that does not wait (a long poll's time is the orchestrator's hold, not its service) and every
+upload is timed into the node's metrics (``{"event": "call", "call": "heartbeat" | "upload", "s", "ok", "time"}``,
+``time`` its start): what an attack on the servers is judged by (``swarmrl.job.report``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -55,6 +61,14 @@ def measure_throughput(backend: InferenceBackend, tokenizer, cfg: RLConfig, n: i
     return round(sum(len(c) for c in out.completion_ids) / max(dt, 1e-6), 1)
 
 
+def unserved(e: BaseException) -> bool:
+    """A call the server did not serve: no answer (a transport error), or too busy (429, 5xx). A refusal on the
+    merits (401, 403, 409, 413, 422, ...) is an answer."""
+    if isinstance(e, ApiError):
+        return e.status == 429 or e.status >= 500
+    return isinstance(e, (httpx.HTTPError, OSError))
+
+
 def seed_of(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big")
 
@@ -81,6 +95,27 @@ class SwarmNode:
         self.envs: dict[str, Environment] = {}
         self.metrics = MetricsWriter(RunLayout(run_dir).role_metrics("node", self.node_id))
         self.stats = {"assignments": 0, "submitted": 0, "refused": 0, "skipped": 0}
+        beat = self.client.heartbeat
+
+        def heartbeat(status: dict | None = None, wait: float = 0.0) -> HeartbeatReply:
+            if wait:
+                return beat(status, wait=wait)
+            with self.timed("heartbeat"):
+                return beat(status, wait=wait)
+
+        self.client.heartbeat = heartbeat  # type: ignore[method-assign]  # the keepalive thread's beats too
+
+    @contextlib.contextmanager
+    def timed(self, call: str) -> Iterator[None]:
+        """Time one call to the orchestrator into the metrics (thread-safe: keepalive beats come from a thread)."""
+        start, t0, ok = time.time(), time.perf_counter(), True
+        try:
+            yield
+        except BaseException as e:
+            ok = not unserved(e)
+            raise
+        finally:
+            self.metrics.write(event="call", call=call, s=round(time.perf_counter() - t0, 4), ok=ok, time=start)
 
     # ---- membership ----------------------------------------------------------------------------
     def register(self) -> float:
@@ -206,7 +241,8 @@ class SwarmNode:
         """Upload; retried while the orchestrator is unreachable (a restart loses nothing, so neither may we)."""
         for i in range(attempts):
             try:
-                return self.upload(a.assignment_id, path)
+                with self.timed("upload"):
+                    return self.upload(a.assignment_id, path)
             except httpx.TransportError as e:
                 if i == attempts - 1:
                     raise
@@ -219,4 +255,4 @@ def run_swarm_node(cfg: SwarmNodeConfig) -> int:
     return SwarmNode(cfg).run()
 
 
-__all__ = ["SwarmNode", "SwarmNodeConfig", "measure_throughput", "run_swarm_node"]
+__all__ = ["SwarmNode", "SwarmNodeConfig", "measure_throughput", "run_swarm_node", "unserved"]

@@ -4,7 +4,8 @@ closed and counted.
 
 Each connection is opened non-blocking (optionally from one of several local source addresses, e.g.
 127.0.0.2..127.0.x.y on loopback, so that it counts against another address), sends half a request line and
-then waits; a connection the server answers or closes counts as ``closed_by_server``. With ``reconnect_per_s``
+then waits; a connection the server answers or closes counts as ``closed_by_server`` (``refused_503`` if the
+answer was a 503: a connection cap, not a deadline). With ``reconnect_per_s``
 closed ones are replaced (at most that many per second); with ``trickle_s`` every open connection sends one more
 byte of its request line that often (defeating per-read timeouts, not whole-head deadlines).
 """
@@ -39,6 +40,7 @@ class HoldReport:
     connected: int = 0  # of those, connections the server's kernel accepted
     connect_failed: int = 0
     closed_by_server: int = 0  # answered (e.g. 503, 408) or closed by the server while held
+    refused_503: int = 0  # of those, answered 503 at once: over a connection cap (per address, or all but the reserve)
     peak_open: int = 0  # most connections open at once
     open_at_end: int = 0  # still open when the hold ended
     seconds: float = 0.0
@@ -151,7 +153,11 @@ class _Holder:
         src = sources[self.counter % len(sources)] if sources else None
         self.counter += 1
         rep.attempted += 1
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:  # out of file descriptors: counted, not replaced (a replacement would fail the same way)
+            rep.connect_failed += 1
+            return
         try:
             s.setblocking(False)
             if src is not None:
@@ -197,10 +203,11 @@ class _Holder:
                 rep.peak_open = max(rep.peak_open, self.n_open)
             elif mask & selectors.EVENT_READ:  # the server answered or closed: either way it is gone
                 try:
-                    s.recv(4096)
+                    data = s.recv(4096)
                 except OSError:
-                    pass
+                    data = b""
                 rep.closed_by_server += 1
+                rep.refused_503 += data.startswith(b"HTTP/1.1 503")
                 self.n_open -= 1
                 self._drop(s)
                 self.pending += 1
@@ -229,12 +236,16 @@ def resolve(url: str) -> tuple[str, int]:
 
 class IdleHolder:
     """A background thread holding ``per_target`` idle connections to each URL ``targets()`` returns, in rounds
-    of ``round_s`` (the targets are re-read between rounds), until ``stop()``. ``report`` sums the rounds."""
+    of ``round_s`` (the targets are re-read between rounds), after ``delay_s`` and with ``rest_s`` between rounds
+    (so whoever judges the attack sees the servers with and without it), until ``stop()``. ``report`` sums the
+    rounds; ``on_round`` gets each round's report and its wall-clock start and end."""
 
     def __init__(self, targets: Callable[[], Sequence[str]], per_target: int, round_s: float = 30.0,
                  reconnect_per_s: float = 20.0, sources: Sequence[str] | None = None,
-                 on_round: Callable[[HoldReport], None] | None = None) -> None:
+                 on_round: Callable[[HoldReport, float, float], None] | None = None, delay_s: float = 0.0,
+                 rest_s: float = 0.0) -> None:
         self.targets, self.per_target, self.round_s = targets, per_target, round_s
+        self.delay_s, self.rest_s = delay_s, rest_s
         self.on_round = on_round
         self.reconnect_per_s, self.sources = reconnect_per_s, sources
         self.report = HoldReport()
@@ -254,6 +265,8 @@ class IdleHolder:
         return self.report
 
     def _run(self) -> None:
+        if self._stop.wait(self.delay_s):
+            return
         while not self._stop.is_set():
             try:
                 targets = sorted({resolve(u) for u in self.targets()})
@@ -261,11 +274,14 @@ class IdleHolder:
                 log.warning("idle connections: cannot resolve targets: %s", e)
                 self._stop.wait(self.round_s)
                 continue
+            start = time.time()
             rep = hold_idle_connections(targets, self.per_target * len(targets), self.round_s, sources=self.sources,
                                         reconnect_per_s=self.reconnect_per_s, stop=self._stop)
+            end = time.time()
             self.report.add(rep)
             self.first = self.first or rep
             self.rounds += 1
             log.info("idle connections to %s: %s", targets, rep.as_dict())
             if self.on_round is not None:
-                self.on_round(rep)
+                self.on_round(rep, start, end)
+            self._stop.wait(self.rest_s)

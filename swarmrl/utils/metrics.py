@@ -1,8 +1,10 @@
-"""Metrics as JSONL: one JSON object per line, flushed at once, so a crash loses nothing written."""
+"""Metrics as JSONL: one JSON object per line, flushed at once, so a crash loses nothing written; one writer may
+be shared by threads (each line is written whole)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,11 +15,14 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = self.path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
 
     def write(self, **row: Any) -> None:
         row.setdefault("time", time.time())
-        self._f.write(json.dumps(row, default=float) + "\n")
-        self._f.flush()
+        line = json.dumps(row, default=float) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
 
     def close(self) -> None:
         self._f.close()

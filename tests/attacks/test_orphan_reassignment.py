@@ -5,6 +5,8 @@ and nothing is left open, orphaned or counted twice. Driven through the service 
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 
 import pytest
 from protocol_support import make_cfg, rollouts_for, write
@@ -24,7 +26,7 @@ def service(tmp_path):
     made = []
 
     def make(**kw) -> tuple[Orchestrator, object]:
-        cfg, _ = make_cfg(tmp_path / f"o{len(made)}", database_url="", **kw)
+        cfg, _ = make_cfg(tmp_path / f"o{len(made)}", **kw)
         made.append(Orchestrator(cfg))
         return made[-1], cfg
 
@@ -135,6 +137,49 @@ def test_first_upload_wins_between_original_holder_and_taker(service, tmp_path, 
     assert orch.heartbeat(win[0], HB, now=t + 1).assignments == []
     statuses, subs = _family(orch, xs.seed)
     assert subs == ["pending"] and "open" not in statuses and "orphaned" not in statuses, statuses
+
+
+def test_both_holders_uploading_at_once_complete_the_work_once(service, tmp_path):
+    """The original holder and the taker upload the same work at the same moment (two threads, each paused inside
+    its upload's transaction after the holder check, so both are in it together unless one waits for the other).
+    One upload completes it, the other gets the 409: on PostgreSQL because the upload locks its family's rows,
+    on SQLite because transactions are serialised. Run on PostgreSQL with SWARMRL_TEST_DATABASE_URL (CI does)."""
+    orch, _ = service(groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+                      assignment_timeout_s=5.0)
+    slow, taker = _join(orch, T0), _join(orch, T0)
+    [xs] = orch.heartbeat(slow, HB, now=T0).assignments
+    orch.heartbeat(slow, HB, now=T0 + 5.5)
+    orch.heartbeat(taker, HB, now=T0 + 5.5)
+    orch.sweep(now=T0 + 6.0)
+    [xt] = _listed(orch, taker, xs.seed, T0 + 6.5)
+    check = orch._check_duplicate
+
+    def paused(s, p, sha):  # noqa: ANN001, ANN202
+        time.sleep(0.5)  # inside the transaction: the other upload reaches its holder check meanwhile
+        return check(s, p, sha)
+
+    orch._check_duplicate = paused
+    start = threading.Barrier(2)
+    out: dict[str, object] = {}
+
+    def upload(p: Principal, a) -> None:  # noqa: ANN001
+        start.wait(10)
+        try:
+            out[p.node_id] = _submit(orch, p, a, tmp_path).status
+        except Exception as e:  # noqa: BLE001  # a 409, or (without the lock) whatever the database said
+            out[p.node_id] = e
+
+    threads = [threading.Thread(target=upload, args=h) for h in ((slow, xs), (taker, xt))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    got = list(out.values())
+    assert len(got) == 2 and got.count("pending") == 1, out
+    [e] = [v for v in got if v != "pending"]
+    assert isinstance(e, ProtocolError) and e.status == 409 and "completed" in e.detail, e
+    statuses, subs = _family(orch, xs.seed)
+    assert subs == ["pending"] and "open" not in statuses, (statuses, subs)
 
 
 def test_released_work_is_not_hidden_by_the_node_that_released_it(service, tmp_path):

@@ -26,7 +26,7 @@ from swarmrl.protocol.client import NodeClient
 from swarmrl.protocol.signing import generate_key
 from swarmrl.shardcast.signing import generate_key as origin_key
 from swarmrl.shardcast.signing import public_key_hex as origin_pub
-from swarmrl.swarm.slowloris import HoldReport, IdleHolder, hold_idle_connections, loopback_sources
+from swarmrl.swarm.slowloris import HoldReport, IdleHolder, hold_idle_connections, loopback_sources, raise_own_nofile
 from swarmrl.utils.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -281,3 +281,91 @@ def test_idle_connections_adversary_is_bounded_and_shed_by_both_servers(strict_o
     assert rep is not None and rep.attempted == 24 and rep.connected == 24, rep
     assert rep.closed_by_server == 24 and rep.open_at_end == 0, rep
     assert total.attempted <= 24 * holder.rounds, total
+
+
+@pytest.fixture(scope="module")
+def default_orchestrator(tmp_path_factory) -> Iterator[str]:  # noqa: ANN001
+    """The shipped connection limits (64 per address, 10 s head deadline)."""
+    with orchestrator(tmp_path_factory.mktemp("orch"), []) as url:
+        yield url
+
+
+def test_idle_connections_adversary_is_not_shed_by_the_per_address_cap(default_orchestrator: str) -> None:
+    """At full strength: the adversary's default connections, from its default source addresses (hundreds on
+    loopback), against the shipped limits. None is refused by the per-address cap (or any other cap: no 503)
+    and all of them are held at once; what meets them is the deadlines and the global cap with its reserve.
+    (From one address, as before, all but 64 of them were refused at once.)"""
+    from swarmrl.swarm.adversaries import idle_sources  # noqa: PLC0415  # lazy: torch
+    from swarmrl.swarm.config import AdversaryConfig  # noqa: PLC0415
+
+    cfg = AdversaryConfig(adversary="idle_connections", orchestrator=default_orchestrator)
+    sources = idle_sources(cfg)
+    assert sources is not None and len(sources) >= 100 and "127.0.0.1" not in sources
+    assert -(-cfg.idle_conns // len(sources)) < 64  # per address and server, under the shipped cap
+    if raise_own_nofile(4096) < 4096:  # the server (same limit) would meet them with its global cap instead
+        pytest.skip("open-files limit under 4096: the server's global cap would be what sheds them")
+    rep = hold_idle_connections([("127.0.0.1", _port(default_orchestrator))], cfg.idle_conns, 4.0, sources=sources)
+    assert rep.connected == cfg.idle_conns and rep.refused_503 == 0, rep
+    assert rep.peak_open == cfg.idle_conns, rep  # every one held at once (the head deadline is 10 s)
+
+
+def _run_with_attack(root: Path, honest_calls: list[tuple[str, float, float, bool]],
+                     windows: list[tuple[float, float]]) -> dict:
+    """A run dir with one honest node's timed calls ``(call, start, seconds, ok)`` and an idle_connections node's
+    rounds over ``windows``; its report for both (the orchestrator is not there: ledgers read as unknown)."""
+    from swarmrl.job.report import swarm_report  # noqa: PLC0415
+    from swarmrl.rundir import RunLayout  # noqa: PLC0415
+    from swarmrl.utils.metrics import MetricsWriter  # noqa: PLC0415
+
+    layout = RunLayout(root)
+    with MetricsWriter(layout.role_metrics("node", "honest")) as m:
+        for call, start, s, ok in honest_calls:
+            m.write(event="call", call=call, s=s, ok=ok, time=start)
+    with MetricsWriter(layout.role_metrics("idle", "attacker")) as m:
+        for start, end in windows:
+            m.write(event="idle_round", start=start, end=end, addresses=256, attempted=2048, connected=2048,
+                    connect_failed=0, closed_by_server=2048, refused_503=0, peak_open=2048, open_at_end=0,
+                    seconds=end - start)
+    members = {"n0": {"node_id": "honest", "adversary": ""},
+               "x0-idle_connections": {"node_id": "attacker", "adversary": "idle_connections"}}
+    return swarm_report(root, f"http://127.0.0.1:{free_port()}", members)["nodes"]["x0-idle_connections"]
+
+
+def _calls(t0: float, t1: float, beat_s: float, upload_s: float, ok: bool = True) -> list:
+    """A heartbeat every 0.5 s and an upload every 2 s from t0 to t1."""
+    beats = [("heartbeat", t0 + 0.5 * i, beat_s, ok) for i in range(int((t1 - t0) / 0.5))]
+    return beats + [("upload", t0 + 2.0 * i + 0.25, upload_s, True) for i in range(int((t1 - t0) / 2.0))]
+
+
+@pytest.mark.parametrize("during", ["kept", "slowed", "unserved", "no_rounds"])
+def test_idle_connections_attack_is_judged_by_the_honest_nodes_latency(tmp_path: Path, during: str) -> None:
+    """``held`` (and so ``caught``) is whether the honest nodes' heartbeats and uploads kept their latency during
+    the attack's rounds, not whether the servers closed some of its connections (they always do): 10 s quiet,
+    then a 20 s round, 10 s quiet again."""
+    from swarmrl.job.report import HELD_FACTOR, summary_lines  # noqa: PLC0415
+
+    t = 1_000_000.0
+    windows = [] if during == "no_rounds" else [(t + 10, t + 30)]
+    quiet = _calls(t, t + 10, 0.012, 0.041) + _calls(t + 30, t + 40, 0.012, 0.041)
+    slow = {"kept": (0.013, 0.044, True), "slowed": (0.5, 0.041 * HELD_FACTOR + 0.2, True),
+            "unserved": (0.013, 0.044, False), "no_rounds": (0.013, 0.044, True)}[during]
+    n = _run_with_attack(tmp_path / "run", quiet + _calls(t + 10, t + 30, *slow), windows)
+    lat = n["honest_latency"]
+    if during == "no_rounds":  # nothing to judge: not held (the attack did not happen)
+        assert n["held"] is False and n["caught"] is False and n["idle_rounds"] == 0, n
+        return
+    assert lat["heartbeat"]["quiet_n"] == 40 and lat["heartbeat"]["during_n"] == 40, lat
+    assert lat["upload"]["quiet_p50_s"] == 0.041 and n["idle_addresses"] == 256 and n["idle_closed_by_server"] > 0
+    assert n["held"] is (during == "kept") and n["caught"] is n["held"], n
+    if during == "unserved":
+        assert lat["heartbeat"]["during_unserved"] == 40 and lat["heartbeat"]["held"] is False, lat
+    s = {"run_dir": "runs/rl", "final_model": "m", "curves": "c", "steps": 1, "wall_s": 1.0,
+         "heldout_acc_initial": 0.1, "heldout_acc_final": 0.2, "heldout_n": 8, "async_level": 1,
+         "trainer_wait_frac": 0.1, "mean_lag": 0.5,
+         "swarm": {"totals": {}, "nodes": {"x12-idle_connections": n}}}
+    lines = summary_lines(s)
+    i = next(i for i, ln in enumerate(lines) if "idle_connections" in ln)
+    assert all(len(ln) <= 78 for ln in lines), lines
+    assert lines[i].endswith("x12-idle_connections: held" if during == "kept" else ": NOT held"), lines
+    if during == "kept":
+        assert lines[i + 1].strip() == "honest p50 ms beat 12->13, upload 41->44 (outside->during)", lines

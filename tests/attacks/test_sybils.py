@@ -56,7 +56,7 @@ def _deposit_model(tmp_path, **kw):  # noqa: ANN001, ANN202
 def test_registration_locks_only_deposited_stake(tmp_path):
     from swarmrl.protocol.schemas import DepositRequest  # new API
 
-    cfg, keys = _deposit_model(tmp_path, database_url="")
+    cfg, keys = _deposit_model(tmp_path)
     orch = Orchestrator(cfg)
     try:
         node = _principal(generate_key())
@@ -229,7 +229,7 @@ def test_idle_sybils_do_not_starve_an_honest_node(tmp_path):
     node must get the step's work once the sybils have been silent ``idle_after_missed`` intervals, before they
     are declared dead (the old code handed it nothing until then), and complete it: two assignments, each
     counted once."""
-    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=4, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+    cfg, _ = make_cfg(tmp_path, groups_per_step=4, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
                       heartbeat_interval_s=10.0, dead_after_missed=3)
     orch = Orchestrator(cfg)
     try:
@@ -263,7 +263,7 @@ def test_idle_sybils_do_not_starve_an_honest_node(tmp_path):
 def test_a_node_holds_one_open_assignment(tmp_path):
     """A sybil that keeps heartbeating but never uploads: demand mode hands it one assignment, not one more per
     heartbeat out of the orphaned work of others (the old code did, so one sybil could hoard a step)."""
-    cfg, _ = make_cfg(tmp_path, database_url="", groups_per_step=6, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
+    cfg, _ = make_cfg(tmp_path, groups_per_step=6, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
                       heartbeat_interval_s=10.0, dead_after_missed=3)
     orch = Orchestrator(cfg)
     try:

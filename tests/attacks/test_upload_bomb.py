@@ -26,7 +26,15 @@ from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.signing import generate_key
 from swarmrl.rl.config import RLConfig
-from swarmrl.rollouts.wire import RolloutError, RolloutLimits, read_rollouts, to_table, write_rollouts
+from swarmrl.rollouts.wire import (
+    SCHEMA,
+    RolloutError,
+    RolloutLimits,
+    metadata_decoded_bytes,
+    read_rollouts,
+    to_table,
+    write_rollouts,
+)
 from swarmrl.swarm.bomb import write_bomb
 from swarmrl.utils.keys import save_private_key
 from swarmrl.utils.metrics import read_metrics
@@ -88,6 +96,33 @@ def test_reading_a_bomb_is_refused_in_little_memory(tmp_path, kind):
     # ... gigabytes decoded: refused for its decoded size, never materialised
     assert out.get("limit") == "max_decoded_bytes" and "max_decoded_bytes" in out.get("refused", ""), out
     assert out["peak_rss"] < GiB, out
+
+
+def test_the_bomb_decodes_to_the_legal_rows_it_describes(tmp_path, monkeypatch):
+    """The bomb is written page by page (not by a parquet writer): a small one, over several row groups, reads
+    back with pyarrow as exactly the rows it describes, each of legal shape (read_rollouts with room for them),
+    and decodes to the size its metadata states (what the orchestrator refuses it for)."""
+    import swarmrl.swarm.bomb as bomb_mod  # noqa: PLC0415
+
+    # the full-size bomb: a few kilobytes, 2 GiB decoded by its metadata
+    big = write_bomb(tmp_path / "big.parquet", 2 * GiB)
+    assert big.stat().st_size < 16 * 1024 and metadata_decoded_bytes(pq.ParquetFile(big).metadata) >= 2 * GiB
+    monkeypatch.setattr(bomb_mod, "ROWS_PER_GROUP", 2)
+    path = write_bomb(tmp_path / "small.parquet", 5 * bomb_mod.ROW_BYTES, worker_id="w1", step=3, policy_version=2,
+                      seed=11, env="add", task_ids=["ta", "tb"], group_size=2, group_prefix="a7")
+    md = pq.ParquetFile(path).metadata
+    assert (md.num_rows, md.num_row_groups) == (5, 3)
+    table = pq.read_table(path)
+    assert table.schema.equals(SCHEMA)
+    flat = sum(table.column(c).combine_chunks().flatten().nbytes for c in ("prompt_ids", "completion_ids", "logprobs"))
+    assert flat == 5 * bomb_mod.ROW_BYTES <= metadata_decoded_bytes(md)
+    rows = read_rollouts(path, RolloutLimits(max_decoded_bytes=GiB))
+    assert [(r.task_id, r.group_id) for r in rows] == [("ta", "a7-0"), ("ta", "a7-0"), ("tb", "a7-1"),
+                                                       ("tb", "a7-1"), ("ta", "a7-0")]
+    r = rows[4]
+    assert (r.worker_id, r.step, r.policy_version, r.seed, r.env) == ("w1", 3, 2, 11, "add")
+    assert r.prompt_ids == [7] * bomb_mod.TOKENS and r.completion_ids == [7] * bomb_mod.TOKENS
+    assert r.logprobs == [-0.5] * bomb_mod.TOKENS and r.proofs == [] and r.target_length is None
 
 
 def test_bomb_upload_refused_with_413_naming_the_limit_then_honest_work_accepted(tmp_path):
@@ -186,7 +221,7 @@ def test_bomb_adversary_is_refused_at_upload(tmp_path, tiny_model_dir):
         key = save_private_key(generate_key(), tmp_path / "bomb.pem")
         node = make_adversary(AdversaryConfig(adversary="bomb", orchestrator=srv.url, key=str(key),
                                               rl_config=str(tmp_path / "rl.toml"), throughput=10.0,
-                                              bomb_bytes=128 << 20, work_dir=str(tmp_path / "work")))
+                                              work_dir=str(tmp_path / "work")))  # the default: 2 GiB decoded
         node.register()
         reply = node.client.heartbeat()
         node.handle(reply.assignments[0], reply)
