@@ -69,7 +69,10 @@ def test_every_shipped_config_loads_with_its_commands_model():
         cfg = load_config(model, CONFIGS / name)
         assert isinstance(cfg, model)
     vcfg = load_config(ValidatorConfig, CONFIGS / "validator.toml")
-    assert config_problems(vcfg) == []
+    # shipped without a model: refused until one is named (or cheap_checks_only says the model checks may not run)
+    (problem,) = config_problems(vcfg)
+    assert problem.startswith("no model_dir")
+    assert config_problems(vcfg.model_copy(update={"model_dir": str(CONFIGS)})) == []  # any existing dir: no more
 
 
 def test_the_old_shipped_validator_config_is_refused_at_startup(tmp_path):
@@ -77,7 +80,8 @@ def test_the_old_shipped_validator_config_is_refused_at_startup(tmp_path):
 
     (tmp_path / "v.toml").write_text(SHIPPED_BEFORE)
     problems = config_problems(load_config(ValidatorConfig, tmp_path / "v.toml"))
-    assert len(problems) == 1 and problems[0].startswith("toploc_check = 'swarmrl.toploc:verify_rollout'"), problems
+    assert len(problems) == 2 and problems[0].startswith("toploc_check = 'swarmrl.toploc:verify_rollout'"), problems
+    assert problems[1].startswith("no model_dir")  # and it had no model either
     assert "batch_size" in problems[0]
     from typer.testing import CliRunner
 
