@@ -39,7 +39,7 @@ def test_fields_are_either_method_or_scenario_and_the_split_is_complete():
         METHOD_FIELDS)
 
 
-@pytest.mark.parametrize("data", ["mul_add", "add5"])
+@pytest.mark.parametrize("data", ["mul_add", "add5", "add3"])
 def test_the_benchmark_runs_the_default_method(tmp_path, data):
     bench = _bench()
     args = argparse.Namespace(out=str(tmp_path), workers=None, steps=None, seed=0, no_hivemind=False, no_w4=False)
@@ -74,8 +74,10 @@ def test_the_second_data_set_is_other_text():
     assert any(len(n) == 5 for line in texts["add5"].split("\n") for n in line.replace("=", "+").split("+"))
 
 
-# A short run of the default (DilocoConfig() with only total_steps changed): 300 inner steps of 2 workers, 6 outer
-# rounds. Measured on this scenario (benchmarks/diloco/RESULTS.md, "slow test"): see the bound below.
+# A short run of the default: DilocoConfig() with only total_steps changed (scenario), 300 inner steps of 2 workers,
+# 6 outer rounds, on mul_add. Measured (benchmarks/diloco/RESULTS.md, "The slow test"): DDP 1.4699, DiLoCo 1.4658
+# (-0.28%), one worker alone 1.4894 (+1.33%); bytes 199.8x, TCP 198.5x. The issue's bound (2%) holds with room at
+# this length, so it is kept; the lone worker is the check that the 2% is not met without averaging at all.
 SHORT_STEPS = 300
 SHORT_GAP = 0.02
 
@@ -86,6 +88,7 @@ def test_default_diloco_is_close_to_ddp_for_a_hundredth_of_the_bytes(tmp_path):
 
     ddp = run(DilocoConfig(mode="ddp", total_steps=SHORT_STEPS, out=str(tmp_path / "ddp")))
     dl = run(DilocoConfig(total_steps=SHORT_STEPS, out=str(tmp_path / "diloco")))
+    lone = run(DilocoConfig(mode="ddp", workers=1, total_steps=SHORT_STEPS, out=str(tmp_path / "lone")))
     assert ddp["identical_params"] and dl["identical_params"]
     assert dl["sync_calls_per_worker"] == SHORT_STEPS // DilocoConfig().inner_steps
     # bytes handed to the collectives and bytes the kernel counted on the workers' TCP connections
@@ -95,4 +98,5 @@ def test_default_diloco_is_close_to_ddp_for_a_hundredth_of_the_bytes(tmp_path):
         assert ddp["tcp_bytes_sent_per_worker"] / dl["tcp_bytes_sent_per_worker"] >= 100
     gap = dl["final_eval_loss"] / ddp["final_eval_loss"] - 1
     assert gap <= SHORT_GAP, (gap, dl["final_eval_loss"], ddp["final_eval_loss"])
-    assert dl["final_eval_loss"] < dl["evals"][0]["eval_loss"] - 1.0  # it did learn
+    # communication bought something: better than one worker training alone on its half of the data
+    assert dl["final_eval_loss"] < lone["final_eval_loss"], (dl["final_eval_loss"], lone["final_eval_loss"])

@@ -18,6 +18,8 @@ and on the first data set only, unless --no-extras:
 Data sets (``--data``; the config's ``task`` field selects them in ``swarmrl diloco``):
   * mul_add   ``12*7+33=117``: the task the outer settings were tuned on
   * add5      ``40123+7789=47912``: 5-digit addition (the ``add`` task, digits 5), never used for tuning
+  * add3      ``401+778=1179``: the ``add`` task as registered (3 digits), never used for tuning; added after add5
+              turned out to be one where communication hardly matters (a lone worker within 0.3% of DDP)
 
 Bytes, per worker (the most any worker sent):
   * ``bytes``: what the worker handed to the averaging, counted per call: over gloo the tensors passed to
@@ -28,7 +30,7 @@ Bytes, per worker (the most any worker sent):
     and the DHT included; the set-up before the first step, e.g. the initial broadcast, is reported apart).
 Each data set ends with one JSON line: bytes and TCP ratios, loss gaps, the hivemind figures, the lone worker.
 
-    flock /tmp/swarmrl-bench.lock python benchmarks/diloco/bench.py [--data mul_add,add5] [--no-extras] ...
+    flock /tmp/swarmrl-bench.lock python benchmarks/diloco/bench.py [--data mul_add,add5,add3] [--no-extras] ...
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from swarmrl.diloco.comm import hivemind_available  # noqa: E402
 from swarmrl.diloco.config import METHOD_FIELDS  # noqa: E402
 from swarmrl.envs.config import TaskConfig  # noqa: E402
 
-DATA = {"mul_add": TaskConfig(name="mul_add"), "add5": TaskConfig(name="add", params={"digits": 5})}
+DATA = {"mul_add": TaskConfig(name="mul_add"), "add5": TaskConfig(name="add", params={"digits": 5}),
+        "add3": TaskConfig(name="add")}
 # the inner optimiser DilocoConfig() had before this version (OpenDiLoCo's), for the before/after rows
 PREVIOUS_INNER = {"inner_lr": 4e-4, "warmup_steps": 100}
 

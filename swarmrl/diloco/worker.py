@@ -169,6 +169,9 @@ class _Worker:
             synced = self.averager.broadcast(self.outer.anchor, src=0)
             self.outer.anchor = synced
             unflatten_into(synced, self.params)
+            # every rank has all of the broadcast before anyone trains: what the kernel counts from here on
+            # is training traffic (rank 0's broadcast may still be in its socket buffer when it returns)
+            self.averager.barrier()
             return
         hm = cfg.hivemind
         pfile = peers_file(self.out)
