@@ -76,8 +76,10 @@ def test_the_second_data_set_is_other_text():
 
 # A short run of the default: DilocoConfig() with only total_steps changed (scenario), 300 inner steps of 2 workers,
 # 6 outer rounds, on mul_add. Measured (benchmarks/diloco/RESULTS.md, "The slow test"): DDP 1.4699, DiLoCo 1.4658
-# (-0.28%), one worker alone 1.4894 (+1.33%); bytes 199.8x, TCP 198.5x. The issue's bound (2%) holds with room at
-# this length, so it is kept; the lone worker is the check that the 2% is not met without averaging at all.
+# (-0.28%); bytes 199.8x, TCP 198.5x. The issue's bound (2%) holds with room at this length, so it is kept. It is
+# a guard against a default that stops converging like DDP, not evidence that averaging helps: one worker alone is
+# within it too (1.4894 with AdamW only, 1.4653 with DiLoCo's outer step). That the workers averaged is checked
+# by their identical parameters after every round.
 SHORT_STEPS = 300
 SHORT_GAP = 0.02
 
@@ -88,7 +90,6 @@ def test_default_diloco_is_close_to_ddp_for_a_hundredth_of_the_bytes(tmp_path):
 
     ddp = run(DilocoConfig(mode="ddp", total_steps=SHORT_STEPS, out=str(tmp_path / "ddp")))
     dl = run(DilocoConfig(total_steps=SHORT_STEPS, out=str(tmp_path / "diloco")))
-    lone = run(DilocoConfig(mode="ddp", workers=1, total_steps=SHORT_STEPS, out=str(tmp_path / "lone")))
     assert ddp["identical_params"] and dl["identical_params"]
     assert dl["sync_calls_per_worker"] == SHORT_STEPS // DilocoConfig().inner_steps
     # bytes handed to the collectives and bytes the kernel counted on the workers' TCP connections
@@ -98,5 +99,4 @@ def test_default_diloco_is_close_to_ddp_for_a_hundredth_of_the_bytes(tmp_path):
         assert ddp["tcp_bytes_sent_per_worker"] / dl["tcp_bytes_sent_per_worker"] >= 100
     gap = dl["final_eval_loss"] / ddp["final_eval_loss"] - 1
     assert gap <= SHORT_GAP, (gap, dl["final_eval_loss"], ddp["final_eval_loss"])
-    # communication bought something: better than one worker training alone on its half of the data
-    assert dl["final_eval_loss"] < lone["final_eval_loss"], (dl["final_eval_loss"], lone["final_eval_loss"])
+    assert dl["final_eval_loss"] < dl["evals"][0]["eval_loss"] - 1.0  # it did learn

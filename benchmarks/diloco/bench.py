@@ -7,8 +7,11 @@ in every run):
   * ddp fp32            gradients all-reduced (gloo) every inner step, same inner optimiser: the baseline
   * diloco default      ``DilocoConfig()`` over torch.distributed (gloo)
   * diloco hivemind     the same over hivemind's DHT averaging (``HivemindConfig()``; skipped if hivemind is absent)
-  * 1 worker            one worker alone, no communication (W times fewer tokens): what communication buys;
+  * 1 worker            one worker alone with the inner AdamW only (DDP with W = 1; W times fewer tokens);
                         ``gap_closed`` = (lone - diloco) / (lone - ddp), 1.0 = as good as DDP
+  * 1 diloco worker     one worker alone with DiLoCo's method (its outer step on its own pseudo-gradients),
+                        no communication: what the averaging itself buys, apart from the outer optimiser;
+                        ``comm_gap_closed`` = (lone diloco - diloco) / (lone diloco - ddp)
 and on the first data set only, unless --no-extras:
   * before              DDP and DiLoCo with the previous ``DilocoConfig()`` inner optimiser (lr 4e-4, warmup
                         100), the setting this version replaced: before/after in one sitting
@@ -79,6 +82,7 @@ def plan(data: str, args: argparse.Namespace, extras: bool) -> list[Planned]:
     if not args.no_hivemind and hivemind_available():
         runs.append(Planned("diloco hivemind", cfg("hivemind", backend="hivemind")))
     runs.append(Planned("1 worker, no comm", cfg("lone", mode="ddp", workers=1)))
+    runs.append(Planned("1 diloco worker, no comm", cfg("lone_diloco", workers=1)))
     if extras:
         runs += [Planned("before: ddp", cfg("before_ddp", mode="ddp", **PREVIOUS_INNER), tuple(PREVIOUS_INNER)),
                  Planned("before: diloco", cfg("before_diloco", **PREVIOUS_INNER), tuple(PREVIOUS_INNER))]
@@ -142,10 +146,11 @@ def _table(data: str, results: dict[str, dict]) -> None:
 def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> dict:
     """The JSON line of one data set (ratios: DDP's bytes over the run's; gaps: the run's loss over DDP's - 1)."""
     base, lone, ours = results["ddp fp32"], results["1 worker, no comm"], results["diloco default"]
+    lone_dl = results["1 diloco worker, no comm"]
 
-    def gap_closed(ddp: dict, s: dict, key: str = "final_eval_loss") -> float | None:
-        span = lone[key] - ddp[key]
-        return round((lone[key] - s[key]) / span, 3) if span > 0 else None
+    def gap_closed(ddp: dict, s: dict, key: str = "final_eval_loss", alone: dict = lone) -> float | None:
+        span = alone[key] - ddp[key]
+        return round((alone[key] - s[key]) / span, 3) if span > 0 else None
 
     line: dict = {
         "data": data, "task": DATA[data].model_dump(),
@@ -157,6 +162,10 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> di
         "answer_loss_gap": _gap(base, ours, "final_answer_loss"),
         "lone_worker_answer_loss_gap": _gap(base, lone, "final_answer_loss"),
         "answer_gap_closed": gap_closed(base, ours, "final_answer_loss"),
+        # against one worker running DiLoCo's method alone: what the averaging buys
+        "lone_diloco_loss_gap": _gap(base, lone_dl), "comm_gap_closed": gap_closed(base, ours, alone=lone_dl),
+        "lone_diloco_answer_loss_gap": _gap(base, lone_dl, "final_answer_loss"),
+        "comm_answer_gap_closed": gap_closed(base, ours, "final_answer_loss", lone_dl),
         "ddp_bytes": base["bytes_sent_per_worker"], "diloco_bytes": ours["bytes_sent_per_worker"],
         "ddp_tcp_bytes": base["tcp_bytes_sent_per_worker"], "diloco_tcp_bytes": ours["tcp_bytes_sent_per_worker"],
         "diloco_tcp_setup_bytes": ours["tcp_setup_bytes_sent_per_worker"],
@@ -166,6 +175,7 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> di
         line.update(hivemind_bytes_ratio=_ratio(base, hm),
                     hivemind_tcp_bytes_ratio=_ratio(base, hm, "tcp_bytes_sent_per_worker"),
                     hivemind_loss_gap=_gap(base, hm), hivemind_gap_closed=gap_closed(base, hm),
+                    hivemind_comm_gap_closed=gap_closed(base, hm, alone=lone_dl),
                     hivemind_answer_loss_gap=_gap(base, hm, "final_answer_loss"), hivemind_solo_rounds=hm["solo_rounds"],
                     hivemind_bytes=hm["bytes_sent_per_worker"], hivemind_tcp_bytes=hm["tcp_bytes_sent_per_worker"])
     else:
@@ -184,6 +194,7 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> di
         line.update(w4_bytes_ratio=_ratio(b4, o4), w4_tcp_bytes_ratio=_ratio(b4, o4, "tcp_bytes_sent_per_worker"),
                     w4_loss_gap=_gap(b4, o4), w4_lone_worker_loss_gap=_gap(b4, lone),
                     w4_gap_closed=gap_closed(b4, o4), w4_answer_loss_gap=_gap(b4, o4, "final_answer_loss"),
+                    w4_lone_diloco_loss_gap=_gap(b4, lone_dl), w4_comm_gap_closed=gap_closed(b4, o4, alone=lone_dl),
                     w4_lone_worker_answer_loss_gap=_gap(b4, lone, "final_answer_loss"),
                     w4_answer_gap_closed=gap_closed(b4, o4, "final_answer_loss"))
     d = DilocoConfig()
