@@ -142,3 +142,16 @@ def test_every_role_computes_with_one_thread_by_default():
             "set_role_threads; set_role_threads(AdapterConfig().threads); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False"]  # the adapter does not load torch to set it
+
+
+def test_cheat_settings_reach_only_the_cheating_nodes():
+    cfg = load_config(RunConfig, "configs/run.toml", ["swarm.adversaries=[\"idle_connections\"]",
+                                                      "swarm.adversary_set={idle_round_s=5.0, idle_delay_s=2}"])
+    plan = _swarm(cfg)
+    argv = plan.role("x0-idle_connections").argv
+    assert argv[-4:] == ["--set", "idle_delay_s=2", "--set", "idle_round_s=5.0"]
+    assert not any(a.startswith("idle_") for a in plan.role("n0").argv)
+    # an honest node's setting (or a typo) is not a cheat setting
+    for bad in ("stake=5", "idle_rounds=3"):
+        with pytest.raises(ValueError, match="not cheat settings"):
+            load_config(RunConfig, "configs/run.toml", [f"swarm.adversary_set={{{bad}}}"])

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from swarmrl.config import StrictModel
 from swarmrl.rl.config import RLConfig
 from swarmrl.sft.config import SFTConfig
-from swarmrl.swarm.config import ADVERSARY_KINDS
+from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig
 
 
 class WarmstartSection(StrictModel):
@@ -24,6 +24,9 @@ class SwarmSection(StrictModel):
 
     nodes: int = Field(2, ge=0)  # honest nodes
     adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.swarm.adversaries)
+    # settings handed to every cheating node (fields of swarm.config.AdversaryConfig that only cheats read, e.g. the
+    # idle_connections node's idle_round_s, so its rounds fit a short run)
+    adversary_set: dict[str, float | int | str] = Field(default_factory=dict)
     tasks_per_node: int = Field(0, ge=0)  # tasks per assignment (0: rl.workers.prompts_per_batch)
     overassign: float = Field(1.0, ge=1.0)  # hand out this many times the groups a step needs
     optimistic: bool = False  # trainer may use submissions before their verdict
@@ -62,6 +65,15 @@ class SwarmSection(StrictModel):
         bad = [k for k in v if k not in ADVERSARY_KINDS]
         if bad:
             raise ValueError(f"unknown adversary {bad}; choose from {', '.join(ADVERSARY_KINDS)}")
+        return v
+
+    @field_validator("adversary_set")
+    @classmethod
+    def _cheat_settings(cls, v: dict[str, float | int | str]) -> dict[str, float | int | str]:
+        allowed = set(AdversaryConfig.model_fields) - set(AdversaryConfig.__mro__[1].model_fields) - {"adversary"}
+        bad = sorted(set(v) - allowed)
+        if bad:
+            raise ValueError(f"adversary_set: {bad} are not cheat settings; choose from {', '.join(sorted(allowed))}")
         return v
 
 

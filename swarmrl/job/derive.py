@@ -148,6 +148,7 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
                 "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}"]
         if kind:
             argv += ["--adversary", kind, "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
+            argv += [a for k, v in sorted(sw.adversary_set.items()) for a in ("--set", f"{k}={v}")]
         return RoleSpec(name, argv, restart="never" if kind else "unless_refused", max_restarts=sw.max_restarts,
                         stop_term_s=3.0)
 
