@@ -15,19 +15,14 @@ deep nesting, megabytes of LaTeX) costs at most one timeout and gets reward 0. N
 from __future__ import annotations
 
 import atexit
-import json
-import os
 import re
-import select
-import subprocess
-import sys
-import threading
 from fractions import Fraction
 from pathlib import Path
 
 from swarmrl.envs.answers import extract_boxed
 from swarmrl.envs.base import Task
 from swarmrl.envs.datafile import DataFileError, FileEnvironment, Record
+from swarmrl.envs.lineworker import LineWorker
 from swarmrl.envs.registry import register_env
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -74,71 +69,26 @@ def as_rational(s: str) -> Fraction | None:
 
 
 class _Checker:
-    """One long-lived worker process running math-verify; killed and restarted on a timeout."""
+    """The math-verify worker (``_mathcheck_worker.py``), shared by the process's math environments."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[str] | None = None
-        self.restarts = 0
+        self.worker = LineWorker("_mathcheck_worker.py", "math answer checker", start_timeout_s=60.0)
 
-    def _start(self, start_timeout: float) -> subprocess.Popen[str]:
-        worker = Path(__file__).resolve().parent / "_mathcheck_worker.py"
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH")}
-        env["OMP_NUM_THREADS"] = "1"
-        proc = subprocess.Popen([sys.executable, "-I", "-u", str(worker)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                start_new_session=True)
-        line = self._readline(proc, start_timeout)
-        if line is None or "ready" not in line:
-            self._kill(proc)
-            raise RuntimeError("math answer checker failed to start")
-        return proc
-
-    @staticmethod
-    def _readline(proc: subprocess.Popen[str], timeout: float) -> str | None:
-        assert proc.stdout is not None
-        r, _, _ = select.select([proc.stdout], [], [], timeout)
-        if not r:
-            return None
-        line = proc.stdout.readline()
-        return line or None
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen[str]) -> None:
-        try:
-            os.killpg(proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
 
     def close(self) -> None:
-        with self._lock:
-            if self._proc is not None:
-                self._kill(self._proc)
-                self._proc = None
+        self.worker.close()
 
     def equal(self, gold: str, pred: str, timeout: float) -> bool:
-        with self._lock:
+        with self.worker.lock:
             try:
-                if self._proc is None or self._proc.poll() is not None:
-                    self._proc = self._start(max(30.0, timeout))
-                proc = self._proc
-                assert proc.stdin is not None
-                proc.stdin.write(json.dumps({"gold": gold, "pred": pred}) + "\n")
-                proc.stdin.flush()
-                line = self._readline(proc, timeout)
-                if line is None:
-                    raise TimeoutError
-                return bool(json.loads(line).get("ok", False))
-            except (TimeoutError, OSError, ValueError, RuntimeError):
-                if self._proc is not None:
-                    self._kill(self._proc)
-                    self._proc = None
-                    self.restarts += 1
+                self.worker.ensure()
+            except RuntimeError:
                 return False
+            out = self.worker.call({"gold": gold, "pred": pred}, timeout)
+        return bool(out and out.get("ok") is True)
 
 
 _CHECKER = _Checker()

@@ -41,18 +41,15 @@ import functools
 import hashlib
 import json
 import math
-import os
-import select
 import string
-import subprocess
 import sys
 import threading
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 from swarmrl.envs.answers import MAX_COMPLETION_CHARS, TEXT_ANSWER_RULES, TextAnswerRule, extract_text
 from swarmrl.envs.base import Environment, Split, Task, VerifierUnavailable, heldout_bucket
+from swarmrl.envs.lineworker import LineWorker
 from swarmrl.envs.registry import mark_unavailable, register_env
 
 PREFIX = "rg:"
@@ -211,86 +208,36 @@ def _identity(question: str, answer: Any) -> str:
     return hashlib.blake2b(body.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
 
 
-def _readline(proc: subprocess.Popen[str], timeout: float) -> str | None:
-    assert proc.stdout is not None
-    r, _, _ = select.select([proc.stdout], [], [], timeout)
-    return (proc.stdout.readline() or None) if r else None
-
-
-def _kill(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, 9)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 class _Scorer:
-    """One long-lived scoring worker (``_rgscore_worker.py``), shared by every rg env of the process; killed and
-    restarted when a score overruns its time (as the math environment's checker)."""
+    """The scoring worker (``_rgscore_worker.py``), shared by every rg env of the process; killed and restarted
+    when a score overruns its time (``envs.lineworker``)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[str] | None = None
+        self.worker = LineWorker("_rgscore_worker.py", "reasoning-gym scoring worker", START_TIMEOUT_S)
         self._prepared: set[tuple[str, str, int]] = set()  # the scorers the running worker has built
-        self.restarts = 0
 
-    def _start(self) -> subprocess.Popen[str]:
-        worker = Path(__file__).resolve().parent / "_rgscore_worker.py"
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL")}
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        proc = subprocess.Popen([sys.executable, "-I", "-u", str(worker)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                start_new_session=True)
-        line = _readline(proc, START_TIMEOUT_S)
-        if line is None or "ready" not in line:
-            _kill(proc)
-            raise RuntimeError("the reasoning-gym scoring worker did not start")
-        return proc
+    @property
+    def restarts(self) -> int:
+        return self.worker.restarts
 
     def close(self) -> None:
-        with self._lock:
-            if self._proc is not None:
-                _kill(self._proc)
-                self._proc = None
-
-    def _call(self, proc: subprocess.Popen[str], request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """The worker's reply; None when it gave none in time (the worker is then killed)."""
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(json.dumps(request) + "\n")
-            proc.stdin.flush()
-            line = _readline(proc, timeout)
-            out = json.loads(line) if line is not None else None
-        except (OSError, ValueError):
-            out = None
-        if not isinstance(out, dict):
-            _kill(proc)
-            self._proc = None
-            self.restarts += 1
-            return None
-        return out
+        self.worker.close()
 
     def score(self, request: dict[str, Any], timeout: float) -> float | None:
         """The scorer's score; None when it raised or ran out of memory or time (a timeout restarts the worker).
         Raises RuntimeError when the worker cannot start or cannot build the scorer: that says nothing about the
         completion."""
-        with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
+        with self.worker.lock:
+            if self.worker.ensure():
                 self._prepared = set()
             key = (request["dataset"], request["params_key"], request["seed"])
             if key not in self._prepared:  # building a scorer is not the completion's time
-                out = self._call(self._proc, {**request, "op": "prepare", "entry": None, "answer": None},
-                                 START_TIMEOUT_S)
+                out = self.worker.call({**request, "op": "prepare", "entry": None, "answer": None}, START_TIMEOUT_S)
                 if out is None or out.get("ok") is not True:
                     why = "no reply" if out is None else str(out.get("error"))[:200]
                     raise RuntimeError(f"the reasoning-gym scoring worker could not build the scorer: {why}")
                 self._prepared.add(key)
-            out = self._call(self._proc, {**request, "op": "score"}, timeout)
+            out = self.worker.call({**request, "op": "score"}, timeout)
         got = None if out is None else out.get("score")
         return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) else None
 
