@@ -238,12 +238,11 @@ def test_a_scorer_that_cannot_start_is_the_verifiers_failure(monkeypatch):
     """Without its worker the verifier cannot judge: 0 for a worker or eval, VerifierUnavailable for the validator
     (strict), so that our failure never reads as a wrong answer and slashes an honest node."""
     import swarmrl.envs.rg as rg
+    from swarmrl.envs.lineworker import LineWorker
 
-    class Broken(rg._Scorer):
-        def _start(self):  # noqa: ANN202
-            raise RuntimeError("the reasoning-gym scoring worker did not start")
-
-    monkeypatch.setattr(rg, "SCORER", Broken())
+    broken = rg._Scorer()
+    broken.worker = LineWorker("_no_such_worker.py", "reasoning-gym scoring worker", start_timeout_s=30.0)
+    monkeypatch.setattr(rg, "SCORER", broken)
     env = make_env("rg:chain_sum")
     task = env.sample(0, 1)[0]
     assert env.verify(task, task.demonstration) == 0.0
