@@ -3,7 +3,8 @@
 The real trainer runs 3 steps on fixed rollout files, three ways: 1 process (no wrapping); 2 ranks with FSDP2
 for 2 steps, then a fresh FSDP2 trainer resumes from the committed version 2 (its gathered optimizer state,
 re-sharded) and does the third; 2 ranks with the DDP-style all-reduce for 2 steps, then resumed under FSDP2
-(checkpoints are the same format either way). The whole-batch loss and the gradient norm (which sees any
+(checkpoints are the same format either way); 1 process for 2 steps (its one-file ``state.pt``), then resumed
+by 2 FSDP2 ranks (each keeps its shard of the whole state). The whole-batch loss and the gradient norm (which sees any
 mistake in the loss scaling: Adam and clipping would hide it in the weights) of every step, and the committed
 version 3 (weights, optimizer state, files) must agree.
 """
@@ -65,6 +66,7 @@ def _rank_main(rank, world, port, model_dir, tmp):
         Trainer(_cfg(f"{tmp}/fsdp2", model_dir, "fsdp2")).run_loop()  # resumes from version 2
         Trainer(_cfg(f"{tmp}/ddp", model_dir, "ddp", steps=STEPS - 1)).run_loop()
         Trainer(_cfg(f"{tmp}/ddp", model_dir, "fsdp2")).run_loop()  # a "ddp" checkpoint resumed under fsdp2
+        Trainer(_cfg(f"{tmp}/single", model_dir, "fsdp2")).run_loop()  # a one-rank state.pt resumed by 2 ranks
         with open(f"{tmp}/shard{rank}.json", "w") as f:
             json.dump({"full_rows": full, "local_rows": local}, f)
     finally:
@@ -93,6 +95,11 @@ def _result(run_dir):
             "scheduler": state["scheduler"], "files": sorted(p.name for p in vdir.iterdir())}
 
 
+def _groups(opt: dict) -> list[dict]:
+    """The optimizer's param groups, sequences as tuples (a resumed state may hold the betas as a list)."""
+    return [{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()} for g in opt["param_groups"]]
+
+
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -100,11 +107,13 @@ def _max_diff(a: dict, b: dict) -> float:
 
 @pytest.mark.timeout(240)
 def test_fsdp2_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
-    for name in ("one", "fsdp2", "ddp"):
+    for name in ("one", "fsdp2", "ddp", "single"):
         _write_rollouts(tmp_path / name)
     assert "WORLD_SIZE" not in os.environ
     t = Trainer(_cfg(tmp_path / "one", tiny_model_dir))
     assert t.run_loop() == STEPS
+    assert Trainer(_cfg(tmp_path / "single", tiny_model_dir, steps=STEPS - 1)).run_loop() == STEPS - 1
+    assert (RunDir(tmp_path / "single").version_dir(STEPS - 1) / "trainer_state" / "state.pt").is_file()
     _spawn(_rank_main, (2, free_port(), str(tiny_model_dir), str(tmp_path)), timeout_s=180)
 
     one = _result(tmp_path / "one")
@@ -113,7 +122,8 @@ def test_fsdp2_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
     shards = [json.loads((tmp_path / f"shard{r}.json").read_text()) for r in (0, 1)]
     assert all(s["local_rows"] * 2 == s["full_rows"] for s in shards)  # really sharded: half the rows each
     report = {}
-    for name in ("fsdp2", "ddp"):  # "ddp": steps 0 and 1 under ddp, step 2 resumed under fsdp2
+    # "ddp": steps 0 and 1 under ddp, step 2 resumed under fsdp2; "single": steps 0 and 1 in one process
+    for name in ("fsdp2", "ddp", "single"):
         got = _result(tmp_path / name)
         assert got["steps"] == one["steps"] == list(range(STEPS))
         for key in ("loss", "grad_norm"):
@@ -122,7 +132,7 @@ def test_fsdp2_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
         wdiff = _max_diff(got["weights"], one["weights"])
         assert wdiff <= 1e-5, (name, wdiff)
         # the committed optimizer state: the same format (by parameter name) and values
-        assert got["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
+        assert _groups(got["optimizer"]) == _groups(one["optimizer"])
         assert got["optimizer"]["state"].keys() == one["optimizer"]["state"].keys()
         for i, s in one["optimizer"]["state"].items():
             assert s.keys() == got["optimizer"]["state"][i].keys()
