@@ -6,7 +6,7 @@ one checkout or as a before/after of two checkouts run alternately in one sittin
 
 Each run starts from the same warm-start model (``--warmstart``, copied to each tree's ``runs/warmstart``, so the
 warm start is reused and not part of the time), with the tree's own code (``PYTHONPATH``) and default config.
-Prints one JSON line per run (RL wall time, held-out accuracy before and after on the run's 512 items, validated
+Prints the warm start's own figures (SFT steps, training seconds, held-out accuracy), then one JSON line per run (RL wall time, held-out accuracy before and after on the run's 512 items, validated
 submissions, trainer wait) and then per tree: median wall time, mean final accuracy with its standard error over
 runs and the binomial standard error of one run; with two trees, the ratio of their median times
 (second / first) and the difference of their mean final accuracies.
@@ -83,6 +83,10 @@ def main() -> None:
     ap.add_argument("extra", nargs="*", help="arguments after -- go to swarmrl run")
     a = ap.parse_args()
     trees = [t.resolve() for t in (a.tree or [Path(".")])]
+    ws = (a.warmstart or trees[0] / "runs" / "warmstart") / "summary.json"
+    if ws.is_file():  # the warm start every run starts from (made by the first `swarmrl run` or scripts/run.sh)
+        w = json.loads(ws.read_text())
+        print(json.dumps({"warmstart": {k: w.get(k) for k in ("steps", "train_s", "final_heldout_acc")}}), flush=True)
     rows: dict[Path, list[dict]] = {t: [] for t in trees}
     for i in range(a.pairs):
         for t in (trees if i % 2 == 0 else trees[::-1]):  # ABBA...: neither tree always runs first
