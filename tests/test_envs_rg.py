@@ -177,16 +177,29 @@ def test_answer_rules(rule, text):
     assert "<answer>" not in t.prompt
 
 
+@pytest.mark.timeout(60)  # a quadratic search of the junk below would take hours: the timeout is the check
 def test_extract_tagged():
     assert extract_tagged("<answer> a </answer> x <answer>b</answer>") == "b"
     assert extract_tagged("<answer>a</answer> then <answer>b") == "a"  # the last one is not closed
     assert extract_tagged("<answer><answer>c</answer></answer>") == "c"  # nested: the innermost
     assert extract_tagged("</answer><answer>") is None and extract_tagged("no tags") is None
     assert extract_text("x\n\n  y  \n", "last_line") == "y" and extract_text("", "last_line") is None
-    t0 = time.perf_counter()
     for junk in ("<answer>" * 300_000, "</answer>" * 300_000, "<answer></answer" * 100_000):
         assert extract_tagged(junk, max_chars=len(junk)) in (None, "")
-    assert time.perf_counter() - t0 < 2.0  # linear in the text, not quadratic
+
+
+def test_last_number_rule():
+    cases = {"1 + 3 = 4": "4", "The answer is 1,234.": "1234", "x = -3.5 so": "-3.5", "ratio 3/4.": "3/4",
+             "12 and then 7\n": "7", "no number": None, "9" * 100: None}
+    for text, want in cases.items():
+        assert extract_text(text, "last_number") == want, text
+    env = make_env("rg:chain_sum", answer="last_number", min_terms=2, max_terms=2)
+    t = env.sample(0, 1)[0]
+    gold = t.demonstration.split("<answer>")[-1].split("</answer>")[0] if "<answer>" in t.demonstration \
+        else t.demonstration.strip()
+    assert "as a number" in t.prompt
+    assert env.verify(t, f"So the sum is {gold}.") == 1.0
+    assert env.verify(t, f"So the sum is {int(gold) + 1}.") < 1.0
 
 
 HOSTILE = [

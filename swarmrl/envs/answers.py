@@ -8,8 +8,9 @@
   reasoning models (INTELLECT-2's math data).
 
 Tasks whose answers are text, not integers (reasoning-gym's), use ``extract_text`` and its rules:
-``answer_tag`` (the last ``<answer>...</answer>``, reasoning-gym's own convention), ``last_line``, ``exact`` and
-``boxed``.
+``answer_tag`` (the last ``<answer>...</answer>``, reasoning-gym's own convention), ``last_line``, ``last_number``
+(the last number, with a sign, decimals or a ``/`` denominator: for numeric datasets asked of a small chat model,
+which answers in a sentence), ``exact`` and ``boxed``.
 
 Only the tail of a completion (``MAX_COMPLETION_CHARS``) is searched, so a hostile completion costs bounded time.
 """
@@ -80,8 +81,12 @@ def extract_integer(text: str, rule: AnswerRule = "exact", max_chars: int = MAX_
     raise ValueError(f"unknown answer rule {rule!r}; choose from {', '.join(ANSWER_RULES)}")
 
 
-TextAnswerRule = Literal["answer_tag", "last_line", "exact", "boxed"]
-TEXT_ANSWER_RULES: tuple[str, ...] = ("answer_tag", "last_line", "exact", "boxed")
+TextAnswerRule = Literal["answer_tag", "last_line", "last_number", "exact", "boxed"]
+TEXT_ANSWER_RULES: tuple[str, ...] = ("answer_tag", "last_line", "last_number", "exact", "boxed")
+# a number as a small chat model writes one: a sign, digits (thousands commas dropped first), a decimal part or a
+# fraction's denominator
+_NUMBER = re.compile(r"-?\d+(?:\.\d+|/\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 
@@ -117,6 +122,9 @@ def extract_text(text: str, rule: TextAnswerRule = "answer_tag", max_chars: int 
     if rule == "last_line":
         lines = [line for line in text[-max_chars:].splitlines() if line.strip()]
         return lines[-1].strip() if lines else None
+    if rule == "last_number":
+        found = _NUMBER.findall(_THOUSANDS.sub("", text[-max_chars:]))
+        return found[-1] if found and len(found[-1]) <= MAX_DIGITS else None
     if rule == "exact":
         return text.strip() if len(text) <= max_chars else None
     raise ValueError(f"unknown answer rule {rule!r}; choose from {', '.join(TEXT_ANSWER_RULES)}")

@@ -108,6 +108,7 @@ DEFAULT_PROMPTS: dict[str, str] = {
     "answer_tag": "{question}\n\nGive only the final answer, between <answer> and </answer> tags.",
     "boxed": "{question}\n\nGive the final answer in \\boxed{{}}.",
     "last_line": "{question}\n\nEnd with the final answer alone on the last line.",
+    "last_number": "{question}\n\nEnd with the final answer as a number.",
     "exact": "{question}",
 }
 
