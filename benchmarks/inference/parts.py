@@ -13,8 +13,8 @@
    layout (what the decoder uses from 16M parameters), a transposed copy with ``torch.mm`` (smaller models), and
    ``F.linear`` on the module's weight (HF's forward, the baseline).
 3. ``weight_copy`` (with ``--copy-model DIR``): the memory the decoder's one-time weight copies take for that
-   model, the process's resident size before and after ``StaticDecoder.for_model`` (model loaded, fp32), against
-   the size of the model's parameters.
+   model: the bytes of the copies, and the process's resident size before and after ``StaticDecoder.for_model``
+   (model loaded and its weights paged in, fp32), against the size of the model's parameters.
 
 Variants alternate call by call (load that comes and goes hits all alike); medians. Prints one JSON line.
 """
@@ -101,13 +101,17 @@ def weight_copy(model_dir: Path) -> dict:
     from swarmrl.inference.static_decoder import StaticDecoder
 
     model = load_model(model_dir)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    params = 0.0
+    with torch.inference_mode():
+        for p in model.parameters():  # page in the weights (the loader may map the file): only the copies count below
+            params += p.numel() * p.element_size() + 0.0 * float(p.sum())
     before = rss_bytes()
     dec = StaticDecoder.for_model(model)
     added = rss_bytes() - before
-    assert dec is not None
-    return {"model": str(model_dir), "params_mb": round(params / 1e6, 1), "rss_added_mb": round(added / 1e6, 1),
-            "onednn": dec.head.onednn}
+    projs = [dec.head] + [p for ly in dec.layers for p in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+    copies = sum(p.w.numel() * p.w.element_size() for p in projs)
+    return {"model": str(model_dir), "params_mb": round(params / 1e6, 1), "copies_mb": round(copies / 1e6, 1),
+            "rss_added_mb": round(added / 1e6, 1), "onednn": dec.head.onednn}
 
 
 def main() -> None:
