@@ -132,3 +132,25 @@ def test_a_groups_prompt_is_prefilled_once(monkeypatch):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
     for a, b in zip(out.hidden, ref.hidden):
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=1e-2)
+
+
+def test_share_prompts_off_prefills_every_row_with_the_same_result(monkeypatch):
+    """``share_prompts=False`` (the benchmark's baseline) prefills every row and samples exactly what sharing does."""
+    model, tok = _model("qwen2", 2)
+    prompts = [p for p in _prompts(tok) for _ in range(3)]
+    seen = []
+    real = StaticDecoder.prefill
+
+    def spy(self, rows, *a, **kw):
+        seen.append(len(rows))
+        return real(self, rows, *a, **kw)
+
+    monkeypatch.setattr(StaticDecoder, "prefill", spy)
+    params = SamplingParams(max_new_tokens=6)
+    outs = [generate(model, prompts, params, -1, tok.pad_token_id, capture_hidden=True, share_prompts=share,
+                     generators=[torch.Generator().manual_seed(i) for i in range(len(prompts))])
+            for share in (True, False)]
+    assert seen == [len(prompts) // 3, len(prompts)]
+    assert outs[0].completion_ids == outs[1].completion_ids
+    for a, b in zip(outs[0].logprobs, outs[1].logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-6, rtol=0)

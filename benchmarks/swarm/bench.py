@@ -26,8 +26,14 @@ The last line of stdout is ONE JSON object: ``swarm_over_local_wall``, ``heldout
 ``honest_slashed`` (honest nodes slashed in either swarm pass), plus context (``adversaries``, ``same_heldout``,
 ``heldout_2se``, ``trainer_idle_frac_local``, ``steps``).
 
+With ``--zygote-baseline`` the local and the swarm pass each run twice, first with ``zygote=false`` (every role
+spawned plainly, each importing torch and transformers itself: the baseline) and then as configured, and the JSON
+line gains ``zygote``: both wall times per mode and their ratio (zygote / plain).
+
     python benchmarks/swarm/bench.py --config configs/run.toml --model runs/warmstart/model --steps 100
     python benchmarks/swarm/bench.py --model /tmp/sft5/model --steps 15 --no-adversaries
+    python benchmarks/swarm/bench.py --config configs/run.toml --model runs/warmstart/model --steps 100 \
+        --no-adversaries --zygote-baseline
 """
 
 from __future__ import annotations
@@ -47,10 +53,10 @@ DEFAULT_ADVERSARIES = ["forge_rewards", "edit_tokens", "random_model", "replay",
 
 
 def one(name: str, mode: str, model: Path, out: Path, a: argparse.Namespace, steps: int,
-        adversaries: list[str]) -> dict:
+        adversaries: list[str], extra: tuple[str, ...] = ()) -> dict:
     sets = [f'mode="{mode}"', f'rl.model="{model}"', f'rl.run_dir="{out / name}"', f"rl.steps={steps}",
             f"rl.workers.num={a.workers}", f"swarm.nodes={a.workers}", f"swarm.adversaries={json.dumps(adversaries)}",
-            "warmstart.enabled=false", f"final_eval_n={a.eval_n}", f"rl.eval.n={a.eval_n}", *a.set]
+            "warmstart.enabled=false", f"final_eval_n={a.eval_n}", f"rl.eval.n={a.eval_n}", *a.set, *extra]
     cfg = load_config(RunConfig, a.config, sets)
     print(f"--- {name} run", file=sys.stderr)
     s = launch(cfg, progress=lambda m: print(m, file=sys.stderr))
@@ -83,6 +89,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_swarm")
     ap.add_argument("--set", action="append", default=[], help="extra RunConfig overrides (every pass)")
     ap.add_argument("--config", default=None, help="base RunConfig TOML (e.g. configs/run.toml; default: built-in)")
+    ap.add_argument("--zygote-baseline", action="store_true",
+                    help="run the local and swarm passes with zygote=false first too (start-up baseline)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,10 +99,16 @@ def main() -> None:
         shutil.rmtree(model)
     shutil.copytree(a.model, model)
     advs = a.adversary or DEFAULT_ADVERSARIES
-    res = [one("local", "local", model, out, a, a.steps, []), one("swarm", "swarm", model, out, a, a.steps, [])]
+    plain: dict[str, dict] = {}
+    if a.zygote_baseline:
+        plain["local"] = one("local_plain", "local", model, out, a, a.steps, [], ("zygote=false",))
+    res = [one("local", "local", model, out, a, a.steps, [])]
+    if a.zygote_baseline:
+        plain["swarm"] = one("swarm_plain", "swarm", model, out, a, a.steps, [], ("zygote=false",))
+    res.append(one("swarm", "swarm", model, out, a, a.steps, []))
     if not a.no_adversaries:
         res.append(one("swarm_adv", "swarm", model, out, a, a.adversary_steps, advs))
-    (out / "results.json").write_text(json.dumps(res, indent=2))
+    (out / "results.json").write_text(json.dumps(res + list(plain.values()), indent=2))
     print(f"\n{'run':>9} {'steps':>5} {'wall s':>7} {'acc before':>10} {'acc after':>9} {'wait':>6} {'lag':>5} "
           f"{'accepted':>8} {'rejected':>8} {'slashed':>7}")
     for r in res:
@@ -118,6 +132,10 @@ def main() -> None:
             "adversaries": len(adv_nodes), "same_heldout": abs(p1 - p2) < se2, "heldout_2se": round(se2, 4),
             "trainer_idle_frac_local": loc["trainer_wait_frac"], "steps": a.steps,
             "wall_s": {r["run"]: r["wall_s"] for r in res}}
+    if plain:
+        line["zygote"] = {m: {"plain_s": plain[m]["wall_s"], "zygote_s": r["wall_s"],
+                              "zygote_over_plain": round(r["wall_s"] / max(1e-9, plain[m]["wall_s"]), 3)}
+                          for m, r in (("local", loc), ("swarm", sw))}
     print(json.dumps(line))
 
 

@@ -3,7 +3,11 @@
 A 128-row submission (16 tasks x 8 completions, two-digit addition, proofs attached) sampled from a model;
 the baseline is how the validator worked before (``verify_rollout`` per row: one prefill and one proof
 comparison per row); then the validator's ``toploc`` check (proofs + sampling claim of every row: prefills of
-``toploc_batch_size`` rows, every proof compared in one vectorised pass), in the same run.
+``toploc_batch_size`` rows, every proof compared in one vectorised pass), in the same run. Then the recompute
+alone (``swarmrl.toploc.rollout.recompute`` of the 128 rows, 64 rows a batch as the validator's default): one
+prefill of each distinct prompt and the completions on its cached keys and values (``shared_prompts=True``, the
+default) against one prefill of every row's prompt and completion (``shared_prompts=False``, the code before),
+alternating call by call. Ends with one JSON line (seconds, medians).
 
     python benchmarks/swarm/validator.py [--model runs/warmstart/model] [--reps 5] [--threads 1]
 """
@@ -11,10 +15,12 @@ comparison per row); then the validator's ``toploc`` check (proofs + sampling cl
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -70,13 +76,15 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
+    # the check reads the assignment's contract (its proof geometry) only
+    item = SimpleNamespace(assignment=SimpleNamespace(contract=rl.contract))
     out = {"per row (baseline)": timed(per_row)}
     for bs in (8, 64, 128):
         cfg = ValidatorConfig(toploc_batch_size=bs, sampling_thresholds={"min_token_logprob": -30})
         check = toploc_check(cfg)
 
         def batched() -> None:
-            ok, reason = check(CheckContext(rows=rows, item=None, cfg=cfg, tokenizer=tok, model_loader=lambda v: model))
+            ok, reason = check(CheckContext(rows=rows, item=item, cfg=cfg, tokenizer=tok, model_loader=lambda v: model))
             assert ok, reason
 
         out[f"batched, {bs} rows/prefill"] = timed(batched)
@@ -84,6 +92,23 @@ def main() -> None:
     print(f"\n{'TOPLOC check of one submission':<32} {'s':>8} {'speed-up':>9}")
     for name, t in out.items():
         print(f"{name:<32} {t:>8.4f} {base / t:>8.2f}x")
+
+    from swarmrl.toploc.rollout import recompute
+
+    items = [(list(r.prompt_ids), list(r.completion_ids)) for r in rows]
+    rec: dict[str, list[float]] = {"every_row": [], "shared": []}
+    for _ in range(a.reps + 1):  # alternating; the first round is a warm-up
+        for name, shared in (("every_row", False), ("shared", True)):
+            t0 = time.perf_counter()
+            recompute(model, items, batch_size=64, shared_prompts=shared)
+            rec[name].append(time.perf_counter() - t0)
+    r_every, r_shared = (statistics.median(rec[k][1:]) for k in ("every_row", "shared"))
+    print(f"\nrecompute of the {len(rows)} rows (64 a batch): one prefill per row {1e3 * r_every:.1f} ms, "
+          f"shared prompts {1e3 * r_shared:.1f} ms ({r_every / r_shared:.2f}x)")
+    print(json.dumps({"bench": "validator", "rows": len(rows), "model": str(model_dir), "threads": a.threads,
+                      "check_s": {k: round(v, 4) for k, v in out.items()},
+                      "recompute_every_row_ms": round(1e3 * r_every, 1), "recompute_shared_ms": round(1e3 * r_shared, 1),
+                      "recompute_every_row_over_shared": round(r_every / r_shared, 2)}))
 
 
 if __name__ == "__main__":

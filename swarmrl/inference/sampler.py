@@ -99,10 +99,11 @@ def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
 
 def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams, eos_id: int, pad_id: int,
              capture_hidden: bool = False, generator: torch.Generator | None = None,
-             generators: list[torch.Generator] | None = None) -> SampleOutput:
+             generators: list[torch.Generator] | None = None, share_prompts: bool = True) -> SampleOutput:
     """Sample one completion per prompt (repeat a prompt to get a group). Randomness: ``generators`` (one per
     prompt, each request its own stream), else ``generator`` (one stream for the batch), else torch's global one.
-    Llama / Qwen2 models run on the static-cache decoder (``static_decoder``), others on HF's forward."""
+    Llama / Qwen2 models run on the static-cache decoder (``static_decoder``), others on HF's forward.
+    ``share_prompts=False`` prefills every row, repeated prompts too (the same numbers, more work: a baseline)."""
     if generators is not None and len(generators) != len(prompts):
         raise ValueError(f"{len(generators)} generators for {len(prompts)} prompts")
     if not prompts:
@@ -113,7 +114,7 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], params: SamplingP
     with torch.inference_mode():
         if unsupported_reason(model) is None:
             toks, lps, hid = _sample_static(model, prompts, params, eos_id, pad_id, capture_hidden, generator,
-                                            generators)
+                                            generators, share_prompts)
         else:
             toks, lps, hid = _sample_hf(model, prompts, params, eos_id, pad_id, capture_hidden, generator,
                                         generators)
@@ -141,7 +142,8 @@ def _stop_check_every(device: torch.device) -> int:
 
 def _sample_static(model: torch.nn.Module, prompts: list[list[int]], params: SamplingParams, eos_id: int,
                    pad_id: int, capture_hidden: bool, generator: torch.Generator | None,
-                   generators: list[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                   generators: list[torch.Generator] | None, share_prompts: bool = True,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Tokens ``[rows, max_new_tokens]`` (pad after a row stops), their logprobs and (optionally) bf16 final-norm
     states, from the static-cache decoder. Rows are dropped from the batch once enough of them are finished."""
     dec = StaticDecoder.for_model(model)
@@ -152,7 +154,7 @@ def _sample_static(model: torch.nn.Module, prompts: list[list[int]], params: Sam
     # state are copied to the rows that repeat it (the same numbers a prefill of every row computes, less work)
     first: dict[tuple[int, ...], int] = {}
     which = [first.setdefault(tuple(p), len(first)) for p in prompts]
-    if len(first) < bsz:
+    if share_prompts and len(first) < bsz:
         cache = dec.new_cache(len(first), width + steps)
         logits, hn = dec.prefill([list(p) for p in first], cache, width, cos, sin)
         expand = torch.tensor(which, device=dev)

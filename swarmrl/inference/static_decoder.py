@@ -9,7 +9,7 @@ module, SDPA attention, SiLU-gated MLP, residuals; nothing approximated) with le
 - prefill without padding: the prompts are packed into sequences of at most ``PREFILL_TOKENS`` tokens, each with a
   block-diagonal causal mask, so no work is spent on pad tokens;
 - the projections as 2-D products against one-time copies of the weights (q/k/v and gate/up fused): on CPU in
-  oneDNN's blocked layout (``_Proj``), 1.8x faster than ``F.linear`` for decode-sized batches here. The copies are
+  oneDNN's blocked layout (``_Proj``), 1.5-3.3x faster than ``F.linear`` for decode-sized batches here. The copies are
   cached per model and rebuilt when any parameter changes (in-place updates bump ``Tensor._version``): one extra
   copy of the weights in memory while a model is in use;
 - decode attention treats the query heads that share a key/value head as that head's queries
@@ -78,9 +78,9 @@ def _onednn_ok(model: torch.nn.Module) -> bool:
 class _Proj:
     """``x @ cat(weights).T + cat(biases)`` for 2-D ``x``: one product for several projections of the same input.
 
-    With ``onednn`` (CPU, fp32) the weight is copied once into oneDNN's blocked layout: measured here at one thread,
-    a [16, 576] x [576, 49152] product took 14 ms against 25 ms for ``F.linear`` (8 rows: 11 vs 27-43 ms; MKL's
-    plain GEMM is slow for row counts that are not a multiple of 16). Otherwise: a transposed contiguous copy and
+    With ``onednn`` (CPU, fp32) the weight is copied once into oneDNN's blocked layout: at one thread a
+    [16, 576] x [576, 49152] product took 17.1 ms against 25.7 ms for ``F.linear`` (8 rows: 14.3 vs 36.4 ms; MKL's
+    plain GEMM is slow for row counts that are not a multiple of 16; ``benchmarks/inference/parts.py``). Otherwise: a transposed contiguous copy and
     ``torch.mm`` (``x @ W_t``, faster than ``F.linear``'s ``x @ W.T`` for these shapes)."""
 
     def __init__(self, mods: list[torch.nn.Module], onednn: bool) -> None:
