@@ -6,8 +6,9 @@ rank's shard, so no rank gathers it), the learning-rate schedule, the RNG and th
 ``Checkpointer`` saves it into ``<version dir>/trainer_state/`` beside a small ``meta.json`` (the step, the files it
 consumed, the step's metrics row, whether the optimizer has stepped): with several ranks through
 ``torch.distributed.checkpoint`` (every rank writes its part; it loads back under DDP or FSDP2 at any world size);
-with one rank as one ``torch.save`` file of the same state dict (``state.pt``), since DCP's planning costs ~50 ms
-a save, a noticeable share of a small model's step, and one process has nothing to plan. Either loads under
+with one rank as one ``torch.save`` file of the same state dict (``state.pt``), since DCP's planning makes a save
+~5x slower (``benchmarks/rl/checkpoint.py``), a noticeable share of a small model's step, and one process has
+nothing to plan. Either loads under
 either: a ``state.pt`` is read whole by every rank, which keeps its shard.
 The model's weights are not part of it: they are the version's own ``model.safetensors``, which the trainer
 loads as any holder does.
