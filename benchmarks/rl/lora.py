@@ -45,6 +45,21 @@ def version_files(model_dir: Path, out: Path) -> dict[str, Path]:
     return {"full": full / "model.safetensors", "lora": lora / "adapter_model.safetensors"}
 
 
+VARIANTS = {"r16_attention": {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}, "r8": {"rank": 8, "alpha": 16}}
+
+
+def variant_bytes(model_dir: Path, out: Path) -> dict[str, int]:
+    """Adapter bytes of other settings (sizes only): rank 16 on attention alone, rank 8 on every projection."""
+    res = {}
+    tok = load_tokenizer(model_dir)
+    for name, kw in VARIANTS.items():
+        d = out / name
+        d.mkdir(parents=True)
+        LoraPolicy.wrap(load_model(model_dir), LoraSection(enabled=True, **kw)).save(d, tok)
+        res[f"bytes_lora_{name}"] = (d / "adapter_model.safetensors").stat().st_size
+    return res
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,7 +100,8 @@ def sizes(model_dir: Path, versions: int) -> dict:
         files = version_files(model_dir, Path(tmp))
         b = {k: p.stat().st_size for k, p in files.items()}
         t = transfer_times(files, Path(tmp) / "sc", versions)
-    return {"model": str(model_dir), "bytes_full": b["full"], "bytes_lora_r16": b["lora"],
+        more = variant_bytes(model_dir, Path(tmp) / "variants")
+    return {"model": str(model_dir), "bytes_full": b["full"], "bytes_lora_r16": b["lora"], **more,
             "bytes_ratio": round(b["full"] / b["lora"], 1), "publish_fetch_s_full": t["full"],
             "publish_fetch_s_lora": t["lora"], "time_ratio": round(t["full"] / max(t["lora"], 1e-9), 1)}
 
