@@ -49,5 +49,21 @@ def import_(source: Annotated[str, typer.Argument(help="HF model dir, .gguf file
                   f"from {info['source']} to {cfg.out}")
 
 
+@app.command("export")
+def export(base: Annotated[Path, typer.Option("--base", help="The base model (HF dir) the adapter was trained on.")],
+           adapter: Annotated[Path, typer.Option("--adapter", help="A LoRA policy version's directory "
+                                                                   "(run_dir/policy/vN of an rl.lora run).")],
+           out: Annotated[Path, typer.Option("--out", "-o", help="HF directory to write (safetensors).")]) -> None:
+    """Write a whole HF model: the base with a LoRA policy version's adapter merged (checked against the base)."""
+    from swarmrl.models.adapter_file import AdapterRefused  # noqa: PLC0415  # lazy: startup
+    from swarmrl.models.lora import export_merged  # noqa: PLC0415  # lazy: torch
+
+    try:
+        export_merged(base, adapter, out)
+    except (AdapterRefused, FileNotFoundError) as e:
+        fail(f"{e}", code=1)
+    console.print(f"wrote {base} with the adapter of {adapter} merged to {out}")
+
+
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="model")

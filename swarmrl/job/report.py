@@ -13,6 +13,7 @@ import httpx
 
 from swarmrl.job.commands import eval_settings
 from swarmrl.job.config import RunConfig
+from swarmrl.models.adapter_file import ADAPTER_FILE
 from swarmrl.rl.store import RunDir
 from swarmrl.rundir import RunLayout, read_trainer_log
 from swarmrl.rundir.layout import STATE_DIR
@@ -175,7 +176,13 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
     final_dir = root / "final_model"
     if final_dir.exists():
         shutil.rmtree(final_dir)
-    shutil.copytree(run.version_dir(run.latest_version()), final_dir, ignore=shutil.ignore_patterns(STATE_DIR))
+    latest = run.version_dir(run.latest_version())
+    if (latest / ADAPTER_FILE).is_file():  # a LoRA run: the final model is its base with the adapter merged
+        from swarmrl.models.lora import export_merged  # noqa: PLC0415  # lazy: torch
+
+        export_merged(cfg.rl.model, latest, final_dir)
+    else:
+        shutil.copytree(latest, final_dir, ignore=shutil.ignore_patterns(STATE_DIR))
     png = plot_run(root)
     log = read_trainer_log(run.trainer_metrics)
     steps = log.steps

@@ -22,6 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from swarmrl.models.adapter_file import (
+    ADAPTER_FILE,
+    AdapterRefused,
+    AdapterSpec,
+    header_metadata,
+    is_adapter_file,
+    weights_file,
+    write_sidecars,
+)
 from swarmrl.policy.store import PolicyDir
 from swarmrl.rundir import RunLayout
 from swarmrl.shardcast import FetchError, fetch
@@ -59,7 +68,7 @@ class RunDirPolicySource(_NoDownloads):
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         d = self.policies.version_dir(version)
         deadline = time.monotonic() + timeout_s
-        while not (d / "model.safetensors").is_file():
+        while weights_file(d) is None:  # the full model's or a LoRA adapter's file
             latest = self.latest()
             if latest is not None and latest > version and not d.exists():
                 raise PolicyUnavailable(f"policy v{version} is gone (newest is v{latest})")
@@ -121,7 +130,7 @@ class ShardcastPolicySource:
         if version == 0:
             return self.base
         d = self.cache / f"v{version:06d}"
-        if (d / "model.safetensors").is_file():
+        if weights_file(d) is not None:
             return d
         if self.discover is not None:
             found = self.discover()
@@ -137,12 +146,27 @@ class ShardcastPolicySource:
             res = fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version, wait_s=timeout_s)
         except (FetchError, OSError) as e:
             raise PolicyUnavailable(f"policy v{version} via SHARDCAST: {e}") from None
+        _name_adapter(d)
         self._report = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
                            "bytes_by_server": res.bytes_by_server, "excluded": res.excluded}
         self._latest = max(version, self._latest or 0)
         for old in sorted(self.cache.glob("v*"))[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return d
+
+
+def _name_adapter(d: Path) -> None:
+    """A fetched file that is a LoRA adapter (its metadata says so) is renamed as one, with peft's config and the
+    base marker beside it (holders tell adapters by the metadata, whatever the name: a crash here is harmless)."""
+    f = d / "model.safetensors"
+    if not is_adapter_file(f):
+        return
+    try:
+        spec = AdapterSpec.from_meta(header_metadata(f))
+    except AdapterRefused:
+        return  # left as it is: the holder refuses it with the reason
+    write_sidecars(d, spec)
+    f.replace(d / ADAPTER_FILE)
 
 
 class AnnouncedPolicySource:

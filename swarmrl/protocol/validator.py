@@ -264,12 +264,15 @@ class Validator:
     def _load_model(self, policy_version: int) -> Any:
         """The policy that generated a row, held by one ``PolicyHolder`` (swapped in place; the last two versions'
         weights stay in memory): ``model_dir_template`` formatted with the version (the trainer's policy dir
-        or a SHARDCAST download dir), else ``model_dir`` for every version. A version that cannot be loaded
+        or a SHARDCAST download dir), else ``model_dir`` for every version; a LoRA version is merged onto
+        ``model_dir``, the base (the holder refuses an adapter made for another base). A version that cannot be loaded
         raises (``PolicyUnavailable``): an internal error, retried later."""
         if self._source is None:
             raise SkipCheck("no model_dir configured")
         if self._holder is None:
-            self._holder = PolicyHolder(self._source, self._source.fetch(policy_version), keep_states=2)
+            # the base: model_dir (the run's initial model; a LoRA version is applied onto it), else the version's
+            base = self.cfg.model_dir or self._source.fetch(policy_version)
+            self._holder = PolicyHolder(self._source, base, keep_states=2)
         return self._holder.load(policy_version)
 
     def _toploc_settings(self, policy_version: int) -> ToplocSettings:

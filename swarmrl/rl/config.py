@@ -10,6 +10,7 @@ from swarmrl.config import StrictModel
 from swarmrl.contract import RLContract, group_advantages
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.inference.params import SamplingParams
+from swarmrl.models.adapter_file import DEFAULT_TARGETS, MAX_RANK
 from swarmrl.rl.objective import Correction, LossKind, Objective
 from swarmrl.rl.tracking import TrackingSection
 
@@ -117,6 +118,27 @@ class ShardcastSection(StrictModel):
     # `swarmrl run` so a restarted trainer serves where its relays look
 
 
+class LoraSection(StrictModel):
+    """Train a LoRA adapter instead of the whole policy (``swarmrl.rl.lora``): each version is the adapter alone
+    (a few MB instead of the model), applied merged onto the base by every holder. Off by default."""
+
+    enabled: bool = False
+    rank: int = Field(16, ge=1, le=MAX_RANK)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    # module names (the last part of a linear layer's name) that get an adapter; each must exist in the model
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGETS), min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> LoraSection:
+        bad = [t for t in self.target_modules if not t.isidentifier()]
+        if bad:
+            raise ValueError(f"target_modules {bad}: each must be a module name such as 'q_proj'")
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"target_modules {self.target_modules} names a module twice")
+        return self
+
+
 class RLConfig(StrictModel):
     run_dir: str = "runs/rl"
     model: str = "runs/warmstart/model"  # initial policy (any HF causal LM dir)
@@ -137,6 +159,7 @@ class RLConfig(StrictModel):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     shardcast: ShardcastSection = Field(default_factory=ShardcastSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)  # W&B / trackio, besides metrics/*.jsonl
+    lora: LoraSection = Field(default_factory=LoraSection)  # train and publish a LoRA adapter, not the whole model
     keep_versions: int = Field(4, ge=1)
     # rollout directories of trained steps kept behind the newest version (the trainer never reads them again;
     # a resumed trainer redoes only the step in flight): older ones are deleted, so disk use stays bounded. -1: all
@@ -159,4 +182,10 @@ class RLConfig(StrictModel):
         if self.keep_versions < k + 1:
             raise ValueError(f"keep_versions ({self.keep_versions}) must be >= contract.async_level + 1 "
                              f"({k + 1}) so workers can still load the policies they may use")
+        if self.lora.enabled and self.trainer.parallel == "fsdp2":
+            raise ValueError("lora.enabled with trainer.parallel = 'fsdp2' is not supported (use 'ddp': the "
+                             "adapter's optimizer state is small)")
+        if self.lora.enabled and self.inference.backend != "ours":
+            raise ValueError(f"lora.enabled with inference.backend = {self.inference.backend!r}: only 'ours' applies "
+                             "adapter versions (it merges each onto the base it holds)")
         return self

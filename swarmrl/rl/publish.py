@@ -6,7 +6,8 @@ validators read directly); then each publisher is handed it. A publisher may wor
 ``publish_failed`` event) and never stops training: a worker that misses a version fetches a newer one.
 
 ``ShardcastPublisher``: the trainer is the SHARDCAST origin; version N of the policy is SHARDCAST version N
-(version 0, the base model, every worker has already). Other publishers (an adapter-only or a delta publisher)
+(version 0, the base model, every worker has already); a LoRA run's version is its adapter file
+(``swarmrl.models.adapter_file``: one safetensors file, moved exactly as a full model's). Other publishers (an adapter-only or a delta publisher)
 implement the same two methods.
 """
 
@@ -17,10 +18,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
 
+from swarmrl.models.adapter_file import MODEL_FILE, weights_file
 from swarmrl.rl.store import RunDir
 from swarmrl.shardcast import Origin
-
-MODEL_FILE = "model.safetensors"
 
 ErrorHandler = Callable[[int, BaseException], None]
 
@@ -54,7 +54,7 @@ class ShardcastPublisher:
         if version < 1 or version < o.last_version or o.is_published(version):
             return
         self._pending = [f for f in self._pending if not f.done()]
-        fut = o.publish(version_dir / MODEL_FILE, version)
+        fut = o.publish(weights_file(version_dir) or version_dir / MODEL_FILE, version)  # a LoRA run's: the adapter
         self._pending.append(fut)
         if self.on_error is not None:
             handler = self.on_error

@@ -4,17 +4,20 @@ Normalisation weights are computed from the GLOBAL batch, and each rank's loss i
 ``world_size`` when the gradient reduction averages over ranks (FSDP2; the trainer's "ddp" mode sums, so it
 passes 1), so 2 ranks produce the same update as 1 rank. Under FSDP2 every rank must run the same number of
 forward/backward passes (each one all-gathers parameters and reduce-scatters gradients): ``micro_batches``
-pads a rank's share with passes that add exactly zero to every gradient.
+pads a rank's share with passes that add exactly zero to every gradient. The KL reference is a frozen model or,
+for a LoRA policy, ``rl.lora.BaseReference`` (the policy's own modules with the adapter switched off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 
 from swarmrl.rl.config import LossConfig
+from swarmrl.rl.lora import BaseReference
 from swarmrl.rl.loss import policy_loss, token_weights
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.rundir.records import LossStats
@@ -26,9 +29,14 @@ def _null_pass(model, pad_id: int, ref_model=None) -> None:
     ids = torch.full((1, 2), pad_id, dtype=torch.long)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
     if ref_model is not None:  # in the order of a real pass (policy forward, reference forward, backward): a
-        with torch.no_grad():  # sharded pair's collectives must come in the same order on every rank
-            ref_model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        with torch.no_grad(), _reference(ref_model) as ref:  # sharded pair's collectives must come in that order
+            ref(input_ids=ids, attention_mask=torch.ones_like(ids))
     (out.logits.float().sum() * 0.0).backward()
+
+
+def _reference(ref_model: torch.nn.Module | BaseReference) -> contextlib.AbstractContextManager[torch.nn.Module]:
+    """The KL reference as a module: a frozen copy as it is, or a LoRA policy's base with the adapter off."""
+    return ref_model.disabled() if isinstance(ref_model, BaseReference) else contextlib.nullcontext(ref_model)
 
 
 @dataclass
@@ -65,8 +73,8 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
         adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32)
         ref = None
         if ref_model is not None and loss_cfg.kl_coef:
-            with torch.no_grad():
-                ref, _ = sequence_logprobs(ref_model, packed, temp)
+            with torch.no_grad(), _reference(ref_model) as ref_net:
+                ref, _ = sequence_logprobs(ref_net, packed, temp)
         st = policy_loss(objective, logp, packed["old"], adv, w, packed["cmask"], entropy=ent, ref_logp=ref)
         (st.loss * world_size).backward()
         loss_sum += float(st.loss.detach())

@@ -10,7 +10,10 @@ The trainer is made of parts, each a typed attribute:
   through ``torch.distributed.checkpoint`` and restored on resume;
 - ``publishers`` (``rl.publish.WeightPublisher``): where a committed version goes besides the run directory
   (the SHARDCAST origin when ``shardcast.enabled``);
-- ``metrics``: one typed ``rundir.StepRecord`` per step in ``metrics/trainer.jsonl``.
+- ``metrics``: one typed ``rundir.StepRecord`` per step in ``metrics/trainer.jsonl``;
+- ``lora`` (``rl.lora.LoraPolicy``, with ``rl.lora.enabled``): the base wrapped with a LoRA adapter, the only
+  trainable part; versions after 0 are the adapter alone (holders merge it onto their base) and the KL reference
+  is the base with the adapter switched off.
 
 Trainer step n starts from policy version n and commits version n + 1 (weights, tokenizer and the trainer's
 state in one directory, renamed into place). It trains on the usable groups (``contract.GroupRule``) of rows made
@@ -40,6 +43,7 @@ from swarmrl.contract import Rollout
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_tokenizer
 from swarmrl.rl.config import RLConfig
+from swarmrl.rl.lora import LoraPolicy
 from swarmrl.rl.parallel import load_parallel
 from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
 from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
@@ -104,15 +108,22 @@ class Trainer:
     def _setup(self) -> None:
         cfg = self.cfg
         latest = self.run.latest_version()
-        start = self.run.version_dir(latest) if latest is not None else cfg.model
+        lora = cfg.lora.enabled  # versions are adapters on the base (cfg.model), which is always what is loaded
+        start = self.run.version_dir(latest) if latest is not None and not lora else cfg.model
         self.par = load_parallel(cfg.trainer.parallel, start, self.world, self.rank)  # fsdp2: built sharded
         self.model = self.par.model
+        self.lora = LoraPolicy.wrap(self.model, cfg.lora, cfg.seed) if lora else None
+        if self.lora is not None and latest:
+            self.lora.load(self.run.version_dir(latest))
         self.ref_model = None
-        if cfg.loss.kl_coef:  # the initial policy, held the same way (sharded under fsdp2)
+        if cfg.loss.kl_coef and self.lora is not None:  # the base: the same modules with the adapter off
+            self.ref_model = self.lora.reference()
+        elif cfg.loss.kl_coef:  # the initial policy, held the same way (sharded under fsdp2)
             self.ref_model = load_parallel(cfg.trainer.parallel, cfg.model, self.world, self.rank).model
             self.ref_model.eval().requires_grad_(False)
         o = cfg.optim
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        params = self.lora.trainable() if self.lora is not None else self.model.parameters()
+        self.opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
         self.state = TrainerState(self.model, self.opt, self.sched)
         self.resumed = latest is not None
@@ -146,8 +157,13 @@ class Trainer:
             staged = self.run.staging_dir(version)
             was = full.training
             full.eval()
-            full.save_pretrained(staged, safe_serialization=True)
-            self.tokenizer.save_pretrained(staged)
+            if self.lora is not None and version:  # a LoRA run's versions after 0 are the adapter alone
+                self.lora.save(staged, self.tokenizer)
+            elif self.lora is not None:  # its version 0 is the base itself
+                self.lora.save_base(staged, self.tokenizer)
+            else:
+                full.save_pretrained(staged, safe_serialization=True)
+                self.tokenizer.save_pretrained(staged)
             copy_calibration(self.cfg.model, staged)  # per-model TOPLOC thresholds travel with every version
             full.train(was)
         self._barrier()
