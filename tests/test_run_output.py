@@ -3,7 +3,7 @@ end, a short summary under 80 columns pointing at RUN_DIR/summary.json (swarmrl.
 
 from __future__ import annotations
 
-from swarmrl.job.report import PlainProgress, progress_line, summary_lines
+from swarmrl.job.report import PlainProgress, heldout_se, progress_line, summary_lines
 
 
 def _snap(step: int, acc: float | None = None, **kw) -> dict:
@@ -50,3 +50,7 @@ def test_summary_fits_80_columns_and_names_the_json():
     assert "1012 accepted, 3 rejected, 1 node slashed" in text
     assert "x0-forge_rewards: caught (3 rejected, slashed 30, ejected)" in text
     assert lines[-1] == "full summary    runs/rl/summary.json"
+    # with the standard errors a run's summary.json holds (binomial, from the score and the item count)
+    s.update(heldout_se_initial=heldout_se(0.287, 512), heldout_se_final=heldout_se(0.5512, 512))
+    assert "held-out acc    28.7% ± 2.0 -> 55.1% ± 2.2 on 512 tasks" in "\n".join(summary_lines(s))
+    assert heldout_se(0.0, 256) == 0.0 and heldout_se(0.5, 100) == 0.05

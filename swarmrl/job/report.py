@@ -4,6 +4,7 @@ evaluation, ``summary.json``; in swarm mode the per-node report from the orchest
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -193,7 +194,8 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
     summary = {
         "run_dir": str(root), "final_model": str(final_dir), "curves": str(png), "steps": len(steps),
         "wall_s": round(wall_s, 1), "heldout_acc_initial": init["accuracy"], "heldout_acc_final": final["accuracy"],
-        "heldout_n": final["n"], "async_level": cfg.rl.contract.async_level, "workers": cfg.rl.workers.num,
+        "heldout_n": final["n"], "heldout_se_initial": heldout_se(init["accuracy"], init["n"]),
+        "heldout_se_final": heldout_se(final["accuracy"], final["n"]), "async_level": cfg.rl.contract.async_level, "workers": cfg.rl.workers.num,
         "trainer_wait_frac": round(sum(r.wait_s or 0.0 for r in steps) / max(1e-9, last_wall), 3),
         "mean_lag": round(sum(r.lag_mean or 0.0 for r in steps) / max(1, len(steps)), 3),
         "curve": [{"version": e.version, "wall_s": e.wall_s, "heldout_acc": e.heldout_acc} for e in log.evals],
@@ -261,12 +263,21 @@ class PlainProgress:
             self.last_step, self.last_acc, self.last_t = step, s.get("heldout_acc"), now
 
 
+def heldout_se(acc: float, n: int) -> float:
+    """The standard error of a held-out mean score over ``n`` items: sqrt(p (1 - p) / n), the binomial one (for
+    scores with partial credit, in [0, 1], an upper bound)."""
+    return round(math.sqrt(max(0.0, acc * (1 - acc)) / max(1, n)), 4)
+
+
 def summary_lines(summary: dict) -> list[str]:
     """The end of a run for a human, in under 80 columns (paths aside): steps and time, held-out accuracy,
     the swarm's verdicts and each adversary's fate, where the model, the curves and the full ``summary.json``
     are."""
     w = 16
-    acc = f"{_pct(summary['heldout_acc_initial'])} -> {_pct(summary['heldout_acc_final'])}"
+    se0, se1 = summary.get("heldout_se_initial"), summary.get("heldout_se_final")
+    pm0 = f" ± {100 * se0:.1f}" if se0 is not None else ""
+    pm1 = f" ± {100 * se1:.1f}" if se1 is not None else ""
+    acc = f"{_pct(summary['heldout_acc_initial'])}{pm0} -> {_pct(summary['heldout_acc_final'])}{pm1}"
     lines = [f"{'steps':<{w}}{summary['steps']} in {summary['wall_s']:.0f}s (async_level {summary['async_level']})",
              f"{'held-out acc':<{w}}{acc} on {summary['heldout_n']} tasks",
              f"{'trainer':<{w}}waited {100 * summary['trainer_wait_frac']:.0f}% of the time, mean policy lag "
