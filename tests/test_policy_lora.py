@@ -206,3 +206,26 @@ def test_model_export_writes_the_merged_model(tmp_path, tiny_model_dir):
     res = CliRunner().invoke(app, ["model", "export", "--base", str(tiny_model_dir), "--adapter",
                                    str(run.version_dir(0)), "--out", str(tmp_path / "x")])
     assert res.exit_code != 0 and "holds no LoRA adapter" in res.output
+
+
+def test_eval_of_an_adapter_version_scores_the_merged_model(tmp_path, tiny_model_dir):
+    """``swarmrl eval --model RUN/policy/vN`` of a LoRA run: the adapter merged onto the base rl.toml names."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from swarmrl.cli import app
+
+    run, _ = _policy_dir(tmp_path, tiny_model_dir)
+    merged = tmp_path / "merged"
+    assert CliRunner().invoke(app, ["model", "export", "--base", str(tiny_model_dir), "--adapter",
+                                    str(run.version_dir(1)), "--out", str(merged)]).exit_code == 0
+    args = ["eval", "--task", "add", "--n", "16", "--set", "max_new_tokens=3"]
+    alone = CliRunner().invoke(app, [*args, "--model", str(run.version_dir(1))])
+    assert alone.exit_code != 0 and "no run's rl.toml around it names its base" in alone.output
+    (run.root / "rl.toml").write_text(f'model = "{tiny_model_dir}"\n[contract.task]\nname = "add"\n')
+    got = CliRunner().invoke(app, [*args, "--model", str(run.version_dir(1))])
+    want = CliRunner().invoke(app, [*args, "--model", str(merged)])
+    assert got.exit_code == 0 and want.exit_code == 0, (got.output, want.output)
+    last = [json.loads(r.stdout.strip().splitlines()[-1]) for r in (got, want)]
+    assert last[0]["accuracy"] == last[1]["accuracy"] and last[0]["model"] == str(run.version_dir(1))

@@ -3,7 +3,10 @@
 # No `from __future__ import annotations` here: typer would eval every command's string annotations
 # when it builds the command tree, on every start (`swarmrl --help` included).
 
+import contextlib
 import json
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -146,15 +149,44 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt 
     if print_config:
         typer.echo(dump_config(cfg))
         raise typer.Exit(0)
-    require_model_dir(cfg.model, _MODEL_HINT)
     from swarmrl.eval.heldout import evaluate_path  # noqa: PLC0415  # lazy: startup
 
-    try:
-        with backend_errors():
-            res = evaluate_path(cfg)
-    except FileNotFoundError as e:
-        fail(f"{e} ({_MODEL_HINT})")
-    typer.echo(json.dumps(res))
+    with _merged_if_adapter(Path(cfg.model)) as merged:
+        require_model_dir(merged or cfg.model, _MODEL_HINT)
+        try:
+            with backend_errors():
+                res = evaluate_path(cfg.model_copy(update={"model": str(merged)}) if merged else cfg)
+        except FileNotFoundError as e:
+            fail(f"{e} ({_MODEL_HINT})")
+    typer.echo(json.dumps({**res, "model": cfg.model}))
+
+
+@contextlib.contextmanager
+def _merged_if_adapter(model: Path) -> Iterator[Path | None]:
+    """A LoRA run's policy version (an adapter, no weights of its own) merged onto the base its run's ``rl.toml``
+    names, in a temporary directory for the duration; None for any other directory."""
+    from swarmrl.models.adapter_file import ADAPTER_FILE, AdapterRefused  # noqa: PLC0415  # lazy: startup
+
+    if not (model / ADAPTER_FILE).is_file():
+        yield None
+        return
+    rec = _recorded(model)
+    base = None
+    if rec is not None and rec[0].name == "rl.toml":
+        import tomllib  # noqa: PLC0415  # lazy: startup
+
+        base = tomllib.loads(rec[0].read_text(encoding="utf-8")).get("model")
+    if not isinstance(base, str) or not base:
+        fail(f"{model} is a LoRA adapter and no run's rl.toml around it names its base: merge it first with "
+             "`swarmrl model export --base BASE --adapter DIR --out OUT`")
+    require_model_dir(base, "the base model the run's rl.toml names")
+    from swarmrl.models.lora import export_merged  # noqa: PLC0415  # lazy: torch
+
+    with tempfile.TemporaryDirectory(prefix="swarmrl-eval-") as tmp:
+        try:
+            yield export_merged(base, model, Path(tmp) / "merged")
+        except AdapterRefused as e:
+            fail(f"{model}: {e}")
 
 
 def tasks() -> None:
