@@ -350,3 +350,22 @@ def test_edited_model_tokens_are_caught_by_the_logprob_and_toploc_checks(honest)
     swapped[i].proofs = rows[j].proofs
     v = _judge(honest, swapped, logprob_rows=0)
     assert not v.accepted and v.reason.startswith(f"toploc: row {i}"), v.reason
+
+
+# ---- a short local run of configs/calc.toml -------------------------------------------------------------------
+@pytest.mark.timeout(600)
+def test_a_short_local_run_of_the_calc_config_finishes(tmp_path, tiny_model_dir):
+    from swarmrl.config import load_config
+    from swarmrl.job import RunConfig
+    from swarmrl.job.launch import launch
+    from swarmrl.rl.store import RunDir
+
+    cfg = load_config(RunConfig, "configs/calc.toml", [
+        f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tiny_model_dir}"', "rl.steps=2", "rl.prompts_per_step=2",
+        "rl.workers.num=1", "rl.workers.prompts_per_batch=2", "rl.contract.group_size=2", "rl.eval.every_steps=0",
+        "rl.eval.n=4", "final_eval_n=4", "rl.contract.filter_ties=false"])
+    assert cfg.rl.contract.task.name == "calc" and cfg.mode == "local"
+    summary = launch(cfg, progress=lambda m: None)
+    assert summary["steps"] == 2
+    run = RunDir(cfg.rl.run_dir)
+    assert run.is_done()
