@@ -18,7 +18,7 @@ from swarmrl.job.config import RunConfig
 from swarmrl.sft.config import SFTConfig
 
 REPO = Path(__file__).resolve().parents[1]
-RUN_CONFIGS = ["configs/run.toml", "configs/smollm2.toml", "configs/smollm2_chain_sum.toml"]
+RUN_CONFIGS = ["configs/run.toml", "configs/smollm2.toml", "configs/smollm2_chain_sum.toml", "configs/calc.toml"]
 
 
 def _print_config(*argv: str) -> dict:

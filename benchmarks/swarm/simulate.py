@@ -283,7 +283,7 @@ class Sim:
                 "logprobs": [[-0.1, -0.2]] * rows, "reward": rewards, "task_reward": rewards,
                 "length_penalty": [0.0] * rows, "advantage": [0.0] * rows, "target_length": [a.target_length] * rows,
                 "temperature": [1.0] * rows, "finished": [True] * rows, "seed": [a.seed] * rows,
-                "proofs": [[]] * rows}
+                "proofs": [[]] * rows, "completion_mask": [[1, 1]] * rows}
         return pa.Table.from_pydict(cols, schema=SCHEMA)
 
     # ---- nodes -----------------------------------------------------------------------------------

@@ -32,6 +32,16 @@ class Rollout:
     finished: bool
     seed: int
     proofs: list[bytes] = field(default_factory=list)
+    # per completion token: 1 sampled by the model, 0 an environment's reply (multi-turn); None: all sampled
+    completion_mask: list[int] | None = None
+
+    def model_mask(self) -> list[int]:
+        """The completion mask, all ones for a single-turn row."""
+        return [1] * len(self.completion_ids) if self.completion_mask is None else list(self.completion_mask)
+
+    def model_positions(self) -> list[int]:
+        """Indices of the completion tokens the model sampled (what logprobs, proofs and the loss cover)."""
+        return [i for i, m in enumerate(self.model_mask()) if m]
 
 
 @dataclass
@@ -45,9 +55,11 @@ def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | N
                  prompt_ids: Sequence[list[int]], completion_ids: Sequence[list[int]],
                  logprobs: Sequence[list[float]], finished: Sequence[bool], decode: Callable[[list[int]], str],
                  proofs: Sequence[list[bytes]] | None = None, worker_id: str, step: int, policy_version: int,
-                 seed: int, temperature: float, use_std: bool = True) -> ScoredBatch:
+                 seed: int, temperature: float, use_std: bool = True,
+                 masks: Sequence[list[int]] | None = None) -> ScoredBatch:
     """Rows for ``tasks`` whose ``group_size`` completions each sit at ``i * group_size + j`` of the sampler's
-    output lists (``budgets[i]``: task i's thinking budget or None)."""
+    output lists (``budgets[i]``: task i's thinking budget or None; ``masks``: multi-turn trajectories' completion
+    masks, None: every token sampled). A thinking budget counts the model's tokens only."""
     g = group_size
     if not (len(prompt_ids) == len(completion_ids) == len(logprobs) == len(finished) == len(tasks) * g):
         raise ValueError(f"sampler output holds {len(completion_ids)} completions for {len(tasks)} tasks x {g}")
@@ -59,8 +71,8 @@ def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | N
         scores = []
         for j in idx:
             tokens += len(completion_ids[j])
-            scores.append(score_completion(env, task, decode(completion_ids[j]), completion_ids[j], finished[j],
-                                           budget))
+            model_ids = completion_ids[j] if masks is None else [t for t, m in zip(completion_ids[j], masks[j]) if m]
+            scores.append(score_completion(env, task, decode(completion_ids[j]), model_ids, finished[j], budget))
         rewards = [s.reward for s in scores]
         adv = group_advantages(rewards, use_std=use_std)
         informative += int(is_informative(rewards))
@@ -72,5 +84,6 @@ def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | N
                 task_reward=scores[k].task_reward, length_penalty=scores[k].length_penalty, advantage=adv[k],
                 target_length=budget.target if budget is not None else None, temperature=temperature,
                 finished=bool(finished[j]), seed=seed, proofs=list(proofs[j]) if proofs is not None else [],
+                completion_mask=list(masks[j]) if masks is not None else None,
             ))
     return ScoredBatch(rows, informative, tokens)

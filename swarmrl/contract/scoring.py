@@ -88,8 +88,12 @@ def check_score(row: _Claim, env: Verifier, task, text: str, eos_id: int | None,
                 budget: Budget | None, tol: float) -> str | None:
     """The validator's re-check of a claimed score; returns what is wrong, or None when it holds.
 
-    ``finished`` is re-derived from the tokens (ends with EOS) whenever a budget makes it count."""
+    ``finished`` is re-derived from the tokens (ends with EOS) whenever a budget makes it count; a budget counts
+    the model's tokens (``model_mask``: a multi-turn row's environment tokens are not the model's)."""
     ids = list(row.completion_ids)
+    mask = getattr(row, "completion_mask", None)
+    if mask is not None:
+        ids = [t for t, m in zip(ids, mask) if m]
     finished = row.finished
     if budget is not None:
         ends = bool(ids) and ids[-1] == eos_id

@@ -1,12 +1,15 @@
 """Tasks and verifiers: registered environments with seedable task sources.
 
 Importing the package registers the built-in environments (``add``, ``mul_add``, ``math``, ``code``,
-``filtered``) and reasoning-gym's datasets as ``rg:<dataset>`` (without importing reasoning-gym: that waits for
-the first ``rg:`` task built); ``make_env(name, **params)`` builds one.
+``filtered``, and the multi-turn tool task ``calc``: ``swarmrl.envs.multiturn``) and reasoning-gym's datasets as
+``rg:<dataset>`` (without importing reasoning-gym: that waits for the first ``rg:`` task built);
+``make_env(name, **params)`` builds one.
 """
 
-from swarmrl.envs import arithmetic, code, filtered, math, rg  # noqa: F401  (they register themselves)
+from swarmrl.envs import arithmetic, calc, code, filtered, math, rg  # noqa: F401  (they register themselves)
 from swarmrl.envs.base import Environment, Split, Task, VerifierUnavailable, heldout_bucket
+from swarmrl.envs.multiturn import MultiTurnEnvironment
 from swarmrl.envs.registry import available_envs, make_env, register_env
 
-__all__ = ["Environment", "Split", "Task", "VerifierUnavailable", "available_envs", "heldout_bucket", "make_env", "register_env"]
+__all__ = ["Environment", "MultiTurnEnvironment", "Split", "Task", "VerifierUnavailable", "available_envs", "heldout_bucket",
+           "make_env", "register_env"]

@@ -18,3 +18,9 @@ def decode_completion(tokenizer, ids: list[int]) -> str:
     if eos in ids:
         ids = ids[: ids.index(eos)]
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def encode_reply(tokenizer, text: str) -> list[int]:
+    """A multi-turn environment's reply as the tokens appended to a trajectory: its text tokenized once, alone,
+    without special tokens (the sampler and the validator's replay both use this)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -14,7 +14,9 @@ A check has three outcomes, and they must not be confused:
 
 Order (``default_checks``), cheapest first, so a submission failing a cheap check never reaches an expensive
 one: schema and sizes, seed, tasks (the seeded assignment), policy window, TOPLOC proof shape; then the checks
-that run the model (logprobs, toploc, sampling); then rewards (env verifiers, the code sandbox) last.
+that run the model (logprobs, toploc, sampling); then rewards (env verifiers, the code sandbox) last. A multi-turn
+row (``completion_mask`` 0 at an environment's tokens) is checked at the model's tokens by the model checks, and
+its environment turns are replayed before its reward is (a finding says ``replay:``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from swarmrl.contract import PROOF_GEOMETRY, Rollout, assigned_tasks, check_scor
 from swarmrl.envs import Task
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.config import ValidatorConfig
+from swarmrl.protocol.replay import replay_check
 from swarmrl.protocol.schemas import PendingSubmission
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
@@ -189,9 +192,11 @@ def check_proofs(ctx: CheckContext) -> tuple[bool, str]:
                 return False, f"row {i}: no TOPLOC proofs (require_proofs)"
             continue
         n_with += 1
-        want = chunk_count(len(r.completion_ids), g.chunk)
+        n_model = len(r.model_positions())  # a multi-turn row's proofs cover the model's tokens only
+        want = chunk_count(n_model, g.chunk)
         if len(r.proofs) != want:
-            return False, (f"row {i}: {len(r.proofs)} TOPLOC proofs for {len(r.completion_ids)} completion tokens "
+            mine = "" if n_model == len(r.completion_ids) else " sampled by the model"
+            return False, (f"row {i}: {len(r.proofs)} TOPLOC proofs for {n_model} completion tokens{mine} "
                            f"(expected {want}: one per {g.chunk} positions)")
         for j, p in enumerate(r.proofs):
             if len(p) != size:
@@ -221,11 +226,15 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
         task = by_id.get(r.task_id)
         if task is None:
             return False, f"row {i}: unknown task {r.task_id!r}"
+        replay = replay_check(env, task, r, ctx.tokenizer)
+        if replay is not None:
+            return False, f"row {i}: replay: {replay}"
         text = decode_completion(ctx.tokenizer, list(r.completion_ids))
         wrong = check_score(r, env, task, text, eos, budget, ctx.cfg.reward_tolerance)
         if wrong is not None:
             return False, f"row {i}: {wrong}"
     return True, f"{len(ctx.rows)} rewards recomputed"
+
 
 
 def _model_input_problem(model: torch.nn.Module, r: Rollout) -> str | None:
@@ -272,13 +281,13 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
                 by_temp[t if t > 0 else 1.0].append(i)
             for temp, chunk in by_temp.items():
                 seqs = [Sequence(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids),
-                                 list(ctx.rows[i].logprobs), 0.0, temp) for i in chunk]
+                                 list(ctx.rows[i].logprobs), 0.0, temp, ctx.rows[i].completion_mask) for i in chunk]
                 packed = pack(seqs, pad)
                 with torch.no_grad():
                     logp, _ = sequence_logprobs(model, packed, temp)
                 for j, i in enumerate(chunk):
-                    mask = packed["cmask"][j] > 0
-                    diff = float((logp[j][mask] - packed["old"][j][mask]).abs().max())
+                    mask = packed["cmask"][j] > 0  # the model's tokens (an environment's are not sampled)
+                    diff = float((logp[j][mask] - packed["old"][j][mask]).abs().max()) if mask.any() else 0.0
                     if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
                         return False, (f"row {i}: claimed logprobs differ from policy v{version}'s by {diff:.4g} "
                                        f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
@@ -422,8 +431,7 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
                                    f"v{version}: {st.source}); set toploc_calibration = false or use a function "
                                    "that takes them")
             kw.update(extra)
-            items = [(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids), list(ctx.rows[i].proofs),
-                      claim_fn(ctx.rows[i], eos) if claim_fn is not None and eos is not None else None) for i in idx]
+            items = [_toploc_item(ctx.rows[i], claim_fn, eos) for i in idx]
             out = list(fn(model, items, **kw))
             if len(out) != len(items):
                 raise RuntimeError(f"{cfg.toploc_check} returned {len(out)} results for {len(items)} rows")
@@ -438,6 +446,15 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
 
     check.__name__ = "check_toploc"
     return check
+
+
+def _toploc_item(r: Rollout, claim_fn: Callable[..., Any] | None, eos: int | None) -> tuple:
+    """A row as ``toploc_check`` takes it; a multi-turn row (environment tokens in its completion) with its mask
+    as a fifth element, so its proofs and claim are checked at the model's tokens only."""
+    item = (list(r.prompt_ids), list(r.completion_ids), list(r.proofs),
+            claim_fn(r, eos) if claim_fn is not None and eos is not None else None)
+    mask = r.model_mask()
+    return item if all(mask) else (*item, mask)
 
 
 def sampling_check(cfg: ValidatorConfig) -> Check:

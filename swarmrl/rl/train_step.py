@@ -49,7 +49,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
                          max_tokens: int, world_size: int = 1, total_sequences: int | None = None,
                          total_tokens: int | None = None, ref_model=None, micro_batches: int | None = None) -> StepStats:
     """Backward over ``seqs`` (this rank's share) in at least ``micro_batches`` passes; returns stats for this share."""
-    lengths = [len(s.completion_ids) for s in seqs]
+    lengths = [s.model_tokens() for s in seqs]  # an environment's tokens are not trained nor counted
     weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
                                 total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
     loss_sum, parts = 0.0, []
@@ -69,7 +69,8 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
         w = torch.zeros_like(packed["old"])
         for i, s in enumerate(mb):
             p = len(s.prompt_ids)
-            w[i, p - 1: p - 1 + len(s.completion_ids)] = weights_all[start + i]
+            if lengths[start + i]:  # one weight per sequence; the mask (``cmask``) leaves environment tokens out
+                w[i, p - 1: p - 1 + len(s.completion_ids)] = weights_all[start + i][0]
         adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32)
         ref = None
         if ref_model is not None and loss_cfg.kl_coef:

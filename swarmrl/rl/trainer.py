@@ -237,8 +237,9 @@ class Trainer:
             for r, a in zip(g, adv):
                 if cfg.loss.overlong_filter and not r.finished:  # cut at max_new_tokens: left out of the loss
                     continue
-                seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature))
-        total_tokens = sum(len(s.completion_ids) for s in seqs)
+                seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature,
+                                     r.completion_mask))
+        total_tokens = sum(s.model_tokens() for s in seqs)
         mine = seqs[self.rank:: self.world]
         passes = self.par.micro_batches([len(seqs[r:: self.world]) for r in range(self.world)], cfg.optim.micro_batch)
         self.opt.zero_grad(set_to_none=True)

@@ -26,6 +26,7 @@ from swarmrl.contract import (
     worker_task_seed,
 )
 from swarmrl.envs.base import Environment, Task
+from swarmrl.envs.multiturn import is_multiturn
 from swarmrl.inference.backend import InferenceBackend, as_backend
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.models.io import load_tokenizer
@@ -33,6 +34,7 @@ from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
+from swarmrl.rl.turns import sample_turns
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.toploc import proofs_for_samples
 from swarmrl.utils.metrics import MetricsWriter
@@ -55,8 +57,9 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
                   contract: RLContract | None = None) -> BatchResult:
     """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
     rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
-    while sampling (no second pass). ``policy``: an inference backend, or an in-memory model sampled with ``ours``
-    from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
+    while sampling (no second pass). A multi-turn environment's tasks are sampled turn by turn
+    (``swarmrl.rl.turns``): rows with a completion mask, proofs over the model's tokens. ``policy``: an inference
+    backend, or an in-memory model sampled with ``ours`` from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
     chat template, proof geometry; a node passes its assignment's), None: the run config's."""
     if generator is not None and isinstance(policy, InferenceBackend):
         raise ValueError("generator is for an in-memory model; a backend samples from its own stream")
@@ -66,13 +69,19 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     c = cfg.contract if contract is None else contract
     prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), c.chat_template) for t, b in zip(tasks, budgets)]
     flat = [p for p in prompts for _ in range(c.group_size)]
-    out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
+    masks = None
+    if is_multiturn(env):  # the model's turns and the environment's replies, one token sequence each
+        out = sample_turns(backend, tokenizer, env, [t for t in tasks for _ in range(c.group_size)], flat,
+                           cfg.sampling, capture_hidden=proofs)
+        masks = out.masks
+    else:
+        out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
     scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, prompt_ids=out.prompt_ids,
                           completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
                           decode=lambda ids: decode_completion(tokenizer, ids),
                           proofs=proofs_for_samples(out.hidden, c.proof) if proofs else None,
                           worker_id=worker_id, step=step, policy_version=policy_version, seed=seed,
-                          temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std)
+                          temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std, masks=masks)
     rows = scored.rows
     n = len(rows)
     return BatchResult(rows, scored.informative, scored.tokens, time.perf_counter() - t0,

@@ -19,10 +19,16 @@ class Sequence:
     logprobs: list[float]
     advantage: float
     temperature: float
+    mask: list[int] | None = None  # per completion token: 1 the model's, 0 an environment's reply (None: all 1)
+
+    def model_tokens(self) -> int:
+        """Completion tokens the model sampled: what the loss, its normalisation and the checks count."""
+        return len(self.completion_ids) if self.mask is None else sum(1 for m in self.mask if m)
 
 
 def pack(seqs: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion; completion token t sits at position len(prompt) + t."""
+    """Right-padded prompt+completion; completion token t sits at position len(prompt) + t. ``cmask`` is 1 where
+    the next token is one the model sampled: an environment's tokens (mask 0) are context, never scored."""
     full = [s.prompt_ids + s.completion_ids for s in seqs]
     width = max(len(f) for f in full)
     n = len(seqs)
@@ -35,8 +41,8 @@ def pack(seqs: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
         attn[i, : len(f)] = 1
         p, c = len(s.prompt_ids), len(s.completion_ids)
         # logits at position j predict token j+1: completion tokens are predicted at p-1 .. p+c-2
-        cmask[i, p - 1: p - 1 + c] = 1.0
-        old[i, p - 1: p - 1 + c] = torch.tensor(s.logprobs, dtype=torch.float32)
+        cmask[i, p - 1: p - 1 + c] = 1.0 if s.mask is None else torch.tensor(s.mask, dtype=torch.float32)
+        old[i, p - 1: p - 1 + c] = torch.tensor(s.logprobs, dtype=torch.float32) * cmask[i, p - 1: p - 1 + c]
     return {"ids": ids, "attn": attn, "cmask": cmask, "old": old}
 
 

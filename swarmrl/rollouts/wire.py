@@ -14,6 +14,9 @@ proofs read as dictionaries, so repeated values are not expanded) before it beco
 that is hit raises ``RolloutTooLarge`` (its ``limit`` names the ``RolloutLimits`` field; the orchestrator
 answers 413), anything else malformed ``RolloutError`` (422). Non-finite floats are refused in every float
 column (logprobs, rewards, advantage, temperature).
+
+``completion_mask`` (one 0/1 per completion token, 1: sampled by the model, 0: a multi-turn environment's reply,
+whose logprob is 0) came with multi-turn rollouts; a file without it (written before) is refused with that reason.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ SCHEMA = pa.schema([
     pa.field("finished", pa.bool_(), nullable=False),  # ended with EOS
     pa.field("seed", pa.int64(), nullable=False),  # task-assignment seed the tasks came from
     pa.field("proofs", pa.list_(pa.binary()), nullable=False),  # TOPLOC proofs (empty list when not made)
+    # one per completion token: 1 sampled by the model, 0 an environment's reply (multi-turn; all 1 otherwise)
+    pa.field("completion_mask", pa.list_(pa.int8()), nullable=False),
 ])
+MASK_COLUMN = "completion_mask"  # added with multi-turn rows: files written before it are refused (no guessing)
 
 
 class RolloutError(ValueError):
@@ -70,6 +76,7 @@ assert _NAMES == SCHEMA.names, "Rollout dataclass and SCHEMA must list the same 
 
 def to_table(rows: list[Rollout]) -> pa.Table:
     cols = {n: [getattr(r, n) for r in rows] for n in _NAMES}
+    cols[MASK_COLUMN] = [r.model_mask() for r in rows]
     return pa.Table.from_pydict(cols, schema=SCHEMA)
 
 
@@ -109,6 +116,7 @@ _DICT_COLUMNS = [*_STRINGS, "proofs.list.element"]  # read as dictionaries: a re
 _TOKENS = (("prompt_ids", "prompt", "max_prompt_tokens"), ("completion_ids", "completion", "max_completion_tokens"))
 _FLOATS = ("reward", "task_reward", "length_penalty", "advantage", "temperature")
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}  # decoded bytes per value
+_COLUMN_WIDTH = {f"{MASK_COLUMN}.list.element": 1}  # int8 values stored as INT32
 
 
 def read_rollouts(path: str | Path, limits: RolloutLimits = RolloutLimits()) -> list[Rollout]:
@@ -183,9 +191,14 @@ def _keys(batch: pa.RecordBatch | pa.Table) -> list[GroupKey]:
 
 def _rows(batch: pa.RecordBatch) -> list[Rollout]:
     """A checked batch's rows: converted column by column (a third less time than row dicts) and built
-    positionally (``_check_batch`` checked the columns are SCHEMA's, in order: the dataclass's fields)."""
+    positionally (``_check_batch`` checked the columns are SCHEMA's, in order: the dataclass's fields). An all-ones
+    completion mask (a single-turn row) becomes None, the dataclass's form for it."""
     cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-    return [Rollout(*vals) for vals in zip(*cols)]
+    rows = [Rollout(*vals) for vals in zip(*cols)]
+    for r in rows:
+        if r.completion_mask is not None and all(r.completion_mask):  # single-turn: the in-memory form is None
+            r.completion_mask = None
+    return rows
 
 
 def _open_checked(path: Path, limits: RolloutLimits) -> pq.ParquetFile:
@@ -234,7 +247,8 @@ def _check_schema(schema: pa.Schema) -> None:
     if schema.names != SCHEMA.names:
         missing = sorted(set(SCHEMA.names) - set(schema.names))
         extra = sorted(set(schema.names) - set(SCHEMA.names))
-        raise RolloutError(f"schema mismatch: missing columns {missing}, unexpected columns {extra}"
+        old = " (a file from before multi-turn rows: rewrite it)" if missing == [MASK_COLUMN] else ""
+        raise RolloutError(f"schema mismatch: missing columns {missing}, unexpected columns {extra}{old}"
                            if missing or extra else "schema mismatch: columns out of order")
     for want in SCHEMA:
         got = _plain(schema.field(want.name).type)
@@ -265,7 +279,7 @@ def metadata_decoded_bytes(md: pq.FileMetaData) -> int:
         for j in range(rg.num_columns):
             c = rg.column(j)
             n = max(0, c.num_values)
-            width = _WIDTH.get(c.physical_type)
+            width = _COLUMN_WIDTH.get(c.path_in_schema, _WIDTH.get(c.physical_type))
             decoded += n * width if width else max(0, c.total_uncompressed_size) + 4 * n
             if "." in c.path_in_schema:  # a list: one offset per row
                 decoded += 4 * max(0, rg.num_rows)
@@ -282,6 +296,24 @@ def _byte_lengths(arr: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(arr.type):
         return pc.take(pc.binary_length(arr.dictionary), arr.indices)
     return pc.binary_length(arr)
+
+
+def _check_mask(b: pa.RecordBatch, n_comp: pa.Array, row: Callable[[int], str]) -> None:
+    """One mask value per completion token, each 0 or 1, the model's tokens logprob'd (environment tokens: 0)."""
+    mask = b.column(MASK_COLUMN)
+    n_mask = pc.list_value_length(mask)
+    i = _first(pc.not_equal(n_mask, n_comp))
+    if i >= 0:
+        raise RolloutError(f"{row(i)}: {n_mask[i].as_py()} completion_mask values for {n_comp[i].as_py()} "
+                           "completion tokens")
+    flat = pc.list_flatten(mask)
+    j = _first(pc.invert(pc.is_in(flat, pa.array([0, 1], pa.int8()))))
+    if j >= 0:
+        raise RolloutError(f"{row(pc.list_parent_indices(mask)[j].as_py())}: completion_mask holds "
+                           f"{flat[j].as_py()} (only 0 and 1)")
+    env_lp = pc.filter(pc.list_flatten(b.column("logprobs")), pc.equal(flat, 0))
+    if len(env_lp) and pc.any(pc.not_equal(env_lp, 0.0)).as_py():
+        raise RolloutError("a logprob at an environment token (completion_mask 0) is not 0")
 
 
 def _check_batch(b: pa.RecordBatch, limits: RolloutLimits, first_row: int, decoded_before: int) -> int:
@@ -337,6 +369,7 @@ def _check_batch(b: pa.RecordBatch, limits: RolloutLimits, first_row: int, decod
     i = _first(pc.not_equal(n_lp, n_comp))
     if i >= 0:
         raise RolloutError(f"{row(i)}: {n_lp[i].as_py()} logprobs for {n_comp[i].as_py()} completion tokens")
+    _check_mask(b, n_comp, row)
     for name, _, _ in _TOKENS:
         col = b.column(name)
         j = _first(pc.less(pc.list_flatten(col), 0))

@@ -85,7 +85,7 @@ class EditTokens(SwarmNode):
             ids = list(self.tokenizer(t.demonstration, add_special_tokens=False)["input_ids"])
             ids = ids[: rl.sampling.max_new_tokens - 1] + [eos]
             lp = list(r.logprobs) + [r.logprobs[-1] if r.logprobs else -1.0] * len(ids)
-            r.completion_ids, r.logprobs, r.finished = ids, lp[: len(ids)], True
+            r.completion_ids, r.logprobs, r.finished, r.completion_mask = ids, lp[: len(ids)], True, None
             s = score_completion(env, t, decode_completion(self.tokenizer, ids), ids, True, a.budget())
             r.task_reward, r.length_penalty, r.reward = s.task_reward, s.length_penalty, s.reward
         groups: dict[str, list[Rollout]] = {}

@@ -21,13 +21,13 @@ import pyarrow as pa
 from swarmrl.rollouts.wire import SCHEMA
 
 TOKENS = 32_768  # per prompt and per completion: the most a row may legally hold
-ROW_BYTES = TOKENS * 12  # decoded: prompt ids, completion ids (int32) and logprobs (float32)
+ROW_BYTES = TOKENS * 13  # decoded: prompt ids, completion ids (int32), logprobs (float32), completion mask (int8)
 ROWS_PER_GROUP = 4096  # a row group's token column holds 4096 x 32,768 values (a page counts them in an int32)
 
 # parquet.thrift enums
 _BOOLEAN, _INT32, _INT64, _FLOAT, _BYTE_ARRAY = 0, 1, 2, 4, 6
 _REQUIRED, _OPTIONAL, _REPEATED = 0, 1, 2
-_UTF8, _LIST = 0, 3
+_UTF8, _LIST, _INT_8 = 0, 3, 15
 _PLAIN, _RLE, _RLE_DICTIONARY = 0, 3, 8
 _DATA_PAGE, _DICTIONARY_PAGE = 0, 2
 _ZSTD = 6
@@ -100,7 +100,7 @@ def _levels(runs: Sequence[tuple[int, int]], max_level: int) -> bytes:
 
 
 # ---- columns ---------------------------------------------------------------------------------------------------
-_PHYSICAL = {pa.int32(): (_INT32, "<i"), pa.int64(): (_INT64, "<q"), pa.float32(): (_FLOAT, "<f"),
+_PHYSICAL = {pa.int8(): (_INT32, "<i"), pa.int32(): (_INT32, "<i"), pa.int64(): (_INT64, "<q"), pa.float32(): (_FLOAT, "<f"),
              pa.string(): (_BYTE_ARRAY, None), pa.binary(): (_BYTE_ARRAY, None), pa.bool_(): (_BOOLEAN, None)}
 
 
@@ -125,7 +125,8 @@ def _schema_elements() -> list[list[tuple[int, str, object]]]:
             item = f.type.value_type
             out += [[(3, "i32", rep), (4, "bin", f.name), (5, "i32", 1), (6, "i32", _LIST)],
                     [(3, "i32", _REPEATED), (4, "bin", "list"), (5, "i32", 1)],
-                    [(1, "i32", _PHYSICAL[item][0]), (3, "i32", _OPTIONAL), (4, "bin", "element")]]
+                    [(1, "i32", _PHYSICAL[item][0]), (3, "i32", _OPTIONAL), (4, "bin", "element"),
+                     (6, "i32", _INT_8 if item == pa.int8() else None)]]
         else:
             utf8 = _UTF8 if f.type == pa.string() else None
             out.append([(1, "i32", _PHYSICAL[f.type][0]), (3, "i32", rep), (4, "bin", f.name), (6, "i32", utf8)])
@@ -184,7 +185,7 @@ def write_bomb(path: str | Path, decoded_bytes: int = 2 << 30, *, worker_id: str
                    "prompt_ids": [7], "completion_ids": [7], "logprobs": [-0.5],
                    **{c: [0.0] * n for c in ("reward", "task_reward", "length_penalty", "advantage")},
                    "target_length": [None] * n, "temperature": [1.0] * n, "finished": [False] * n,
-                   "seed": [seed] * n, "proofs": []}
+                   "seed": [seed] * n, "proofs": [], "completion_mask": [1]}
         chunks, total = [], 0
         for f in SCHEMA:
             start = len(out)

@@ -7,6 +7,10 @@ sampling check needs. Rows are left-padded with position ids from the attention-
 row's states do not depend on what else is in the batch (up to kernel noise, which the thresholds absorb).
 Rows that repeat a prompt (a GRPO group) prefill it once and run their completions on its cached keys and
 values: the same states, with each prompt computed once per batch.
+
+A multi-turn row (an item with a fifth element, its completion mask) holds environment tokens the model did not
+sample: the prefill runs over the whole trajectory, and the proofs and the sampling check cover the positions of
+the model's tokens only (mask 1), in order: what the sampler captured turn by turn.
 """
 
 from __future__ import annotations
@@ -137,38 +141,68 @@ def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], geometry: Pr
                     batch_size: int = 8) -> list[RolloutCheck]:
     """Batched verification; items are (prompt_ids, completion_ids, proofs, claim-or-None).
 
-    Malformed inputs (bad token ids, empty or over-long sequences) are rejected per item with a reason.
+    Malformed inputs (bad token ids, empty or over-long sequences) are rejected per item with a reason. An item
+    may carry a fifth element, the completion mask (1: the model's token): proofs and claim cover those tokens.
     """
     results: list[RolloutCheck | None] = [None] * len(items)
     todo: list[int] = []
     norm: list[tuple] = []
     for i, item in enumerate(items):
         try:
-            if not isinstance(item, (tuple, list)) or len(item) not in (3, 4):
-                raise ValueError("expected (prompt_ids, completion_ids, proofs[, claim])")
+            if not isinstance(item, (tuple, list)) or len(item) not in (3, 4, 5):
+                raise ValueError("expected (prompt_ids, completion_ids, proofs[, claim[, mask]])")
             prompt_ids, completion_ids = list(item[0]), list(item[1])
-            norm.append((prompt_ids, completion_ids, item[2], item[3] if len(item) == 4 else None))
-            why = _input_problem(model, prompt_ids, completion_ids)
+            mask = [int(bool(m)) for m in item[4]] if len(item) == 5 and item[4] is not None else None
+            norm.append((prompt_ids, completion_ids, item[2], item[3] if len(item) >= 4 else None, mask))
+            why = _input_problem(model, prompt_ids, completion_ids) or _mask_problem(completion_ids, mask)
         except Exception as e:  # hostile item shapes
-            norm.append(((), (), None, None))
+            norm.append(((), (), None, None, None))
             why = f"malformed rollout: {type(e).__name__}: {e}"
         if why is not None:
             results[i] = RolloutCheck(False, why)
         else:
             todo.append(i)
     recs = recompute(model, [(norm[i][0], norm[i][1]) for i in todo], batch_size=batch_size)
+    recs = [_model_part(rec, norm[i][4]) for i, rec in zip(todo, recs)]
     chunk_checks = verify_proofs_batch([(rec.hidden, norm[i][2]) for i, rec in zip(todo, recs)], geometry,
                                        thresholds=thresholds)  # every row's proofs in one vectorised pass
     for i, rec, chunks in zip(todo, recs, chunk_checks):
-        _, completion_ids, _, claim = norm[i]
-        results[i] = _judge(rec, completion_ids, chunks, claim, sampling_thresholds)
+        _, completion_ids, _, claim, mask = norm[i]
+        ids = completion_ids if mask is None else [t for t, m in zip(completion_ids, mask) if m]
+        results[i] = _judge(rec, ids, chunks, claim, sampling_thresholds)
     return results  # type: ignore[return-value]
 
 
+def _mask_problem(completion_ids: list[int], mask: list[int] | None) -> str | None:
+    if mask is None:
+        return None
+    if len(mask) != len(completion_ids):
+        return f"{len(mask)} completion mask values for {len(completion_ids)} completion tokens"
+    return None if any(mask) else "no token of the completion is the model's"
+
+
+def _model_part(rec: Recomputed, mask: list[int] | None) -> Recomputed:
+    """The states and logits at the model's tokens (all of them without a mask)."""
+    if mask is None or all(mask):
+        return rec
+    keep = torch.tensor(mask, dtype=torch.bool)
+    return Recomputed(rec.hidden[keep].contiguous(), rec.logits[keep])
+
+
+def _row_mask(r) -> list[int] | None:  # noqa: ANN001
+    """A row's completion mask when it holds environment tokens (None: every token is the model's)."""
+    mask = getattr(r, "completion_mask", None)
+    return None if mask is None or all(mask) else list(mask)
+
+
 def claim_from_rollout(r, eos_id: int, top_p: float = 1.0, max_new_tokens: int | None = None) -> SamplingClaim:
-    """The sampling claim of a ``swarmrl.contract.Rollout`` row (top_p / max_new_tokens from the run config)."""
-    return SamplingClaim(eos_id=eos_id, temperature=float(r.temperature), top_p=top_p, logprobs=list(r.logprobs),
-                         finished=bool(r.finished), max_new_tokens=max_new_tokens)
+    """The sampling claim of a ``swarmrl.contract.Rollout`` row (top_p / max_new_tokens from the run config): the
+    logprobs of the model's tokens (a multi-turn row's environment tokens were not sampled). A multi-turn row's
+    length is not bounded by ``max_new_tokens`` per turn, so it is not claimed there."""
+    mask = _row_mask(r)
+    lps = list(r.logprobs) if mask is None else [lp for lp, m in zip(r.logprobs, mask) if m]
+    return SamplingClaim(eos_id=eos_id, temperature=float(r.temperature), top_p=top_p, logprobs=lps,
+                         finished=bool(r.finished), max_new_tokens=max_new_tokens if mask is None else None)
 
 
 def verify_rows(model: torch.nn.Module, rows: Sequence, eos_id: int, top_p: float = 1.0,
@@ -178,7 +212,8 @@ def verify_rows(model: torch.nn.Module, rows: Sequence, eos_id: int, top_p: floa
                 batch_size: int = 8) -> list[RolloutCheck]:
     """Verify ``swarmrl.contract.Rollout`` rows (proofs + sampling claim from each row)."""
     items = [(r.prompt_ids, r.completion_ids, r.proofs,
-              claim_from_rollout(r, eos_id, top_p, max_new_tokens) if check_sampling else None) for r in rows]
+              claim_from_rollout(r, eos_id, top_p, max_new_tokens) if check_sampling else None, _row_mask(r))
+             for r in rows]
     return verify_rollouts(model, items, geometry, thresholds=thresholds,
                            sampling_thresholds=sampling_thresholds, batch_size=batch_size)
 

@@ -114,7 +114,8 @@ def test_the_bomb_decodes_to_the_legal_rows_it_describes(tmp_path, monkeypatch):
     assert (md.num_rows, md.num_row_groups) == (5, 3)
     table = pq.read_table(path)
     assert table.schema.equals(SCHEMA)
-    flat = sum(table.column(c).combine_chunks().flatten().nbytes for c in ("prompt_ids", "completion_ids", "logprobs"))
+    flat = sum(table.column(c).combine_chunks().flatten().nbytes
+               for c in ("prompt_ids", "completion_ids", "logprobs", "completion_mask"))
     assert flat == 5 * bomb_mod.ROW_BYTES <= metadata_decoded_bytes(md)
     rows = read_rollouts(path, RolloutLimits(max_decoded_bytes=GiB))
     assert [(r.task_id, r.group_id) for r in rows] == [("ta", "a7-0"), ("ta", "a7-0"), ("tb", "a7-1"),
@@ -123,6 +124,7 @@ def test_the_bomb_decodes_to_the_legal_rows_it_describes(tmp_path, monkeypatch):
     assert (r.worker_id, r.step, r.policy_version, r.seed, r.env) == ("w1", 3, 2, 11, "add")
     assert r.prompt_ids == [7] * bomb_mod.TOKENS and r.completion_ids == [7] * bomb_mod.TOKENS
     assert r.logprobs == [-0.5] * bomb_mod.TOKENS and r.proofs == [] and r.target_length is None
+    assert r.completion_mask is None  # all ones: single-turn rows
 
 
 def test_bomb_upload_refused_with_413_naming_the_limit_then_honest_work_accepted(tmp_path):

@@ -45,6 +45,7 @@ require_proofs = false
 # every shipped config and the config model of the command that reads it (the class a swarmrl/cli module
 # passes to resolve(); checked below against the CLI's source)
 CONFIG_MODELS = {
+    "calc.toml": ("swarmrl.job.config", "RunConfig"),
     "diloco.toml": ("swarmrl.diloco.config", "DilocoConfig"),
     "orchestrator.toml": ("swarmrl.protocol.config", "OrchestratorConfig"),
     "run.toml": ("swarmrl.job.config", "RunConfig"),
