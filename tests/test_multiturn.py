@@ -369,3 +369,15 @@ def test_a_short_local_run_of_the_calc_config_finishes(tmp_path, tiny_model_dir)
     assert summary["steps"] == 2
     run = RunDir(cfg.rl.run_dir)
     assert run.is_done()
+
+
+def test_overlong_filter_drops_budget_cuts_not_trajectories_the_environment_ended():
+    from swarmrl.rl.trainer import overlong
+
+    def row(n: int, finished: bool, mask: list[int] | None = None) -> Rollout:
+        return Rollout("w", 0, 0, "t", "calc", "g", [1, 2], list(range(3, 3 + n)), [-0.1] * n, 1.0, 1.0, 0.0, 0.0,
+                       None, 1.0, finished, 0, completion_mask=mask)
+
+    assert overlong(row(16, False), 16)  # single turn, no EOS, the whole budget used: cut
+    assert not overlong(row(9, True), 16)  # ended with EOS
+    assert not overlong(row(12, False, [1] * 5 + [0] * 4 + [1] * 3), 16)  # the environment ended it (no EOS)

@@ -66,6 +66,12 @@ class Batch:
     stats: dict = field(default_factory=dict)  # what the selection kept and dropped (``GroupRule.select``)
 
 
+def overlong(row: Rollout, max_new_tokens: int) -> bool:
+    """Was the completion cut by the token budget: no EOS and the whole budget used? (A multi-turn trajectory the
+    environment ended has no EOS either, but was not cut; one single-turn completion without EOS used it all.)"""
+    return not row.finished and len(row.completion_ids) >= max_new_tokens
+
+
 class Trainer:
     def __init__(self, cfg: RLConfig, *, source: RolloutSource | None = None,
                  publishers: list[WeightPublisher] = ()) -> None:
@@ -235,7 +241,7 @@ class Trainer:
         for g in groups:
             adv = cfg.loss.advantages([r.reward for r in g])  # recomputed, not trusted
             for r, a in zip(g, adv):
-                if cfg.loss.overlong_filter and not r.finished:  # cut at max_new_tokens: left out of the loss
+                if cfg.loss.overlong_filter and overlong(r, cfg.sampling.max_new_tokens):  # left out of the loss
                     continue
                 seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature,
                                      r.completion_mask))
