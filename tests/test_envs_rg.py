@@ -320,7 +320,7 @@ def test_clear_errors_for_bad_names_and_params():
     with pytest.raises(ValueError, match="'seed' is not a task parameter"):
         make_env("rg:chain_sum", seed=3)
     with pytest.raises(ValueError, match="answer must be one of"):
-        make_env("rg:chain_sum", answer="last_number")
+        make_env("rg:chain_sum", answer="last_word")
     with pytest.raises(ValueError, match="prompt must contain"):
         make_env("rg:chain_sum", prompt="{question} {expr}")
     with pytest.raises(ValueError, match="heldout_pct"):
