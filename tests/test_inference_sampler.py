@@ -108,12 +108,9 @@ def test_other_models_use_hf_forward(monkeypatch):
     assert generate(model, _prompts(tok), greedy, -1, tok.pad_token_id).completion_ids == want
 
 
-def test_a_groups_prompt_is_prefilled_once(monkeypatch):
-    """Rows that repeat a prompt (a GRPO group) share one prefill; every row still gets what HF computes for it."""
-    model, tok = _model("qwen2", 2)
-    base = _prompts(tok)
-    prompts = [p for p in base for _ in range(4)] + [base[0]]  # groups of 4, and a repeat out of order
-    seen = []
+def _count_prefill_rows(monkeypatch) -> list[int]:
+    """The row count of every prefill the static decoder runs from now on (the list fills as it runs)."""
+    seen: list[int] = []
     real = StaticDecoder.prefill
 
     def spy(self, rows, *a, **kw):
@@ -121,6 +118,15 @@ def test_a_groups_prompt_is_prefilled_once(monkeypatch):
         return real(self, rows, *a, **kw)
 
     monkeypatch.setattr(StaticDecoder, "prefill", spy)
+    return seen
+
+
+def test_a_groups_prompt_is_prefilled_once(monkeypatch):
+    """Rows that repeat a prompt (a GRPO group) share one prefill; every row still gets what HF computes for it."""
+    model, tok = _model("qwen2", 2)
+    base = _prompts(tok)
+    prompts = [p for p in base for _ in range(4)] + [base[0]]  # groups of 4, and a repeat out of order
+    seen = _count_prefill_rows(monkeypatch)
     params = SamplingParams(max_new_tokens=8)
     gens = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
     out = generate(model, prompts, params, -1, tok.pad_token_id, capture_hidden=True, generators=gens)
@@ -138,14 +144,7 @@ def test_share_prompts_off_prefills_every_row_with_the_same_result(monkeypatch):
     """``share_prompts=False`` (the benchmark's baseline) prefills every row and samples exactly what sharing does."""
     model, tok = _model("qwen2", 2)
     prompts = [p for p in _prompts(tok) for _ in range(3)]
-    seen = []
-    real = StaticDecoder.prefill
-
-    def spy(self, rows, *a, **kw):
-        seen.append(len(rows))
-        return real(self, rows, *a, **kw)
-
-    monkeypatch.setattr(StaticDecoder, "prefill", spy)
+    seen = _count_prefill_rows(monkeypatch)
     params = SamplingParams(max_new_tokens=6)
     outs = [generate(model, prompts, params, -1, tok.pad_token_id, capture_hidden=True, share_prompts=share,
                      generators=[torch.Generator().manual_seed(i) for i in range(len(prompts))])
