@@ -10,26 +10,12 @@ it. Deterministic by seed; the train/held-out split is by expression.
 from __future__ import annotations
 
 import random
-import string
 
 from swarmrl.envs.answers import ANSWER_RULES, AnswerRule, extract_integer
-from swarmrl.envs.base import Environment, Split, Task, heldout_bucket
+from swarmrl.envs.base import Environment, Split, Task, check_prompt_format, heldout_bucket
 from swarmrl.envs.registry import register_env
 
 DEFAULT_PROMPT = "{expr}="
-MAX_PROMPT_CHARS = 1_000
-
-
-def _check_prompt(prompt: str) -> None:
-    """A prompt format names ``{expr}`` and nothing else (no attribute access, no other fields)."""
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"prompt is {len(prompt)} characters, over {MAX_PROMPT_CHARS}")
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None]
-    except ValueError as e:
-        raise ValueError(f"prompt {prompt!r} is not a valid format: {e}") from None
-    if fields != ["expr"]:
-        raise ValueError(f"prompt must contain {{expr}} exactly once and no other field, not {prompt!r}")
 
 
 class ArithmeticEnv(Environment):
@@ -43,7 +29,7 @@ class ArithmeticEnv(Environment):
             raise ValueError("heldout_pct must be in (0, 100)")
         if answer not in ANSWER_RULES:
             raise ValueError(f"answer must be one of {', '.join(ANSWER_RULES)}, not {answer!r}")
-        _check_prompt(prompt)
+        check_prompt_format(prompt, "expr")
         self.prompt, self.answer = prompt, answer
         self.kind, self.digits, self.max_factor, self.max_addend = kind, digits, max_factor, max_addend
         self.heldout_pct = heldout_pct

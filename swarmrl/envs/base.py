@@ -8,6 +8,7 @@ held-out task, whatever seed it uses, and a validator can re-derive any assignme
 from __future__ import annotations
 
 import hashlib
+import string
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,6 +33,22 @@ def heldout_bucket(key: str, heldout_pct: float) -> bool:
     """True when ``key`` falls in the held-out share (stable across runs and machines)."""
     h = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
     return (h % 10_000) < int(round(heldout_pct * 100))
+
+
+MAX_PROMPT_CHARS = 1_000  # a task's prompt format (a config value, from whoever wrote the run config)
+
+
+def check_prompt_format(prompt: str, field: str) -> None:
+    """A prompt format names ``{field}`` and nothing else (no attribute access, no other fields); ValueError
+    otherwise, saying why."""
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt is {len(prompt)} characters, over {MAX_PROMPT_CHARS}")
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(prompt) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"prompt {prompt!r} is not a valid format: {e}") from None
+    if fields != [field]:
+        raise ValueError(f"prompt must contain {{{field}}} exactly once and no other field, not {prompt!r}")
 
 
 class VerifierUnavailable(RuntimeError):
