@@ -27,12 +27,15 @@ import sys
 import time
 from pathlib import Path
 
+from swarmrl.utils.procs import child_env
+
 
 def one_run(tree: Path, warmstart: Path | None, extra: list[str], timeout_s: float) -> dict:
     if warmstart is not None and warmstart.resolve() != (tree / "runs" / "warmstart").resolve():
         shutil.rmtree(tree / "runs" / "warmstart", ignore_errors=True)
         shutil.copytree(warmstart, tree / "runs" / "warmstart")
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # child_env: the run (and through it its roles) dies with this benchmark, however this one ends
+    env = child_env({**os.environ, "PYTHONPATH": str(tree)})
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "swarmrl", "run", *extra], cwd=tree, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout_s)
