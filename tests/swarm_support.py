@@ -39,9 +39,26 @@ CAUGHT_BY = {
 }
 
 
+# the multi-turn cheats: the replay catches them; where the model checks run first, the shifted context does
+MULTITURN_CAUGHT_BY = {k: ("rewards: ", "logprobs: ", "toploc: ") for k in ("edit_env_turn", "forge_tool_result")}
+PLUGIN_DIR = Path(__file__).resolve().parent / "plugin_env"
+
+
+def install_echo_plugin(site: Path) -> str:
+    """A dist-info in ``site`` whose entry points (group ``swarmrl.envs``) name tests/plugin_env's tasks; the
+    PYTHONPATH that installs it (and the plugin's module) for this process's children."""
+    d = site / "swarmrl_echo_env-0.1.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: swarmrl-echo-env\nVersion: 0.1\n")
+    (d / "entry_points.txt").write_text("[swarmrl.envs]\necho_tool = swarmrl_echo_env:make\n"
+                                        "echo_broken = swarmrl_echo_env:broken\necho_missing = swarmrl_echo_env:nope\n")
+    return os.pathsep.join([str(site), str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+
+
 def _cfg(tmp_path, model, adversaries, *, nodes=2, steps=6, prompts=4, tasks=2, rl_extra=None, contract_extra=None,
-         **swarm) -> RunConfig:
-    contract = RLContract(task=TaskConfig(name="add", params={"digits": 2}), async_level=1, group_size=2,
+         task=None, **swarm) -> RunConfig:
+    task = task or TaskConfig(name="add", params={"digits": 2})
+    contract = RLContract(task=task, async_level=1, group_size=2,
                           filter_ties=False, **(contract_extra or {}))
     rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(model), contract=contract,
                   steps=steps, keep_versions=3, prompts_per_step=prompts,

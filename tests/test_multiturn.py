@@ -216,7 +216,7 @@ def test_the_sampling_loop_appends_sampled_ids_and_replies_tokenized_once(tiny_m
 
 def test_hidden_states_of_the_model_tokens_only_in_order(tiny_model_dir):
     from swarmrl.inference.params import SamplingParams
-    from swarmrl.rl.turns import sample_turns
+    from swarmrl.inference.turns import sample_turns
 
     tok = load_tokenizer(tiny_model_dir)
     env = make_env("calc")
@@ -334,6 +334,33 @@ def test_an_edited_environment_turn_or_a_forged_reward_does_not_replay(honest):
     assert not v.accepted and v.reason.startswith(f"rewards: row {i}: task_reward"), v.reason
 
 
+@pytest.mark.parametrize("kind", ["edit_env_turn", "forge_tool_result"])
+def test_the_multiturn_adversaries_uploads_are_rejected_by_the_replay(honest, kind):
+    """The swarm's cheating nodes for tool tasks: every row tampered (an environment turn spliced into a row that
+    has none) and honestly re-scored; the replay rejects it even where the model checks do not run."""
+    from swarmrl.swarm.adversaries import ADVERSARIES
+
+    model, tok, rows, item, _ = honest
+    node = object.__new__(ADVERSARIES[kind])  # the tamper step alone: no orchestrator, no policy
+    node.tokenizer = tok
+    env = item.assignment.contract.task.build()
+    tasks = env.sample(item.assignment.seed, 3)
+    rl = RLConfig(contract=item.assignment.contract, sampling={"max_new_tokens": 40})
+    bad = node.tamper([dataclasses.replace(r) for r in rows], tasks, env, rl, item.assignment)
+    for r, b in zip(rows, bad):
+        assert [t for t, m in zip(b.completion_ids, b.model_mask()) if m] == \
+            [t for t, m in zip(r.completion_ids, r.model_mask()) if m]  # the model's tokens are its own
+        assert b.completion_ids != r.completion_ids and 0 in b.model_mask()
+        assert len(b.logprobs) == len(b.completion_ids) == len(b.model_mask())
+    answer = str(tasks[0].verification_info["answer"])
+    if kind == "forge_tool_result":
+        assert f"<result>{answer}</result>" in tok.decode(bad[0].completion_ids)
+    v = _judge(honest, bad, logprob_rows=0, toploc_check="")  # an upload sampled validation leaves unchecked
+    assert not v.accepted and v.reason.startswith("rewards: row 0: replay:"), v.reason
+    v = _judge(honest, bad)  # the model checks run first, and the shifted context already fails them
+    assert not v.accepted and v.reason.startswith(("logprobs: row 0", "toploc: row 0")), v.reason
+
+
 def test_edited_model_tokens_are_caught_by_the_logprob_and_toploc_checks(honest):
     _, tok, rows, _, _ = honest
     i = _multiturn(rows)
@@ -363,7 +390,8 @@ def test_a_short_local_run_of_the_calc_config_finishes(tmp_path, tiny_model_dir)
     cfg = load_config(RunConfig, "configs/calc.toml", [
         f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tiny_model_dir}"', "rl.steps=2", "rl.prompts_per_step=2",
         "rl.workers.num=1", "rl.workers.prompts_per_batch=2", "rl.contract.group_size=2", "rl.eval.every_steps=0",
-        "rl.eval.n=4", "final_eval_n=4", "rl.contract.filter_ties=false"])
+        "rl.eval.n=4", "final_eval_n=4", "rl.contract.filter_ties=false", 'mode="local"',
+        "rl.shardcast.enabled=false"])
     assert cfg.rl.contract.task.name == "calc" and cfg.mode == "local"
     summary = launch(cfg, progress=lambda m: None)
     assert summary["steps"] == 2
@@ -381,3 +409,42 @@ def test_overlong_filter_drops_budget_cuts_not_trajectories_the_environment_ende
     assert overlong(row(16, False), 16)  # single turn, no EOS, the whole budget used: cut
     assert not overlong(row(9, True), 16)  # ended with EOS
     assert not overlong(row(12, False, [1] * 5 + [0] * 4 + [1] * 3), 16)  # the environment ended it (no EOS)
+
+
+class ToolUser(InferenceBackend):
+    """A policy that cannot compute: it calls the tool on the prompt's expression, then copies the result."""
+
+    name = "tool_user"
+
+    def __init__(self, tok) -> None:  # noqa: ANN001
+        super().__init__(tok.eos_token_id, tok.pad_token_id)
+        self.tok = tok
+
+    def generate(self, prompt_ids, params, *, seeds=None, capture_hidden=False):  # noqa: ANN001, ANN201
+        outs = []
+        for p in prompt_ids:
+            text = self.tok.decode(p, skip_special_tokens=True)
+            if text.count("<result>") > 1:  # the prompt names the tag once
+                reply = f"<answer>{text.rsplit('<result>', 1)[1].split('</result>')[0]}</answer>"
+                ids = self.tok.encode(reply, add_special_tokens=False) + [self.eos_id]
+            else:
+                ids = self.tok.encode(f"<calc>{text.split('Compute ')[1].split('. ')[0]}</calc>",
+                                      add_special_tokens=False)
+            outs.append(ids[: params.max_new_tokens])
+        return SampleOutput([list(p) for p in prompt_ids], outs, [[-0.1] * len(o) for o in outs],
+                            [bool(o) and o[-1] == self.eos_id for o in outs], None)
+
+    def update_weights(self, weights):  # noqa: ANN001, ANN201
+        pass
+
+
+def test_held_out_evaluation_of_a_tool_task_runs_the_tool(tiny_model_dir):
+    """``evaluate`` samples a multi-turn task turn by turn with the environment's replies, as training does: a
+    policy that only copies the tool's result scores on every item, and nothing without the replies."""
+    from swarmrl.eval.heldout import evaluate
+
+    tok = load_tokenizer(tiny_model_dir)
+    env = make_env("calc", max_operand=50)
+    res = evaluate(ToolUser(tok), tok, env, n=32, max_new_tokens=96)
+    assert res == {"accuracy": 1.0, "n": 32}
+    assert evaluate(ToolUser(tok), tok, env, n=8, max_new_tokens=20)["accuracy"] == 0.0  # no room for the answer

@@ -4,7 +4,8 @@ The model is asked for the value of an expression such as ``(37*41-12)*3+5``. It
 ``<calc>expression</calc>``: the turn ends there and the environment answers ``<result>value</result>`` (or
 ``<result>error</result>``), evaluated by a bounded parser (integers, ``+ - * /`` and parentheses; no ``eval``).
 The final answer goes in ``<answer>...</answer>``; the reward is 1 when the last answer tag holds the value.
-Deterministic by seed; the train/held-out split is by expression.
+Deterministic by seed; the train/held-out split is by expression. A task's demonstration (for the SFT warm start)
+is a whole trajectory that uses the tool once: ``<calc>expr</calc><result>value</result><answer>value</answer>``.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class CalcEnv(MultiTurnEnvironment):
     name = "calc"
     stop = ("</calc>",)
 
-    def __init__(self, max_turns: int = 4, max_operand: int = 99, heldout_pct: float = 10.0) -> None:
+    def __init__(self, max_turns: int = 4, max_operand: int = 99, heldout_pct: float = 10.0,
+                 instructions: bool = True) -> None:
         if not 1 <= max_turns <= 64:
             raise ValueError("max_turns must be in [1, 64]")
         if not 2 <= max_operand <= 10**6:
@@ -139,6 +141,7 @@ class CalcEnv(MultiTurnEnvironment):
         if not 0 < heldout_pct < 100:
             raise ValueError("heldout_pct must be in (0, 100)")
         self.max_turns, self.max_operand, self.heldout_pct = max_turns, max_operand, heldout_pct
+        self.instructions = instructions  # False: the prompt is the expression alone ("(3*4-2)*5=", a tiny model's)
 
     def _draw(self, rng: random.Random) -> str:
         n = lambda: rng.randint(2, self.max_operand)  # noqa: E731
@@ -147,8 +150,10 @@ class CalcEnv(MultiTurnEnvironment):
 
     def _task(self, expr: str) -> Task:
         ans = int(evaluate(expr))
-        return Task(task_id=f"calc:{expr}", env=self.name, prompt=PROMPT.format(expr=expr),
-                    verification_info={"answer": ans}, task_type="tool", demonstration=f"<answer>{ans}</answer>")
+        prompt = PROMPT.format(expr=expr) if self.instructions else f"{expr}="
+        return Task(task_id=f"calc:{expr}", env=self.name, prompt=prompt,
+                    verification_info={"answer": ans}, task_type="tool",
+                    demonstration=f"<calc>{expr}</calc><result>{ans}</result><answer>{ans}</answer>")
 
     def sample(self, seed: int, n: int, split: Split = "train") -> list[Task]:
         rng = random.Random(f"{self.name}:{seed}")
@@ -184,5 +189,5 @@ class CalcEnv(MultiTurnEnvironment):
 
 
 @register_env("calc")
-def _calc(max_turns: int = 4, max_operand: int = 99, heldout_pct: float = 10.0) -> CalcEnv:
-    return CalcEnv(max_turns=max_turns, max_operand=max_operand, heldout_pct=heldout_pct)
+def _calc(max_turns: int = 4, max_operand: int = 99, heldout_pct: float = 10.0, instructions: bool = True) -> CalcEnv:
+    return CalcEnv(max_turns=max_turns, max_operand=max_operand, heldout_pct=heldout_pct, instructions=instructions)

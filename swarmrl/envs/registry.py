@@ -2,7 +2,13 @@
 register themselves when the ``swarmrl.envs`` package is imported.
 
 ``mark_unavailable`` names tasks that exist upstream but are refused here, with the reason (reasoning-gym datasets
-whose scorer would run a completion as code): asking for one says why instead of "unknown"."""
+whose scorer would run a completion as code): asking for one says why instead of "unknown".
+
+Installed packages bring their own environments through the entry-point group ``swarmrl.envs``: an entry point
+named ``NAME`` pointing at a factory (``pkg.module:make``, called with the task's params and returning an
+``Environment``) makes ``NAME`` a task like the built-in ones, in every process that has the package (trainer,
+workers, nodes and the validator must all have it, since the validator re-runs the verifier and the environment's
+replies). A built-in name is never replaced by a plugin."""
 
 from __future__ import annotations
 
@@ -31,8 +37,33 @@ def mark_unavailable(name: str, why: str) -> None:
     _UNAVAILABLE[name] = why
 
 
+PLUGIN_GROUP = "swarmrl.envs"
+
+
+def _plugins() -> dict[str, Any]:
+    from importlib.metadata import entry_points  # noqa: PLC0415  # lazy: only a name not built in needs it
+
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+
+
+def _load_plugin(name: str) -> bool:
+    """Registers the installed entry point ``name`` of ``swarmrl.envs``; False when there is none."""
+    ep = _plugins().get(name)
+    if ep is None:
+        return False
+    try:
+        factory = ep.load()
+    except Exception as e:  # noqa: BLE001  # a broken plugin is the user's to fix: say which and why
+        raise ImportError(f"task {name!r}: its plugin {ep.value!r} (entry point group {PLUGIN_GROUP!r}) does not "
+                          f"load: {type(e).__name__}: {e}") from e
+    if not callable(factory):
+        raise TypeError(f"task {name!r}: plugin {ep.value!r} is not a factory")
+    _REGISTRY[name] = factory
+    return True
+
+
 def available_envs() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_plugins()))
 
 
 def _unknown(name: str) -> str:
@@ -47,9 +78,12 @@ def _unknown(name: str) -> str:
 def make_env(name: str, **params: Any) -> Environment:
     if name in _UNAVAILABLE:
         raise KeyError(f"task {name!r} is not available: {_UNAVAILABLE[name]}")
-    if name not in _REGISTRY:
+    if name not in _REGISTRY and not _load_plugin(name):
         raise KeyError(_unknown(name))
     try:
-        return _REGISTRY[name](**params)
+        env = _REGISTRY[name](**params)
     except TypeError as e:
         raise ValueError(f"bad parameters for task {name!r}: {e}") from None
+    if not isinstance(env, Environment):
+        raise TypeError(f"task {name!r}: its factory returned {type(env).__name__}, not an Environment")
+    return env

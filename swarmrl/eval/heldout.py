@@ -1,14 +1,18 @@
-"""Held-out accuracy of a model on a task (greedy decoding, batched, through an inference backend)."""
+"""Held-out accuracy of a model on a task (greedy decoding, batched, through an inference backend). A multi-turn
+task is evaluated as it is trained: turn by turn with the environment's replies (``swarmrl.inference.turns``),
+scored on the whole trajectory's text; ``max_new_tokens`` is then the whole trajectory's budget."""
 
 from __future__ import annotations
 
 import torch
 
 from swarmrl.envs.base import Environment
+from swarmrl.envs.multiturn import is_multiturn
 from swarmrl.eval.config import EvalConfig
 from swarmrl.inference.backend import InferenceBackend, as_backend, make_backend
 from swarmrl.inference.params import SamplingParams
 from swarmrl.inference.prompts import decode_completion, encode_prompt
+from swarmrl.inference.turns import sample_turns
 from swarmrl.models.io import load_tokenizer
 
 
@@ -29,7 +33,10 @@ def evaluate(policy: InferenceBackend | torch.nn.Module, tokenizer, env: Environ
         for i in range(0, len(tasks), batch_size):
             chunk = tasks[i: i + batch_size]
             prompts = [encode_prompt(tokenizer, t.prompt, chat_template) for t in chunk]
-            out = backend.generate(prompts, params)
+            if is_multiturn(env):
+                out = sample_turns(backend, tokenizer, env, chunk, prompts, params)  # type: ignore[arg-type]
+            else:
+                out = backend.generate(prompts, params)
             for t, ids in zip(chunk, out.completion_ids):
                 correct += env.verify(t, decode_completion(tokenizer, ids))
     finally:

@@ -34,7 +34,7 @@ from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
-from swarmrl.rl.turns import sample_turns
+from swarmrl.inference.turns import sample_turns
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.toploc import proofs_for_samples
 from swarmrl.utils.metrics import MetricsWriter
@@ -58,7 +58,7 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
     rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
     while sampling (no second pass). A multi-turn environment's tasks are sampled turn by turn
-    (``swarmrl.rl.turns``): rows with a completion mask, proofs over the model's tokens. ``policy``: an inference
+    (``swarmrl.inference.turns``): rows with a completion mask, proofs over the model's tokens. ``policy``: an inference
     backend, or an in-memory model sampled with ``ours`` from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
     chat template, proof geometry; a node passes its assignment's), None: the run config's."""
     if generator is not None and isinstance(policy, InferenceBackend):

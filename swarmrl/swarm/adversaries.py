@@ -8,6 +8,10 @@ random_model      samples from a freshly initialised model, not the policy     l
 edit_tokens       replaces wrong completions with correct answers              logprobs / toploc
 late_edit_tokens  honest for its first honest_first uploads, then edit_tokens  sampled logprobs/toploc,
                                                                                audits (challenge)
+edit_env_turn     multi-turn rows: appends a hint to an environment turn (a     rewards (replay)
+                  row without one gets an environment turn spliced in)
+forge_tool_result multi-turn rows: the tool's replies say the task's answer    rewards (replay)
+                  (a row without one gets a forged reply spliced in)
 forge_rewards     claims reward 1 for every completion                         rewards
 replay            uploads another node's rollouts as its own                   schema (seed)
 stale_policy      never updates: keeps sampling with policy version 0          policy
@@ -39,8 +43,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from swarmrl.contract import Rollout, assigned_tasks, group_advantages, score_completion
 from swarmrl.envs import Environment, Task
+from swarmrl.envs.multiturn import segments
 from swarmrl.inference.backend import InferenceBackend, OursBackend
-from swarmrl.inference.prompts import decode_completion
+from swarmrl.inference.prompts import decode_completion, encode_reply
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
 from swarmrl.protocol.signing import H_KEY, generate_key, sign_request
@@ -70,6 +75,26 @@ class RandomModel(SwarmNode):
         return self.random
 
 
+def _rescore(node: SwarmNode, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+             a: AssignmentSpec) -> list[Rollout]:
+    """Honest scores for tampered rows (whole text; the model's tokens for a budget) and their groups' advantages:
+    the reward re-check alone then finds nothing wrong with the claimed numbers."""
+    by_id = {t.task_id: t for t in tasks}
+    for r in rows:
+        ids = r.completion_ids
+        model_ids = [t for t, m in zip(ids, r.model_mask()) if m]
+        s = score_completion(env, by_id[r.task_id], decode_completion(node.tokenizer, ids), model_ids, r.finished,
+                             a.budget())
+        r.task_reward, r.length_penalty, r.reward = s.task_reward, s.length_penalty, s.reward
+    groups: dict[str, list[Rollout]] = {}
+    for r in rows:
+        groups.setdefault(r.group_id, []).append(r)
+    for g in groups.values():
+        for r, adv in zip(g, group_advantages([x.reward for x in g], use_std=rl.loss.use_std)):
+            r.advantage = adv
+    return rows
+
+
 class EditTokens(SwarmNode):
     """Swaps wrong completions for the task's demonstration (a correct answer) and re-scores them honestly, so
     the rewards check passes; only the tokens no longer come from the policy."""
@@ -86,15 +111,46 @@ class EditTokens(SwarmNode):
             ids = ids[: rl.sampling.max_new_tokens - 1] + [eos]
             lp = list(r.logprobs) + [r.logprobs[-1] if r.logprobs else -1.0] * len(ids)
             r.completion_ids, r.logprobs, r.finished, r.completion_mask = ids, lp[: len(ids)], True, None
-            s = score_completion(env, t, decode_completion(self.tokenizer, ids), ids, True, a.budget())
-            r.task_reward, r.length_penalty, r.reward = s.task_reward, s.length_penalty, s.reward
-        groups: dict[str, list[Rollout]] = {}
+        return _rescore(self, rows, tasks, env, rl, a)
+
+
+class EditEnvTurn(SwarmNode):
+    """Multi-turn rows: edits the environment's side of the trajectory (the model's tokens are its own), then
+    re-scores honestly. ``edit``: the new text of one environment turn (``old``: its text, None where the row has
+    no environment turn: one is spliced in before the model's last token)."""
+
+    def edit(self, old: str | None, task: Task) -> str:
+        return (old or "") + f" (hint: the answer is {task.verification_info.get('answer', '?')})"
+
+    def tamper(self, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+               a: AssignmentSpec) -> list[Rollout]:
+        by_id = {t.task_id: t for t in tasks}
         for r in rows:
-            groups.setdefault(r.group_id, []).append(r)
-        for g in groups.values():
-            for r, adv in zip(g, group_advantages([x.reward for x in g], use_std=rl.loss.use_std)):
-                r.advantage = adv
-        return rows
+            self._edit_row(r, by_id[r.task_id])
+        return _rescore(self, rows, tasks, env, rl, a)
+
+    def _edit_row(self, r: Rollout, task: Task) -> None:
+        ids, lp, mask = list(r.completion_ids), list(r.logprobs), r.model_mask()
+        env_segs = [s for s in segments(mask) if not s.model]
+        if env_segs:
+            seg = env_segs[0]
+            new = encode_reply(self.tokenizer, self.edit(decode_completion(self.tokenizer, ids[seg.start: seg.end]),
+                                                          task))
+            start, end = seg.start, seg.end
+        else:  # no tool call: a forged environment turn before the model's last token
+            new = encode_reply(self.tokenizer, self.edit(None, task))
+            start = end = max(0, len(ids) - 1)
+        r.completion_ids = ids[:start] + new + ids[end:]
+        r.logprobs = lp[:start] + [0.0] * len(new) + lp[end:]
+        r.completion_mask = mask[:start] + [0] * len(new) + mask[end:]
+
+
+class ForgeToolResult(EditEnvTurn):
+    """Multi-turn rows: the tool's reply claims the task's answer (``<result>answer</result>``), so the model
+    copies a right value it never computed; re-scored honestly."""
+
+    def edit(self, old: str | None, task: Task) -> str:
+        return f"<result>{task.verification_info.get('answer', 0)}</result>"
 
 
 class LateEditTokens(EditTokens):
@@ -301,7 +357,7 @@ ADVERSARIES: dict[str, type[SwarmNode]] = {
     "random_model": RandomModel, "edit_tokens": EditTokens, "forge_rewards": ForgeRewards, "replay": Replay,
     "stale_policy": StalePolicy, "own_tasks": OwnTasks, "malformed": Malformed, "oversized": Oversized,
     "wrong_key": WrongKey, "bomb": Bomb, "flood": Flood, "idle_connections": IdleConnections,
-    "late_edit_tokens": LateEditTokens,
+    "late_edit_tokens": LateEditTokens, "edit_env_turn": EditEnvTurn, "forge_tool_result": ForgeToolResult,
 }
 assert tuple(ADVERSARIES) == ADVERSARY_KINDS, "swarm.config.ADVERSARY_KINDS must name every adversary"
 

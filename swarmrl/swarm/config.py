@@ -10,7 +10,7 @@ from swarmrl.protocol.config import NodeConfig
 
 ADVERSARY_KINDS: tuple[str, ...] = ("random_model", "edit_tokens", "forge_rewards", "replay", "stale_policy",
                                     "own_tasks", "malformed", "oversized", "wrong_key", "bomb", "flood",
-                                    "idle_connections", "late_edit_tokens")
+                                    "idle_connections", "late_edit_tokens", "edit_env_turn", "forge_tool_result")
 
 
 class SwarmNodeConfig(NodeConfig):
