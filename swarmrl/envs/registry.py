@@ -2,7 +2,10 @@
 register themselves when the ``swarmrl.envs`` package is imported.
 
 ``mark_unavailable`` names tasks that exist upstream but are refused here, with the reason (reasoning-gym datasets
-whose scorer would run a completion as code): asking for one says why instead of "unknown"."""
+whose scorer would run a completion as code): asking for one says why instead of "unknown".
+
+``register_prefix`` names a family of tasks that cannot be listed ahead (``vf:<env_id>``: any installed verifiers
+environment): ``make_env("vf:x", **params)`` calls the prefix's factory with ``"x"`` and the params."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from swarmrl.envs.base import Environment
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {}
 _UNAVAILABLE: dict[str, str] = {}
+_PREFIXES: dict[str, Callable[..., Environment]] = {}
 
 
 def register_env(name: str) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
@@ -31,6 +35,13 @@ def mark_unavailable(name: str, why: str) -> None:
     _UNAVAILABLE[name] = why
 
 
+def register_prefix(prefix: str, factory: Callable[..., Environment]) -> None:
+    """``factory(rest, **params)`` builds the task ``prefix + rest`` (``rest`` not empty)."""
+    if not prefix.endswith(":") or prefix in _PREFIXES or any(n.startswith(prefix) for n in _REGISTRY):
+        raise ValueError(f"task prefix {prefix!r} registered twice or not ending in ':'")
+    _PREFIXES[prefix] = factory
+
+
 def available_envs() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -47,9 +58,12 @@ def _unknown(name: str) -> str:
 def make_env(name: str, **params: Any) -> Environment:
     if name in _UNAVAILABLE:
         raise KeyError(f"task {name!r} is not available: {_UNAVAILABLE[name]}")
-    if name not in _REGISTRY:
+    prefix = next((p for p in _PREFIXES if name.startswith(p) and len(name) > len(p)), None)
+    if name not in _REGISTRY and prefix is None:
         raise KeyError(_unknown(name))
     try:
+        if prefix is not None:
+            return _PREFIXES[prefix](name[len(prefix):], **params)
         return _REGISTRY[name](**params)
     except TypeError as e:
         raise ValueError(f"bad parameters for task {name!r}: {e}") from None

@@ -1,0 +1,170 @@
+"""Verifiers episodes: the model answers over an OpenAI-compatible chat endpoint, the environment's tools run here;
+and the validator's replay of an episode's row.
+
+``run_episode`` is the harness (verifiers' null/bash chat program, in this process): send the conversation, take
+the reply; when it calls tools, run them (``ToolBox``) and append their results as ``tool`` messages; stop at a
+reply without tool calls or after ``max_turns`` model turns. The model is a ``ChatFn``: ``openai_chat`` (an OpenAI
+client on our endpoint, ``swarmrl.inference.openai_server``, the episode named by its ``X-Session-ID``) or, in
+the replay, the row's own model turns.
+
+``rollout`` runs one episode against a served endpoint and returns its row: the endpoint's token-in/token-out ids
+(prompt; model turns mask 1 with their sampling logprobs; environment turns mask 0) and the reward.
+
+``replay_problem`` is what the validator re-checks on a row, with no model: the model turns are decoded and parsed
+(``parse_assistant``, as the endpoint did), the episode is run again with a client that answers them in order, and
+the ids are derived again with the endpoint's rule (``EpisodeTokens``). The row is rejected when its prompt is not
+the rendering of the task's messages, when an environment turn is not what the environment answers (tool results,
+the template's text around them), when the episode would end with another number of model turns, or when the
+reward (verifiers' scoring of the replayed conversation) is not the claimed one. What it cannot re-check: that the
+model turns were sampled by the policy (TOPLOC and the logprob checks do that), and anything a tool does that is not
+a function of its arguments (time, network, randomness): such an environment fails its replay.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from swarmrl.envs.base import Task
+from swarmrl.envs.multiturn import segments
+from swarmrl.envs.vf_env import Message, VerifiersEnv, run_sync
+from swarmrl.inference.chat_tokens import SESSION_HEADER, ChatError, EpisodeTokens, parse_assistant
+from swarmrl.inference.prompts import decode_completion
+
+ChatFn = Callable[[list[Message], list[Message] | None], Awaitable[Message]]
+
+
+async def run_episode(env: VerifiersEnv, task: Task, chat: ChatFn) -> list[Message]:
+    """The whole conversation: the task's initial messages, then the model's and the tools' turns."""
+    messages = env.initial_messages(task)
+    box = env.tools(task)
+    tools = box.declarations or None
+    for turn in range(env.max_turns):
+        reply = await chat(list(messages), tools)
+        messages.append(reply)
+        calls = reply.get("tool_calls") or []
+        if not calls or turn + 1 >= env.max_turns:
+            break
+        for c in calls:
+            name = c["function"]["name"]
+            result = await box.call(name, c["function"].get("arguments") or "")
+            messages.append({"role": "tool", "tool_call_id": c["id"], "name": name, "content": result})
+    return messages
+
+
+def openai_chat(base_url: str, session_id: str, *, max_tokens: int, temperature: float = 1.0,
+                seed: int | None = None, timeout_s: float = 300.0) -> ChatFn:
+    """The model behind an OpenAI-compatible endpoint, every request in one episode (``session_id``)."""
+    client = AsyncOpenAI(base_url=base_url, api_key="swarmrl-local", max_retries=0, timeout=timeout_s,
+                         default_headers={SESSION_HEADER: session_id})
+
+    async def chat(messages: list[Message], tools: list[Message] | None) -> Message:
+        kw: dict[str, Any] = {"model": "swarmrl", "messages": messages, "max_tokens": max_tokens,
+                              "temperature": temperature}
+        if tools:
+            kw["tools"] = tools
+        if seed is not None:
+            kw["seed"] = seed
+        resp = await client.chat.completions.create(**kw)
+        m = resp.choices[0].message
+        out: Message = {"role": "assistant", "content": m.content or ""}
+        if m.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                 for c in m.tool_calls]
+        return out
+
+    return chat
+
+
+@dataclass
+class VfRow:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # model turns and environment turns, in order
+    mask: list[int]  # 1: sampled by the model, 0: the environment's
+    logprobs: list[float]  # the sampled tokens' (0 at environment tokens)
+    messages: list[Message]
+    reward: float
+
+
+async def rollout(env: VerifiersEnv, task: Task, served: Any, *, max_tokens: int, temperature: float = 1.0,
+                  seed: int | None = None) -> VfRow:
+    """One episode against ``served`` (a ``ServedEndpoint``: ``base_url`` and its ``endpoint.pop_episode``)."""
+    sid = uuid.uuid4().hex
+    chat = openai_chat(served.base_url, sid, max_tokens=max_tokens, temperature=temperature, seed=seed)
+    try:
+        messages = await run_episode(env, task, chat)
+    finally:
+        ep = served.endpoint.pop_episode(sid)
+    if ep is None or not ep.turns:
+        raise RuntimeError(f"the endpoint holds no episode {sid}")
+    reward = await env.ascore(task, messages)
+    return VfRow(ep.prompt_ids, ep.ids, ep.mask, ep.logprobs, messages, reward)
+
+
+class _Replay(Exception):
+    pass
+
+
+def _scripted(turns: Sequence[list[int]], tokenizer: Any, ep: EpisodeTokens) -> ChatFn:
+    """A model that answers with the row's model turns, in order, while ``ep`` derives the ids."""
+
+    async def chat(messages: list[Message], tools: list[Message] | None) -> Message:
+        k = ep.turns
+        if k >= len(turns):
+            raise _Replay(f"the environment asks for model turn {k}; the row has {len(turns)}")
+        try:
+            ep.extend(tokenizer, messages, tools)
+        except ChatError as e:
+            raise _Replay(f"model turn {k}: {e}") from None
+        message = parse_assistant(decode_completion(tokenizer, turns[k]), k)
+        ep.reply(turns[k], [0.0] * len(turns[k]), message)
+        return message
+
+    return chat
+
+
+def _first_difference(ep: EpisodeTokens, completion_ids: Sequence[int], mask: Sequence[int]) -> str:
+    got, want = list(completion_ids), ep.ids
+    for k, seg in enumerate(segments(ep.mask)):
+        if got[seg.start:seg.end] != want[seg.start:seg.end] or list(mask[seg.start:seg.end]) != ep.mask[seg.start:seg.end]:
+            return f"{'model' if seg.model else 'environment'} segment {k} is not what the environment replays"
+    return f"the row has {len(got)} completion tokens, the replay {len(want)}"
+
+
+async def areplay_problem(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                          mask: Sequence[int], tokenizer: Any, reward: float | None = None,
+                          tolerance: float = 1e-6) -> str | None:
+    """What is wrong with a row of ``task`` (None: it replays); see the module docstring."""
+    if len(mask) != len(completion_ids):
+        return f"{len(mask)} mask values for {len(completion_ids)} tokens"
+    segs = segments(mask)
+    if not segs or not segs[0].model or not segs[-1].model:
+        return "the row must start and end with a model turn"
+    turns = [list(completion_ids[s.start:s.end]) for s in segs if s.model]
+    ep = EpisodeTokens()
+    try:
+        messages = await run_episode(env, task, _scripted(turns, tokenizer, ep))
+    except (_Replay, ValueError) as e:  # ValueError: the row's task is not one of this environment's
+        return str(e)
+    if ep.turns != len(turns):
+        return f"the episode ends after {ep.turns} model turns; the row has {len(turns)}"
+    if ep.prompt_ids != list(prompt_ids):
+        return "the prompt is not the chat template's rendering of the task's messages"
+    if ep.ids != list(completion_ids) or ep.mask != list(mask):
+        return _first_difference(ep, completion_ids, mask)
+    if reward is not None:
+        want = await env.ascore(task, messages)
+        if abs(want - reward) > tolerance:
+            return f"reward {reward} claimed, {want} recomputed"
+    return None
+
+
+def replay_problem(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                   mask: Sequence[int], tokenizer: Any, reward: float | None = None,
+                   tolerance: float = 1e-6) -> str | None:
+    return run_sync(areplay_problem(env, task, prompt_ids, completion_ids, mask, tokenizer, reward, tolerance))

@@ -1,0 +1,304 @@
+"""verifiers environments (``vf:<env_id>``, the optional ``verifiers`` extra): a single-turn and a multi-turn tool
+environment written the verifiers v1 way (packages made here, found by name as installed ones are), loaded and
+scored offline; their episodes run against our OpenAI-compatible chat endpoint on a real socket; token-in/token-out
+across turns on a chat template that re-tokenizes the conversation differently from the sampled ids; the
+validator's replay rejecting an edited environment turn and a forged reward; bad requests answered 4xx.
+
+Skipped where verifiers is not installed, unless SWARMRL_REQUIRE_VERIFIERS=1 (CI: scripts/setup-verifiers.sh
+makes the environment, .ci/run runs these there), which makes a missing verifiers an error."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+
+import httpx
+import pytest
+import torch
+
+pytestmark = pytest.mark.verifiers
+
+if importlib.util.find_spec("verifiers") is None:
+    if os.environ.get("SWARMRL_REQUIRE_VERIFIERS") == "1":
+        raise ImportError("SWARMRL_REQUIRE_VERIFIERS=1 but verifiers is not installed (scripts/setup-verifiers.sh)")
+    pytest.skip("verifiers is not installed (the optional `verifiers` extra)", allow_module_level=True)
+
+from swarmrl.envs import make_env  # noqa: E402
+from swarmrl.envs.multiturn import segments  # noqa: E402
+from swarmrl.envs.vf_env import VerifiersEnv  # noqa: E402
+from swarmrl.envs.vf_rollout import replay_problem, rollout  # noqa: E402
+from swarmrl.inference.backend import InferenceBackend, OursBackend  # noqa: E402
+from swarmrl.inference.chat_tokens import SESSION_HEADER, encode_text, render  # noqa: E402
+from swarmrl.inference.openai_server import ChatEndpoint, ChatLimits, ServedEndpoint  # noqa: E402
+from swarmrl.inference.sampler import SampleOutput  # noqa: E402
+from swarmrl.models import load_model, load_tokenizer  # noqa: E402
+
+ECHO = '''
+import verifiers.v1 as vf
+
+
+class EchoData(vf.TaskData):
+    answer: str
+
+
+class EchoTask(vf.Task[EchoData]):
+    @vf.reward(weight=1.0)
+    async def exact(self, trace: vf.Trace) -> float:
+        return 1.0 if trace.last_reply.strip() == self.data.answer else 0.0
+
+
+class EchoConfig(vf.TasksetConfig):
+    num_tasks: int = 40
+
+
+class EchoTaskset(vf.Taskset[EchoTask, EchoConfig]):
+    def load(self) -> list[EchoTask]:
+        return [EchoTask(EchoData(prompt=f"Repeat: w{i}", answer=f"w{i}", system_prompt="Be brief."),
+                         self.config.task) for i in range(self.config.num_tasks)]
+
+
+__all__ = ["EchoTaskset"]
+'''
+
+CALC = '''
+import verifiers.v1 as vf
+
+
+class AddToolset(vf.Toolset[vf.ToolsetConfig]):
+    TOOL_PREFIX = "calc"
+
+    @vf.tool
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+
+class CalcData(vf.TaskData):
+    a: int
+    b: int
+
+
+class CalcTaskConfig(vf.TaskConfig):
+    tools: vf.ToolsetConfig = vf.ToolsetConfig()
+
+
+class CalcTask(vf.Task[CalcData, vf.State, CalcTaskConfig]):
+    @classmethod
+    def toolsets(cls, config: CalcTaskConfig) -> list[vf.Toolset]:
+        return [AddToolset(config.tools)]
+
+    @vf.reward(weight=0.8)
+    async def correct(self, trace: vf.Trace) -> float:
+        return 1.0 if trace.last_reply.strip() == str(self.data.a + self.data.b) else 0.0
+
+    @vf.reward(weight=0.2)
+    async def used_tool(self, trace: vf.Trace) -> float:
+        return 1.0 if trace.tool_messages else 0.0
+
+
+class CalcConfig(vf.TasksetConfig):
+    task: CalcTaskConfig = CalcTaskConfig()
+    num_tasks: int = 30
+
+
+class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
+    def load(self) -> list[CalcTask]:
+        return [CalcTask(CalcData(prompt=f"What is {i} + {i + 1}? Use the tool.", a=i, b=i + 1), self.config.task)
+                for i in range(self.config.num_tasks)]
+
+
+__all__ = ["CalcTaskset"]
+'''
+
+# renders an assistant turn's text, then its tool calls as JSON (spaced as tojson spaces them: the model's own
+# spacing is not kept), then <eos> as text: the special token when encoded again
+TEMPLATE = textwrap.dedent("""\
+    {%- if tools %}<|tools|>{{ tools | tojson }}<eos>
+    {% endif -%}
+    {%- for m in messages -%}
+    <|{{ m.role }}|>{{ m.content }}
+    {%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endif -%}
+    <eos>
+    {% endfor -%}
+    {%- if add_generation_prompt %}<|assistant|>{% endif -%}""")
+
+
+@pytest.fixture(scope="module")
+def vf_packages(tmp_path_factory):
+    """Two environment packages on sys.path, as `pip install` leaves them (found by verifiers' loader by name)."""
+    site = tmp_path_factory.mktemp("site")
+    for name, src in (("swarmrl_vf_echo", ECHO), ("swarmrl_vf_calc", CALC)):
+        (site / name).mkdir()
+        (site / name / "__init__.py").write_text(src)
+    sys.path.insert(0, str(site))
+    yield site
+    sys.path.remove(str(site))
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    t = load_tokenizer(tiny_model_dir)
+    t.chat_template = TEMPLATE
+    return t
+
+
+def byte_ids(tok, text: str) -> list[int]:
+    """``text``'s bytes as the model could sample them, one token each (never merged into a special token)."""
+    return [i for ch in text for i in tok.encode(ch, add_special_tokens=False)]
+
+
+class ScriptedBackend(InferenceBackend):
+    """Samples the given turns in order (cut at max_new_tokens), with made-up logprobs; records its prompts."""
+
+    name = "scripted"
+
+    def __init__(self, turns: list[list[int]], eos_id: int, pad_id: int) -> None:
+        super().__init__(eos_id, pad_id)
+        self.turns, self.prompts, self.sampled = list(turns), [], []
+
+    def generate(self, prompt_ids, params, *, seeds=None, capture_hidden=False):  # noqa: ANN001, ANN201
+        ids = self.turns.pop(0)[: params.max_new_tokens]
+        self.prompts.append(list(prompt_ids[0]))
+        self.sampled.append(ids)
+        lps = [-0.5 - 0.01 * k for k in range(len(ids))]
+        return SampleOutput([list(prompt_ids[0])], [ids], [lps], [bool(ids) and ids[-1] == self.eos_id])
+
+    def update_weights(self, weights):  # noqa: ANN001, ANN201
+        raise NotImplementedError
+
+
+# ---- loading and offline scoring -----------------------------------------------------------------------------
+def test_single_turn_environment_loads_by_name_and_scores_offline(vf_packages):
+    env = make_env("vf:swarmrl_vf_echo", heldout_pct=25)
+    assert isinstance(env, VerifiersEnv) and env.name == "vf:swarmrl_vf_echo" and len(env.tasks) == 40
+    tasks = env.sample(0, 5)
+    assert [t.task_id for t in tasks] == [t.task_id for t in env.sample(0, 5)]  # seeded
+    held = {t.task_id for t in env.heldout_set(10)}
+    assert held and not held & {t.task_id for t in env.sample(1, 30)}  # never drawn in training
+    t = tasks[0]
+    ans = env.vf_task(t).data.answer
+    assert t.meta["messages"] == [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": f"Repeat: {ans}"}]
+    assert env.verify(t, f" {ans} ") == 1.0 and env.verify(t, "nope") == 0.0
+    forged = type(t)(**{**t.__dict__, "verification_info": {"idx": 0, "key": "0" * 64}})
+    assert env.verify(forged, ans) == 0.0  # the key is checked: a task file cannot name other data
+    assert make_env("vf:swarmrl_vf_echo", taskset={"num_tasks": 3}, heldout_pct=0).sample(0, 3)
+    with pytest.raises(ValueError, match="could not be loaded"):
+        make_env("vf:no_such_vf_package")
+
+
+def test_multi_turn_tool_environment_loads_its_tools_and_scores_offline(vf_packages):
+    env = make_env("vf:swarmrl_vf_calc")
+    t = env.sample(3, 1)[0]
+    d = env.vf_task(t).data
+    box = env.tools(t)
+    assert [x["function"]["name"] for x in box.declarations] == ["calc_add"]
+    assert box.declarations[0]["function"]["parameters"]["required"] == ["a", "b"]
+    assert asyncio.run(box.call("calc_add", '{"a": 2, "b": 40}')) == "42"
+    assert asyncio.run(box.call("calc_add", '{"a": "x"}')).startswith("error:")
+    assert asyncio.run(box.call("rm_rf", "{}")).startswith("error:")
+    call = {"id": "c0", "type": "function", "function": {"name": "calc_add", "arguments": "{}"}}
+    convo = [*env.initial_messages(t), {"role": "assistant", "content": "", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c0", "name": "calc_add", "content": str(d.a + d.b)},
+             {"role": "assistant", "content": str(d.a + d.b)}]
+    assert env.score_messages(t, convo) == pytest.approx(1.0)
+    assert env.score_messages(t, convo[:-1] + [{"role": "assistant", "content": "7777"}]) == pytest.approx(0.2)
+    assert env.verify(t, str(d.a + d.b)) == pytest.approx(0.8)  # right, without the tool
+
+
+# ---- episodes over the endpoint --------------------------------------------------------------------------------
+def _calc_turns(tok, a: int, b: int) -> list[list[int]]:
+    """Turn 1: a tool call whose text the template renders otherwise (spacing, and "<eos>" written out as text,
+    which the tokenizer encodes as the one special token); turn 2: the answer."""
+    call = json.dumps({"name": "calc_add", "arguments": {"a": a, "b": b}}, separators=(",", ":"))
+    return [byte_ids(tok, f"ok<eos><tool_call>{call}</tool_call>") + [tok.eos_token_id],
+            byte_ids(tok, str(a + b)) + [tok.eos_token_id]]
+
+
+def test_token_in_token_out_across_turns_and_the_replay(vf_packages, tok):
+    env = make_env("vf:swarmrl_vf_calc")
+    t = env.sample(0, 1)[0]
+    d = env.vf_task(t).data
+    backend = ScriptedBackend(_calc_turns(tok, d.a, d.b), tok.eos_token_id, tok.pad_token_id)
+    with ServedEndpoint(ChatEndpoint(backend, tok)) as served:
+        row = asyncio.run(rollout(env, t, served, max_tokens=200))
+    assert row.reward == pytest.approx(1.0)
+    assert [m["role"] for m in row.messages] == ["user", "assistant", "tool", "assistant"]
+    model = [row.completion_ids[s.start:s.end] for s in segments(row.mask) if s.model]
+    assert model == backend.sampled and len(model) == 2  # the trained ids are the sampled ones, every turn
+    assert [row.logprobs[i] for i, m in enumerate(row.mask) if m] == [
+        lp for ids in backend.sampled for lp in (-0.5 - 0.01 * k for k in range(len(ids)))]
+    # the second call's prompt is the first's, its sampled ids, then only the tool message's tokens
+    assert backend.prompts[1] == row.prompt_ids + row.completion_ids[: len(backend.prompts[1]) - len(row.prompt_ids)]
+    assert backend.prompts[1][: len(backend.prompts[0]) + len(model[0])] == backend.prompts[0] + model[0]
+    # re-rendering the conversation and tokenizing it again gives other ids: this template would have changed them
+    again = encode_text(tok, render(tok, row.messages, env.tools(t).declarations, False))
+    assert again != row.prompt_ids + row.completion_ids
+    # the validator's replay: the row replays; an edited environment turn, a forged reward, a cut row do not
+    assert replay_problem(env, t, row.prompt_ids, row.completion_ids, row.mask, tok, reward=row.reward) is None
+    env_seg = next(s for s in segments(row.mask) if not s.model)
+    edited = list(row.completion_ids)
+    edited[env_seg.start + 3] = byte_ids(tok, "9")[0] if edited[env_seg.start + 3] != byte_ids(tok, "9")[0] else 0
+    assert "environment segment" in replay_problem(env, t, row.prompt_ids, edited, row.mask, tok)
+    assert "reward" in replay_problem(env, t, row.prompt_ids, row.completion_ids, row.mask, tok, reward=0.2)
+    first = segments(row.mask)[0]
+    assert "model turn" in replay_problem(env, t, row.prompt_ids, row.completion_ids[: first.end],
+                                          row.mask[: first.end], tok)
+    assert "prompt" in replay_problem(env, t, row.prompt_ids[1:], row.completion_ids, row.mask, tok)
+
+
+def test_single_turn_episode_with_the_tiny_model_over_the_endpoint(vf_packages, tok, tiny_model_dir):
+    env = make_env("vf:swarmrl_vf_echo")
+    model = load_model(tiny_model_dir)
+    backend = OursBackend(model, tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(0))
+    with ServedEndpoint(ChatEndpoint(backend, tok)) as served:
+        rows = [asyncio.run(rollout(env, t, served, max_tokens=24, seed=i)) for i, t in enumerate(env.sample(0, 3))]
+    for t, row in zip(env.sample(0, 3), rows):
+        assert row.mask and all(m == 1 for m in row.mask) and 1 <= len(row.completion_ids) <= 24
+        assert len(row.logprobs) == len(row.completion_ids) and all(lp <= 0 for lp in row.logprobs)
+        assert row.reward in (0.0, 1.0)
+        assert replay_problem(env, t, row.prompt_ids, row.completion_ids, row.mask, tok, reward=row.reward) is None
+
+
+# ---- the endpoint's bounds ---------------------------------------------------------------------------------------
+def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
+    backend = ScriptedBackend([byte_ids(tok, "hi") + [tok.eos_token_id]] * 3, tok.eos_token_id, tok.pad_token_id)
+    limits = ChatLimits(max_body_bytes=4096, max_messages=4, max_tokens=16, max_prompt_tokens=300)
+    user = [{"role": "user", "content": "hello"}]
+    with ServedEndpoint(ChatEndpoint(backend, tok, limits)) as served:
+        url = served.base_url + "/chat/completions"
+        with httpx.Client(timeout=30) as c:
+            bad = [
+                c.post(url, content=b"{not json"),
+                c.post(url, json={"messages": []}),
+                c.post(url, json={"messages": "hi"}),
+                c.post(url, json={"messages": user, "n": 2}),
+                c.post(url, json={"messages": user, "stream": True}),
+                c.post(url, json={"messages": user, "max_tokens": 10_000}),
+                c.post(url, json={"messages": user * 5}),
+                c.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}),
+                c.post(url, json={"messages": [{"role": "user", "content": {"a": 1}}]}),
+                c.post(url, json={"messages": [{"role": "user", "content": "x" * 3000}]}),  # prompt over 300 tokens
+                c.post(url, content=b"{" + b" " * 5000 + b"}"),  # body over 4096 bytes
+                c.post(url, json={"messages": user, "temperature": -1}),
+            ]
+            assert [r.status_code for r in bad] == [400, 422, 422, 400, 400, 400, 400, 400, 400, 400, 413, 422]
+            assert all("error" in r.json() for r in bad)
+            ok = c.post(url, json={"messages": user, "logprobs": True}, headers={SESSION_HEADER: "ep1"})
+            assert ok.status_code == 200, ok.text
+            body = ok.json()
+            assert body["choices"][0]["message"]["content"] == "hi"
+            assert body["choices"][0]["token_ids"] == byte_ids(tok, "hi") + [tok.eos_token_id]
+            assert len(body["choices"][0]["logprobs"]["content"]) == 3 and body["prompt_token_ids"]
+            # a next request must extend the episode's conversation
+            assert c.post(url, json={"messages": [{"role": "user", "content": "other"}]},
+                          headers={SESSION_HEADER: "ep1"}).status_code == 400
+            convo = [*user, body["choices"][0]["message"], {"role": "user", "content": "again"}]
+            assert c.post(url, json={"messages": convo}, headers={SESSION_HEADER: "ep1"}).status_code == 200
+        ep = served.endpoint.pop_episode("ep1")
+        assert ep.turns == 2 and ep.mask.count(1) == 6 and 0 in ep.mask
+        assert served.endpoint.pop_episode("ep1") is None
