@@ -302,3 +302,99 @@ def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
         ep = served.endpoint.pop_episode("ep1")
         assert ep.turns == 2 and ep.mask.count(1) == 6 and 0 in ep.mask
         assert served.endpoint.pop_episode("ep1") is None
+
+
+# ---- through the worker and the validator --------------------------------------------------------------------------
+class CalcBot(ScriptedBackend):
+    """Answers by what its prompt holds, whatever order concurrent episodes ask in: a tool call for a fresh task
+    (its text re-tokenizes otherwise, as above), the tool's result once there is one."""
+
+    def __init__(self, tok) -> None:  # noqa: ANN001
+        super().__init__([], tok.eos_token_id, tok.pad_token_id)
+        self.tok = tok
+
+    def generate(self, prompt_ids, params, *, seeds=None, capture_hidden=False):  # noqa: ANN001, ANN201
+        text = self.tok.decode(prompt_ids[0])
+        if "<|tool|>" in text:
+            answer = text.rsplit("<|tool|>", 1)[1].split("<eos>")[0]
+            self.turns = [byte_ids(self.tok, answer) + [self.tok.eos_token_id]]
+        else:
+            a, b = (int(x) for x in text.rsplit("What is ", 1)[1].split("?")[0].split(" + "))
+            self.turns = _calc_turns(self.tok, a, b)[:1]
+        return super().generate(prompt_ids, params, seeds=seeds, capture_hidden=capture_hidden)
+
+
+def _assignment(env_name: str, seed_node: str = "n" * 16, group_size: int = 2, n: int = 2):
+    from swarmrl.contract import RLContract, task_seed
+    from swarmrl.protocol.schemas import AssignmentSpec, TaskSpec
+
+    contract = RLContract(task={"name": env_name}, group_size=group_size)
+    seed = task_seed(seed_node, 0, "test-secret")
+    tasks = contract.task.build().sample(seed, n)
+    a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=seed, contract=contract, target_length=None,
+                       tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
+    return contract, seed, tasks, a
+
+
+def _judge(tmp_path, tok, model, a, rows, **cfg):  # noqa: ANN001, ANN003, ANN202
+    from swarmrl.protocol.checks import default_checks
+    from swarmrl.protocol.config import ValidatorConfig
+    from swarmrl.protocol.schemas import PendingSubmission, SubmissionInfo
+    from swarmrl.protocol.validator import judge
+    from swarmrl.rollouts.wire import write_rollouts
+
+    sub = SubmissionInfo(submission_id=1, node_id="n" * 16, assignment_id=1, step=0, sha256="0" * 64, size=1,
+                         n_rows=len(rows), status="pending", created_at=0.0)
+    item = PendingSubmission(submission=sub, assignment=a, origin_node_id="n" * 16, current_step=0,
+                             current_policy_version=0)
+    vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"), **{"toploc_check": "", **cfg})
+    path = write_rollouts(rows, tmp_path / f"r{abs(hash(str(rows))) % 10**9}.parquet")
+    return judge(path, item, vcfg, default_checks(vcfg), tok, lambda v: model, len(tok))
+
+
+def test_worker_rows_of_tiny_model_episodes_pass_the_validator(vf_packages, tok, tiny_model_dir, tmp_path):
+    from swarmrl.rl.config import RLConfig
+    from swarmrl.rl.worker import rollout_batch
+
+    model = load_model(tiny_model_dir)
+    contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo")
+    cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 16})
+    res = rollout_batch(model, tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0, policy_version=0,
+                        seed=seed, budgets=None, generator=torch.Generator().manual_seed(0))
+    assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) for r in res.rows)
+    v = _judge(tmp_path, tok, model, a, res.rows, logprob_rows=64)
+    assert v.accepted, v.reason
+    assert {c.name for c in v.checks if not c.skipped} >= {"logprobs", "rewards", "tasks"}
+
+
+def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf_packages, tok, tiny_model_dir,
+                                                                              tmp_path):
+    import dataclasses
+
+    from swarmrl.rl.config import RLConfig
+    from swarmrl.rl.worker import rollout_batch
+
+    model = load_model(tiny_model_dir)
+    contract, seed, tasks, a = _assignment("vf:swarmrl_vf_calc")
+    cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 120})
+    res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0,
+                        policy_version=0, seed=seed, budgets=None)
+    assert all(r.task_reward == pytest.approx(1.0) and 0 in r.completion_mask for r in res.rows)
+    off = {"logprob_rows": 0}  # the replay and the rewards (the scripted turns are not the tiny model's samples)
+    v = _judge(tmp_path, tok, model, a, res.rows, **off)
+    assert v.accepted, v.reason
+    edited = [dataclasses.replace(r) for r in res.rows]
+    ids, mask = list(edited[1].completion_ids), edited[1].completion_mask
+    k = mask.index(0) + 4
+    ids[k] = byte_ids(tok, "7")[0] if ids[k] != byte_ids(tok, "7")[0] else byte_ids(tok, "8")[0]
+    edited[1].completion_ids = ids
+    v = _judge(tmp_path, tok, model, a, edited, **off)
+    assert not v.accepted and "row 1: replay: environment segment" in v.reason, v.reason
+    forged = [dataclasses.replace(r) for r in res.rows]
+    last = segments(forged[0].completion_mask)[-1]  # the answer turn, made wrong, the full reward still claimed
+    wrong = byte_ids(tok, "x") + [tok.eos_token_id]
+    forged[0].completion_ids = forged[0].completion_ids[: last.start] + wrong
+    forged[0].completion_mask = forged[0].completion_mask[: last.start] + [1] * len(wrong)
+    forged[0].logprobs = forged[0].logprobs[: last.start] + [-1.0] * len(wrong)
+    v = _judge(tmp_path, tok, model, a, forged, **off)
+    assert not v.accepted and "row 0: task_reward 1 but the verifier gives 0.2" in v.reason, v.reason

@@ -12,7 +12,15 @@ from swarmrl.envs.registry import register_prefix
 
 PREFIX = "vf:"
 VF_VERSION = "0.4.0"  # the pinned verifiers (pyproject.toml's `verifiers` extra): its v1 API is what is used
+TASK_TYPE = "verifiers"  # our tasks of a vf: environment; meta holds their chat messages and tool declarations
+# verify(task, text): a text starting with this is an episode's conversation after the task's messages (JSON), as
+# the worker and the validator's replay pass it; any other text is a single reply
+CONVERSATION = "\x00vf-conversation\x00"
 INSTALL_HINT = "pip install 'swarmrl[verifiers]' (or scripts/setup-verifiers.sh: an environment of its own)"
+
+
+def is_verifiers_env(env: object) -> bool:
+    return isinstance(getattr(env, "name", None), str) and env.name.startswith(PREFIX) and hasattr(env, "replay_row")
 
 
 class VerifiersMissing(ImportError):

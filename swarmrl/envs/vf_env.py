@@ -46,7 +46,7 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 from verifiers.v1.utils.decorators import discover_decorated
 
 from swarmrl.envs.base import Environment, Split, Task, VerifierUnavailable, heldout_bucket
-from swarmrl.envs.vf import PREFIX
+from swarmrl.envs.vf import CONVERSATION, PREFIX, TASK_TYPE
 
 Message = dict[str, Any]
 T = TypeVar("T")
@@ -139,10 +139,10 @@ class VerifiersEnv(Environment):
     # ---- tasks ----------------------------------------------------------------------------------------------
     def _ours(self, i: int) -> Task:
         t = self.tasks[i]
-        messages = self._initial(t)
+        tools = self._toolbox(t).declarations or None
         return Task(task_id=f"{self.name}:{t.key[:32]}", env=self.name, prompt=t.data.prompt_text,
-                    verification_info={"idx": i, "key": t.key}, task_type="verifiers",
-                    meta={"messages": messages})
+                    verification_info={"idx": i, "key": t.key}, task_type=TASK_TYPE,
+                    meta={"messages": self._initial(t), "tools": tools})
 
     def sample(self, seed: int, n: int, split: Split = "train") -> list[Task]:
         pool = self._split[split]
@@ -180,7 +180,9 @@ class VerifiersEnv(Environment):
 
     def tools(self, task: Task) -> ToolBox:
         """A fresh episode's tools (the task's toolsets, then the taskset's)."""
-        t = self.vf_task(task)
+        return self._toolbox(self.vf_task(task))
+
+    def _toolbox(self, t: Any) -> ToolBox:
         return ToolBox([*type(t).toolsets(t.config), *type(self.taskset).toolsets(self.taskset.config)])
 
     # ---- reward ---------------------------------------------------------------------------------------------
@@ -212,9 +214,31 @@ class VerifiersEnv(Environment):
             return 0.0
 
     def verify(self, task: Task, completion: str) -> float:
-        """A single-turn reward: the completion as the one assistant reply."""
+        """The reward of ``completion``: one assistant reply, or (``conversation_text``) an episode's messages."""
         try:
             msgs = self.initial_messages(task)
         except ValueError:
             return 0.0
-        return self.score_messages(task, [*msgs, {"role": "assistant", "content": completion}])
+        if not completion.startswith(CONVERSATION):
+            return self.score_messages(task, [*msgs, {"role": "assistant", "content": completion}])
+        try:
+            tail = json.loads(completion[len(CONVERSATION):])
+        except ValueError:
+            return 0.0
+        if not isinstance(tail, list) or not all(isinstance(m, dict) and m.get("role") in ("assistant", "tool")
+                                                 for m in tail):
+            return 0.0
+        return self.score_messages(task, [*msgs, *tail])
+
+    def replay_row(self, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                   mask: Sequence[int], tokenizer: Any) -> tuple[str | None, str]:
+        """The validator's replay of a row (``swarmrl.envs.vf_rollout``): what is wrong (None: it replays) and
+        the replayed conversation's ``conversation_text``, what ``verify`` scores."""
+        from swarmrl.envs.vf_rollout import replay_row  # noqa: PLC0415  # lazy: vf_rollout imports this module
+
+        return replay_row(self, task, prompt_ids, completion_ids, mask, tokenizer)
+
+
+def conversation_text(initial: Sequence[Message], messages: Sequence[Message]) -> str:
+    """What ``verify`` scores for an episode: its messages after the ``initial`` ones."""
+    return CONVERSATION + json.dumps(list(messages[len(initial):]), sort_keys=True)

@@ -22,6 +22,7 @@ a function of its arguments (time, network, randomness): such an environment fai
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ from openai import AsyncOpenAI
 
 from swarmrl.envs.base import Task
 from swarmrl.envs.multiturn import segments
-from swarmrl.envs.vf_env import Message, VerifiersEnv, run_sync
+from swarmrl.envs.vf_env import Message, VerifiersEnv, conversation_text, run_sync
 from swarmrl.inference.chat_tokens import SESSION_HEADER, ChatError, EpisodeTokens, parse_assistant
+from swarmrl.inference.openai_server import ChatEndpoint, ChatLimits, ServedEndpoint
 from swarmrl.inference.prompts import decode_completion
 
 ChatFn = Callable[[list[Message], list[Message] | None], Awaitable[Message]]
@@ -56,7 +58,7 @@ async def run_episode(env: VerifiersEnv, task: Task, chat: ChatFn) -> list[Messa
     return messages
 
 
-def openai_chat(base_url: str, session_id: str, *, max_tokens: int, temperature: float = 1.0,
+def openai_chat(base_url: str, session_id: str, *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                 seed: int | None = None, timeout_s: float = 300.0) -> ChatFn:
     """The model behind an OpenAI-compatible endpoint, every request in one episode (``session_id``)."""
     client = AsyncOpenAI(base_url=base_url, api_key="swarmrl-local", max_retries=0, timeout=timeout_s,
@@ -64,7 +66,7 @@ def openai_chat(base_url: str, session_id: str, *, max_tokens: int, temperature:
 
     async def chat(messages: list[Message], tools: list[Message] | None) -> Message:
         kw: dict[str, Any] = {"model": "swarmrl", "messages": messages, "max_tokens": max_tokens,
-                              "temperature": temperature}
+                              "temperature": temperature, "top_p": top_p}
         if tools:
             kw["tools"] = tools
         if seed is not None:
@@ -92,10 +94,10 @@ class VfRow:
 
 
 async def rollout(env: VerifiersEnv, task: Task, served: Any, *, max_tokens: int, temperature: float = 1.0,
-                  seed: int | None = None) -> VfRow:
+                  top_p: float = 1.0, seed: int | None = None) -> VfRow:
     """One episode against ``served`` (a ``ServedEndpoint``: ``base_url`` and its ``endpoint.pop_episode``)."""
     sid = uuid.uuid4().hex
-    chat = openai_chat(served.base_url, sid, max_tokens=max_tokens, temperature=temperature, seed=seed)
+    chat = openai_chat(served.base_url, sid, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     try:
         messages = await run_episode(env, task, chat)
     finally:
@@ -136,35 +138,83 @@ def _first_difference(ep: EpisodeTokens, completion_ids: Sequence[int], mask: Se
     return f"the row has {len(got)} completion tokens, the replay {len(want)}"
 
 
-async def areplay_problem(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                          mask: Sequence[int], tokenizer: Any, reward: float | None = None,
-                          tolerance: float = 1e-6) -> str | None:
-    """What is wrong with a row of ``task`` (None: it replays); see the module docstring."""
+async def _replay(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                  mask: Sequence[int], tokenizer: Any) -> tuple[str | None, list[Message]]:
+    """What is wrong with a row's tokens (None: they replay), and the replayed conversation."""
     if len(mask) != len(completion_ids):
-        return f"{len(mask)} mask values for {len(completion_ids)} tokens"
+        return f"{len(mask)} mask values for {len(completion_ids)} tokens", []
     segs = segments(mask)
     if not segs or not segs[0].model or not segs[-1].model:
-        return "the row must start and end with a model turn"
+        return "the row must start and end with a model turn", []
     turns = [list(completion_ids[s.start:s.end]) for s in segs if s.model]
     ep = EpisodeTokens()
     try:
         messages = await run_episode(env, task, _scripted(turns, tokenizer, ep))
     except (_Replay, ValueError) as e:  # ValueError: the row's task is not one of this environment's
-        return str(e)
+        return str(e), []
     if ep.turns != len(turns):
-        return f"the episode ends after {ep.turns} model turns; the row has {len(turns)}"
+        return f"the episode ends after {ep.turns} model turns; the row has {len(turns)}", messages
     if ep.prompt_ids != list(prompt_ids):
-        return "the prompt is not the chat template's rendering of the task's messages"
+        return "the prompt is not the chat template's rendering of the task's messages", messages
     if ep.ids != list(completion_ids) or ep.mask != list(mask):
-        return _first_difference(ep, completion_ids, mask)
-    if reward is not None:
+        return _first_difference(ep, completion_ids, mask), messages
+    return None, messages
+
+
+async def areplay_problem(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                          mask: Sequence[int], tokenizer: Any, reward: float | None = None,
+                          tolerance: float = 1e-6) -> str | None:
+    """What is wrong with a row of ``task`` (None: it replays); see the module docstring."""
+    problem, messages = await _replay(env, task, prompt_ids, completion_ids, mask, tokenizer)
+    if problem is None and reward is not None:
         want = await env.ascore(task, messages)
         if abs(want - reward) > tolerance:
             return f"reward {reward} claimed, {want} recomputed"
-    return None
+    return problem
 
 
 def replay_problem(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
                    mask: Sequence[int], tokenizer: Any, reward: float | None = None,
                    tolerance: float = 1e-6) -> str | None:
     return run_sync(areplay_problem(env, task, prompt_ids, completion_ids, mask, tokenizer, reward, tolerance))
+
+
+def replay_row(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+               mask: Sequence[int], tokenizer: Any) -> tuple[str | None, str]:
+    """The validator's replay: what is wrong (None: it replays) and the conversation text ``verify`` scores."""
+    problem, messages = run_sync(_replay(env, task, prompt_ids, completion_ids, mask, tokenizer))
+    return problem, conversation_text(env.initial_messages(task), messages) if problem is None else ""
+
+
+@dataclass
+class EpisodeBatch:
+    """``sample_episodes``'s output, in the sampler's shape (one entry per episode)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finished: list[bool]
+    masks: list[list[int]]
+    texts: list[str]  # what ``verify`` scores: the conversation after the task's messages
+    hidden: None = None  # no final-norm states through the endpoint (no TOPLOC proofs yet)
+
+
+def sample_episodes(backend: Any, tokenizer: Any, env: VerifiersEnv, tasks: Sequence[Task], params: Any, *,
+                    limits: ChatLimits | None = None) -> EpisodeBatch:
+    """One episode per task (repeat a task for a group), all against one endpoint over ``backend`` on
+    127.0.0.1, run concurrently (the backend samples one request at a time). ``params``: SamplingParams, its
+    ``max_new_tokens`` per model turn."""
+    limits = limits or ChatLimits(max_tokens=params.max_new_tokens)
+
+    async def run_all(served: ServedEndpoint) -> list[VfRow]:
+        return list(await asyncio.gather(*[
+            rollout(env, t, served, max_tokens=params.max_new_tokens, temperature=params.temperature,
+                    top_p=params.top_p) for t in tasks]))
+
+    with ServedEndpoint(ChatEndpoint(backend, tokenizer, limits)) as served:
+        rows = run_sync(run_all(served))
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return EpisodeBatch([r.prompt_ids for r in rows], [r.completion_ids for r in rows], [r.logprobs for r in rows],
+                        [bool(r.completion_ids) and r.completion_ids[-1] == eos for r in rows],
+                        [r.mask for r in rows],
+                        [conversation_text(env.initial_messages(t), r.messages) for t, r in zip(tasks, rows)])

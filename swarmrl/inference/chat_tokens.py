@@ -137,6 +137,11 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[Message], tools: Sequence[Message] | None) -> list[int]:
+    """An episode's prompt: the messages rendered with the generation prompt, tokenized once."""
+    return encode_text(tokenizer, render(tokenizer, [canonical(m) for m in messages], tools, True))
+
+
 @dataclass
 class EpisodeTokens:
     """One episode's ids so far: ``prompt_ids``, then ``ids`` (model turns mask 1, environment turns mask 0)."""
@@ -158,7 +163,7 @@ class EpisodeTokens:
         tools = [dict(t) for t in tools] if tools else None
         if self.turns == 0:
             self.tools, self.messages = tools, msgs
-            self.prompt_ids = encode_text(tokenizer, render(tokenizer, msgs, tools, True))
+            self.prompt_ids = chat_prompt_ids(tokenizer, msgs, tools)
             return list(self.prompt_ids)
         if tools != self.tools:
             raise ChatError("the tools differ from the episode's first request")
