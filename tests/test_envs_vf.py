@@ -14,9 +14,7 @@ import importlib.util
 import json
 import os
 import sys
-import textwrap
 
-import httpx
 import pytest
 import torch
 
@@ -31,11 +29,11 @@ from swarmrl.envs import make_env  # noqa: E402
 from swarmrl.envs.multiturn import segments  # noqa: E402
 from swarmrl.envs.vf_env import VerifiersEnv  # noqa: E402
 from swarmrl.envs.vf_rollout import replay_problem, rollout  # noqa: E402
-from swarmrl.inference.backend import InferenceBackend, OursBackend  # noqa: E402
-from swarmrl.inference.chat_tokens import SESSION_HEADER, encode_text, render  # noqa: E402
-from swarmrl.inference.openai_server import ChatEndpoint, ChatLimits, ServedEndpoint  # noqa: E402
-from swarmrl.inference.sampler import SampleOutput  # noqa: E402
+from swarmrl.inference.backend import OursBackend  # noqa: E402
+from swarmrl.inference.chat_tokens import encode_text, render  # noqa: E402
+from swarmrl.inference.openai_server import ChatEndpoint, ServedEndpoint  # noqa: E402
 from swarmrl.models import load_model, load_tokenizer  # noqa: E402
+from tests.chat_support import TEMPLATE, ScriptedBackend, byte_ids  # noqa: E402
 
 ECHO = '''
 import verifiers.v1 as vf
@@ -114,19 +112,6 @@ class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
 __all__ = ["CalcTaskset"]
 '''
 
-# renders an assistant turn's text, then its tool calls as JSON (spaced as tojson spaces them: the model's own
-# spacing is not kept), then <eos> as text: the special token when encoded again
-TEMPLATE = textwrap.dedent("""\
-    {%- if tools %}<|tools|>{{ tools | tojson }}<eos>
-    {% endif -%}
-    {%- for m in messages -%}
-    <|{{ m.role }}|>{{ m.content }}
-    {%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endif -%}
-    <eos>
-    {% endfor -%}
-    {%- if add_generation_prompt %}<|assistant|>{% endif -%}""")
-
-
 @pytest.fixture(scope="module")
 def vf_packages(tmp_path_factory):
     """Two environment packages on sys.path, as `pip install` leaves them (found by verifiers' loader by name)."""
@@ -144,31 +129,6 @@ def tok(tiny_model_dir):
     t = load_tokenizer(tiny_model_dir)
     t.chat_template = TEMPLATE
     return t
-
-
-def byte_ids(tok, text: str) -> list[int]:
-    """``text``'s bytes as the model could sample them, one token each (never merged into a special token)."""
-    return [i for ch in text for i in tok.encode(ch, add_special_tokens=False)]
-
-
-class ScriptedBackend(InferenceBackend):
-    """Samples the given turns in order (cut at max_new_tokens), with made-up logprobs; records its prompts."""
-
-    name = "scripted"
-
-    def __init__(self, turns: list[list[int]], eos_id: int, pad_id: int) -> None:
-        super().__init__(eos_id, pad_id)
-        self.turns, self.prompts, self.sampled = list(turns), [], []
-
-    def generate(self, prompt_ids, params, *, seeds=None, capture_hidden=False):  # noqa: ANN001, ANN201
-        ids = self.turns.pop(0)[: params.max_new_tokens]
-        self.prompts.append(list(prompt_ids[0]))
-        self.sampled.append(ids)
-        lps = [-0.5 - 0.01 * k for k in range(len(ids))]
-        return SampleOutput([list(prompt_ids[0])], [ids], [lps], [bool(ids) and ids[-1] == self.eos_id])
-
-    def update_weights(self, weights):  # noqa: ANN001, ANN201
-        raise NotImplementedError
 
 
 # ---- loading and offline scoring -----------------------------------------------------------------------------
@@ -262,46 +222,6 @@ def test_single_turn_episode_with_the_tiny_model_over_the_endpoint(vf_packages, 
         assert len(row.logprobs) == len(row.completion_ids) and all(lp <= 0 for lp in row.logprobs)
         assert row.reward in (0.0, 1.0)
         assert replay_problem(env, t, row.prompt_ids, row.completion_ids, row.mask, tok, reward=row.reward) is None
-
-
-# ---- the endpoint's bounds ---------------------------------------------------------------------------------------
-def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
-    backend = ScriptedBackend([byte_ids(tok, "hi") + [tok.eos_token_id]] * 3, tok.eos_token_id, tok.pad_token_id)
-    limits = ChatLimits(max_body_bytes=4096, max_messages=4, max_tokens=16, max_prompt_tokens=300)
-    user = [{"role": "user", "content": "hello"}]
-    with ServedEndpoint(ChatEndpoint(backend, tok, limits)) as served:
-        url = served.base_url + "/chat/completions"
-        with httpx.Client(timeout=30) as c:
-            bad = [
-                c.post(url, content=b"{not json"),
-                c.post(url, json={"messages": []}),
-                c.post(url, json={"messages": "hi"}),
-                c.post(url, json={"messages": user, "n": 2}),
-                c.post(url, json={"messages": user, "stream": True}),
-                c.post(url, json={"messages": user, "max_tokens": 10_000}),
-                c.post(url, json={"messages": user * 5}),
-                c.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}),
-                c.post(url, json={"messages": [{"role": "user", "content": {"a": 1}}]}),
-                c.post(url, json={"messages": [{"role": "user", "content": "x" * 3000}]}),  # prompt over 300 tokens
-                c.post(url, content=b"{" + b" " * 5000 + b"}"),  # body over 4096 bytes
-                c.post(url, json={"messages": user, "temperature": -1}),
-            ]
-            assert [r.status_code for r in bad] == [400, 422, 422, 400, 400, 400, 400, 400, 400, 400, 413, 422]
-            assert all("error" in r.json() for r in bad)
-            ok = c.post(url, json={"messages": user, "logprobs": True}, headers={SESSION_HEADER: "ep1"})
-            assert ok.status_code == 200, ok.text
-            body = ok.json()
-            assert body["choices"][0]["message"]["content"] == "hi"
-            assert body["choices"][0]["token_ids"] == byte_ids(tok, "hi") + [tok.eos_token_id]
-            assert len(body["choices"][0]["logprobs"]["content"]) == 3 and body["prompt_token_ids"]
-            # a next request must extend the episode's conversation
-            assert c.post(url, json={"messages": [{"role": "user", "content": "other"}]},
-                          headers={SESSION_HEADER: "ep1"}).status_code == 400
-            convo = [*user, body["choices"][0]["message"], {"role": "user", "content": "again"}]
-            assert c.post(url, json={"messages": convo}, headers={SESSION_HEADER: "ep1"}).status_code == 200
-        ep = served.endpoint.pop_episode("ep1")
-        assert ep.turns == 2 and ep.mask.count(1) == 6 and 0 in ep.mask
-        assert served.endpoint.pop_episode("ep1") is None
 
 
 # ---- through the worker and the validator --------------------------------------------------------------------------
