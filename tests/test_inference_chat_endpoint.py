@@ -42,8 +42,12 @@ def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
                 c.post(url, json={"messages": [{"role": "user", "content": "x" * 3000}]}),  # prompt over 300 tokens
                 c.post(url, content=b"{" + b" " * 5000 + b"}"),  # body over 4096 bytes
                 c.post(url, json={"messages": user, "temperature": -1}),
+                c.post(url, content=b"[" * 2000 + b"]" * 2000),  # nested too deep for the JSON parser
+                c.post(url, json={"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                c.post(url, json={"messages": [{"role": "assistant", "content": "x", "tool_calls": "zz"}, *user]}),
             ]
-            assert [r.status_code for r in bad] == [400, 422, 422, 400, 400, 400, 400, 400, 400, 400, 413, 422]
+            assert [r.status_code for r in bad] == [400, 422, 422, 400, 400, 400, 400, 400, 400, 400, 413, 422,
+                                                    400, 400, 400]
             assert all("error" in r.json() for r in bad)
             ok = c.post(url, json={"messages": user, "logprobs": True}, headers={SESSION_HEADER: "ep1"})
             assert ok.status_code == 200, ok.text

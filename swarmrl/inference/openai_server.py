@@ -209,8 +209,10 @@ def make_app(endpoint: ChatEndpoint) -> FastAPI:
             body = await _read_body(request, endpoint.limits.max_body_bytes)
             try:
                 req = ChatRequest.model_validate(json.loads(body))
-            except (ValueError, ValidationError) as e:
-                return _error(400 if not isinstance(e, ValidationError) else 422, f"bad request: {e}"[:2000])
+            except ValidationError as e:
+                return _error(422, f"bad request: {e}"[:2000])
+            except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
+                return _error(400, f"bad request: {type(e).__name__}: {e}"[:2000])
             sid = request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
             if len(sid) > 256:
                 return _error(400, "the session id is over 256 characters")
