@@ -31,7 +31,7 @@ from swarmrl.envs.vf_env import VerifiersEnv  # noqa: E402
 from swarmrl.envs.vf_rollout import replay_problem, rollout  # noqa: E402
 from swarmrl.inference.backend import OursBackend  # noqa: E402
 from swarmrl.inference.chat_tokens import encode_text, render  # noqa: E402
-from swarmrl.inference.openai_server import ChatEndpoint, ServedEndpoint  # noqa: E402
+from swarmrl.inference.openai_server import ChatEndpoint, ChatLimits, ServedEndpoint  # noqa: E402
 from swarmrl.models import load_model, load_tokenizer  # noqa: E402
 from tests.chat_support import TEMPLATE, ScriptedBackend, byte_ids  # noqa: E402
 
@@ -318,3 +318,23 @@ def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf
     forged[0].logprobs = forged[0].logprobs[: last.start] + [-1.0] * len(wrong)
     v = _judge(tmp_path, tok, model, a, forged, **off)
     assert not v.accepted and "row 0: task_reward 1 but the verifier gives 0.2" in v.reason, v.reason
+
+
+def test_an_episode_ends_where_its_next_prompt_would_be_over_the_context_and_replays_so(vf_packages, tok):
+    env = make_env("vf:swarmrl_vf_calc")
+    t = env.sample(0, 1)[0]
+    d = env.vf_task(t).data
+    with ServedEndpoint(ChatEndpoint(ScriptedBackend(_calc_turns(tok, d.a, d.b), tok.eos_token_id,
+                                                     tok.pad_token_id), tok)) as served:
+        full = asyncio.run(rollout(env, t, served, max_tokens=200))
+    second = len(full.prompt_ids) + segments(full.mask)[2].start  # the second model turn's prompt length
+    short = make_env("vf:swarmrl_vf_calc", max_context_tokens=second - 1)
+    endpoint = ChatEndpoint(ScriptedBackend(_calc_turns(tok, d.a, d.b), tok.eos_token_id, tok.pad_token_id), tok,
+                            ChatLimits(max_prompt_tokens=second - 1))
+    with ServedEndpoint(endpoint) as served:
+        cut = asyncio.run(rollout(short, t, served, max_tokens=200))
+    assert cut.completion_ids == full.completion_ids[: segments(full.mask)[0].end] and all(cut.mask)
+    assert cut.messages[-1]["role"] == "tool" and cut.reward == pytest.approx(0.2)  # the tool, no answer
+    assert replay_problem(short, t, cut.prompt_ids, cut.completion_ids, cut.mask, tok, reward=cut.reward) is None
+    assert "asks for model turn 1" in replay_problem(env, t, cut.prompt_ids, cut.completion_ids, cut.mask, tok)
+    assert "over max_context_tokens" in replay_problem(short, t, full.prompt_ids, full.completion_ids, full.mask, tok)

@@ -5,7 +5,8 @@ Loading: ``vf:<env_id>`` is verifiers' own loader on ``<env_id>`` (``taskset_con
 installed package ``<env_id>`` exporting its ``Taskset`` subclass in ``__all__``). Params: ``taskset`` (a dict: the
 taskset config's fields, as ``--env.taskset.*`` takes them), ``heldout_pct`` (the held-out share, default 10),
 ``max_tasks`` (tasks read from the taskset, default 10 000: an infinite taskset is cut there), ``max_turns`` (model
-turns per episode, default 8).
+turns per episode, default 8), ``max_context_tokens`` (the longest prompt of a model turn, default 8192: an episode
+whose next prompt would be longer ends after its last model turn; in the contract, so the validator replays it).
 
 Tasks: the taskset is read once, in order; task ``i`` is verifiers' task ``idx = i`` with its ``key`` (content hash
 or the taskset's own id). The split is ``heldout_bucket`` of the key, so training never draws a held-out task;
@@ -116,13 +117,13 @@ class VerifiersEnv(Environment):
     """``vf:<env_id>``: see the module docstring."""
 
     def __init__(self, env_id: str, taskset: dict[str, Any] | None = None, heldout_pct: float = 10.0,
-                 max_tasks: int = 10_000, max_turns: int = 8) -> None:
+                 max_tasks: int = 10_000, max_turns: int = 8, max_context_tokens: int = 8192) -> None:
         if not 0 <= heldout_pct < 100:
             raise ValueError(f"heldout_pct must be in [0, 100), not {heldout_pct}")
-        if max_tasks < 1 or max_turns < 1:
-            raise ValueError("max_tasks and max_turns must be at least 1")
+        if max_tasks < 1 or max_turns < 1 or max_context_tokens < 1:
+            raise ValueError("max_tasks, max_turns and max_context_tokens must be at least 1")
         self.env_id, self.name = env_id, PREFIX + env_id
-        self.max_turns = max_turns
+        self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
         try:
             cfg_cls = v1.taskset_config_type(env_id)
             self.taskset = v1.load_taskset(cfg_cls.model_validate({**(taskset or {}), "id": env_id}))

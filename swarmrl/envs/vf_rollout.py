@@ -3,7 +3,8 @@ and the validator's replay of an episode's row.
 
 ``run_episode`` is the harness (verifiers' null/bash chat program, in this process): send the conversation, take
 the reply; when it calls tools, run them (``ToolBox``) and append their results as ``tool`` messages; stop at a
-reply without tool calls or after ``max_turns`` model turns. The model is a ``ChatFn``: ``openai_chat`` (an OpenAI
+reply without tool calls, after ``max_turns`` model turns, or when the next prompt would be over
+``max_context_tokens`` (the endpoint answers ``context_length_exceeded``; the replay applies the same limit). The model is a ``ChatFn``: ``openai_chat`` (an OpenAI
 client on our endpoint, ``swarmrl.inference.openai_server``, the episode named by its ``X-Session-ID``) or, in
 the replay, the row's own model turns.
 
@@ -28,16 +29,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 
 from swarmrl.envs.base import Task
 from swarmrl.envs.multiturn import segments
 from swarmrl.envs.vf_env import Message, VerifiersEnv, conversation_text, run_sync
 from swarmrl.inference.chat_tokens import SESSION_HEADER, ChatError, EpisodeTokens, parse_assistant
-from swarmrl.inference.openai_server import ChatEndpoint, ChatLimits, ServedEndpoint
+from swarmrl.inference.openai_server import CONTEXT_FULL, ChatEndpoint, ChatLimits, ServedEndpoint
 from swarmrl.inference.prompts import decode_completion
 
 ChatFn = Callable[[list[Message], list[Message] | None], Awaitable[Message]]
+
+
+class ContextFull(Exception):
+    """The next prompt would be over the environment's ``max_context_tokens``: the episode ends."""
 
 
 async def run_episode(env: VerifiersEnv, task: Task, chat: ChatFn) -> list[Message]:
@@ -46,7 +51,13 @@ async def run_episode(env: VerifiersEnv, task: Task, chat: ChatFn) -> list[Messa
     box = env.tools(task)
     tools = box.declarations or None
     for turn in range(env.max_turns):
-        reply = await chat(list(messages), tools)
+        try:
+            reply = await chat(list(messages), tools)
+        except ContextFull:
+            if turn == 0:
+                raise ValueError(f"task {task.task_id}: its prompt is over max_context_tokens "
+                                 f"{env.max_context_tokens}") from None
+            break  # the next prompt would be over the context: the episode ends after the last model turn
         messages.append(reply)
         calls = reply.get("tool_calls") or []
         if not calls or turn + 1 >= env.max_turns:
@@ -71,7 +82,12 @@ def openai_chat(base_url: str, session_id: str, *, max_tokens: int, temperature:
             kw["tools"] = tools
         if seed is not None:
             kw["seed"] = seed
-        resp = await client.chat.completions.create(**kw)
+        try:
+            resp = await client.chat.completions.create(**kw)
+        except BadRequestError as e:
+            if e.code == CONTEXT_FULL:
+                raise ContextFull(str(e)) from None
+            raise
         m = resp.choices[0].message
         out: Message = {"role": "assistant", "content": m.content or ""}
         if m.tool_calls:
@@ -112,17 +128,22 @@ class _Replay(Exception):
     pass
 
 
-def _scripted(turns: Sequence[list[int]], tokenizer: Any, ep: EpisodeTokens) -> ChatFn:
+def _scripted(turns: Sequence[list[int]], tokenizer: Any, ep: EpisodeTokens, limit: int) -> ChatFn:
     """A model that answers with the row's model turns, in order, while ``ep`` derives the ids."""
 
     async def chat(messages: list[Message], tools: list[Message] | None) -> Message:
-        k = ep.turns
-        if k >= len(turns):
-            raise _Replay(f"the environment asks for model turn {k}; the row has {len(turns)}")
+        k, snap = ep.turns, ep.snapshot()
         try:
-            ep.extend(tokenizer, messages, tools)
+            prompt = ep.extend(tokenizer, messages, tools)
         except ChatError as e:
             raise _Replay(f"model turn {k}: {e}") from None
+        if len(prompt) > limit:
+            if k < len(turns):
+                raise _Replay(f"model turn {k}'s prompt is {len(prompt)} tokens, over max_context_tokens {limit}")
+            ep.restore(snap)  # as the endpoint does: the refused request's tokens are not the row's
+            raise ContextFull
+        if k >= len(turns):
+            raise _Replay(f"the environment asks for model turn {k}; the row has {len(turns)}")
         message = parse_assistant(decode_completion(tokenizer, turns[k]), k)
         ep.reply(turns[k], [0.0] * len(turns[k]), message)
         return message
@@ -149,7 +170,7 @@ async def _replay(env: VerifiersEnv, task: Task, prompt_ids: Sequence[int], comp
     turns = [list(completion_ids[s.start:s.end]) for s in segs if s.model]
     ep = EpisodeTokens()
     try:
-        messages = await run_episode(env, task, _scripted(turns, tokenizer, ep))
+        messages = await run_episode(env, task, _scripted(turns, tokenizer, ep, env.max_context_tokens))
     except (_Replay, ValueError) as e:  # ValueError: the row's task is not one of this environment's
         return str(e), []
     if ep.turns != len(turns):
@@ -204,7 +225,7 @@ def sample_episodes(backend: Any, tokenizer: Any, env: VerifiersEnv, tasks: Sequ
     """One episode per task (repeat a task for a group), all against one endpoint over ``backend`` on
     127.0.0.1, run concurrently (the backend samples one request at a time). ``params``: SamplingParams, its
     ``max_new_tokens`` per model turn."""
-    limits = limits or ChatLimits(max_tokens=params.max_new_tokens)
+    limits = limits or ChatLimits(max_tokens=params.max_new_tokens, max_prompt_tokens=env.max_context_tokens)
 
     async def run_all(served: ServedEndpoint) -> list[VfRow]:
         return list(await asyncio.gather(*[

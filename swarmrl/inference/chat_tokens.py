@@ -181,6 +181,15 @@ class EpisodeTokens:
         self.add(new, [0.0] * len(new), model=False)
         return self.prompt_ids + self.ids
 
+    def snapshot(self) -> tuple:
+        return list(self.messages), len(self.ids), self.tools, list(self.prompt_ids), self.turns
+
+    def restore(self, snap: tuple) -> None:
+        """Undo what came after ``snapshot`` (a request that was not served: a retry extends the same state)."""
+        messages, n, tools, prompt_ids, turns = snap
+        self.messages, self.tools, self.prompt_ids, self.turns = messages, tools, prompt_ids, turns
+        del self.ids[n:], self.mask[n:], self.logprobs[n:]
+
     def add(self, ids: Sequence[int], logprobs: Sequence[float], model: bool) -> None:
         self.ids += list(ids)
         self.logprobs += list(logprobs)

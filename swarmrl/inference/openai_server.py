@@ -14,7 +14,8 @@ prompt of this call) and ``choices[0].token_ids`` (the sampled ids, EOS included
 ``choices[0].logprobs.content`` when ``logprobs`` is set (the sampled tokens' logprobs; no alternatives).
 
 Bounds (``ChatLimits``; a request over one gets 4xx, never a crash): the body's size as read (413), the messages
-per request, ``max_tokens``, the prompt's tokens (400), the episodes held (429: pop them), the requests in flight
+per request, ``max_tokens``, the prompt's tokens (400; code ``context_length_exceeded``, which ends a verifiers
+episode), the episodes held (429: pop them), the requests in flight
 (429). ``n`` must be 1, ``stream`` false; one request at a time per episode (409). The backend samples one request
 at a time (it is not thread-safe); requests wait for it in a worker thread, not on the event loop.
 """
@@ -68,10 +69,13 @@ class ChatRequest(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**63)
 
 
+CONTEXT_FULL = "context_length_exceeded"  # the error code of a prompt over max_prompt_tokens (OpenAI's code)
+
+
 class _Reject(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.code = status, code
 
 
 class ChatEndpoint:
@@ -135,18 +139,19 @@ class ChatEndpoint:
         params = self._check(req)
         ep = self._claim(sid)
         try:
-            snapshot = (list(ep.messages), len(ep.ids), ep.tools, list(ep.prompt_ids), ep.turns)
+            snapshot = ep.snapshot()
             try:
                 prompt = ep.extend(self.tokenizer, req.messages, req.tools)
             except ChatError as e:
                 raise _Reject(400, str(e)) from None
             if len(prompt) > self.limits.max_prompt_tokens:
-                _restore(ep, snapshot)
-                raise _Reject(400, f"the prompt is {len(prompt)} tokens, over {self.limits.max_prompt_tokens}")
+                ep.restore(snapshot)
+                raise _Reject(400, f"the prompt is {len(prompt)} tokens, over {self.limits.max_prompt_tokens}",
+                              CONTEXT_FULL)
             try:
                 ids, logprobs = await asyncio.to_thread(self._sample, prompt, params, req.seed)
             except BaseException:
-                _restore(ep, snapshot)
+                ep.restore(snapshot)
                 raise
             text = decode_completion(self.tokenizer, ids)
             message = parse_assistant(text, ep.turns)
@@ -171,13 +176,6 @@ class ChatEndpoint:
                           "total_tokens": len(prompt) + len(ids)}}
 
 
-def _restore(ep: EpisodeTokens, snapshot: tuple) -> None:
-    """Undo ``extend`` of a request that was not served (so a retry extends the same conversation)."""
-    messages, n, tools, prompt_ids, turns = snapshot
-    ep.messages, ep.tools, ep.prompt_ids, ep.turns = messages, tools, prompt_ids, turns
-    del ep.ids[n:], ep.mask[n:], ep.logprobs[n:]
-
-
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
@@ -191,9 +189,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}},
+                        status_code=status)
 
 
 def make_app(endpoint: ChatEndpoint) -> FastAPI:
@@ -219,7 +218,7 @@ def make_app(endpoint: ChatEndpoint) -> FastAPI:
             out = await endpoint.complete(req, sid)
             return JSONResponse(out, headers={SESSION_HEADER: sid})
         except _Reject as e:
-            return _error(e.status, str(e))
+            return _error(e.status, str(e), e.code)
         finally:
             gate["n"] -= 1
 
