@@ -44,7 +44,7 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
 [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
 tail -n +2 <<<"$spec" >"$venv/swarmrl-verifiers-requirements.txt"
 pip install -q "$torch_pin" 2>&1 | quiet
-torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
+torch_version=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)
 echo "torch==$torch_version" >"$venv/swarmrl-verifiers-constraints.txt"  # nothing below may change torch
 pip install -q -c "$venv/swarmrl-verifiers-constraints.txt" -r "$venv/swarmrl-verifiers-requirements.txt" 2>&1 | quiet
 
