@@ -272,7 +272,7 @@ def _judge(tmp_path, tok, model, a, rows, **cfg):  # noqa: ANN001, ANN003, ANN20
     return judge(path, item, vcfg, default_checks(vcfg), tok, lambda v: model, len(tok))
 
 
-def test_worker_rows_of_tiny_model_episodes_pass_the_validator(vf_packages, tok, tiny_model_dir, tmp_path):
+def test_worker_rows_of_tiny_model_episodes_with_proofs_pass_the_validator(vf_packages, tok, tiny_model_dir, tmp_path):
     from swarmrl.rl.config import RLConfig
     from swarmrl.rl.worker import rollout_batch
 
@@ -280,11 +280,12 @@ def test_worker_rows_of_tiny_model_episodes_pass_the_validator(vf_packages, tok,
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo")
     cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 16})
     res = rollout_batch(model, tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0, policy_version=0,
-                        seed=seed, budgets=None, generator=torch.Generator().manual_seed(0))
-    assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) for r in res.rows)
-    v = _judge(tmp_path, tok, model, a, res.rows, logprob_rows=64)
+                        seed=seed, budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
+    assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) and r.proofs for r in res.rows)
+    v = _judge(tmp_path, tok, model, a, res.rows, logprob_rows=64,
+               toploc_check="swarmrl.toploc.rollout:verify_rollouts")
     assert v.accepted, v.reason
-    assert {c.name for c in v.checks if not c.skipped} >= {"logprobs", "rewards", "tasks"}
+    assert {c.name for c in v.checks if not c.skipped} >= {"logprobs", "rewards", "tasks", "toploc"}
 
 
 def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf_packages, tok, tiny_model_dir,

@@ -69,11 +69,15 @@ async def run_episode(env: VerifiersEnv, task: Task, chat: ChatFn) -> list[Messa
     return messages
 
 
-def openai_chat(base_url: str, session_id: str, *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                seed: int | None = None, timeout_s: float = 300.0) -> ChatFn:
-    """The model behind an OpenAI-compatible endpoint, every request in one episode (``session_id``)."""
-    client = AsyncOpenAI(base_url=base_url, api_key="swarmrl-local", max_retries=0, timeout=timeout_s,
-                         default_headers={SESSION_HEADER: session_id})
+def episode_client(base_url: str, session_id: str, timeout_s: float = 300.0) -> AsyncOpenAI:
+    """An OpenAI client whose every request belongs to one episode (``session_id``); close it after."""
+    return AsyncOpenAI(base_url=base_url, api_key="swarmrl-local", max_retries=0, timeout=timeout_s,
+                       default_headers={SESSION_HEADER: session_id})
+
+
+def openai_chat(client: AsyncOpenAI, *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                seed: int | None = None) -> ChatFn:
+    """The model behind an OpenAI-compatible endpoint (``client``: see ``episode_client``)."""
 
     async def chat(messages: list[Message], tools: list[Message] | None) -> Message:
         kw: dict[str, Any] = {"model": "swarmrl", "messages": messages, "max_tokens": max_tokens,
@@ -107,21 +111,23 @@ class VfRow:
     logprobs: list[float]  # the sampled tokens' (0 at environment tokens)
     messages: list[Message]
     reward: float
+    hidden: list[Any] | None = None  # per model turn, the backend's final-norm states (capture_hidden)
 
 
 async def rollout(env: VerifiersEnv, task: Task, served: Any, *, max_tokens: int, temperature: float = 1.0,
                   top_p: float = 1.0, seed: int | None = None) -> VfRow:
     """One episode against ``served`` (a ``ServedEndpoint``: ``base_url`` and its ``endpoint.pop_episode``)."""
     sid = uuid.uuid4().hex
-    chat = openai_chat(served.base_url, sid, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
     try:
-        messages = await run_episode(env, task, chat)
+        async with episode_client(served.base_url, sid) as client:
+            chat = openai_chat(client, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+            messages = await run_episode(env, task, chat)
     finally:
         ep = served.endpoint.pop_episode(sid)
     if ep is None or not ep.turns:
         raise RuntimeError(f"the endpoint holds no episode {sid}")
     reward = await env.ascore(task, messages)
-    return VfRow(ep.prompt_ids, ep.ids, ep.mask, ep.logprobs, messages, reward)
+    return VfRow(ep.prompt_ids, ep.ids, ep.mask, ep.logprobs, messages, reward, ep.hidden or None)
 
 
 class _Replay(Exception):
@@ -217,11 +223,11 @@ class EpisodeBatch:
     finished: list[bool]
     masks: list[list[int]]
     texts: list[str]  # what ``verify`` scores: the conversation after the task's messages
-    hidden: None = None  # no final-norm states through the endpoint (no TOPLOC proofs yet)
+    hidden: list[list[Any]] | None = None  # per episode, per model turn: final-norm states (capture_hidden)
 
 
 def sample_episodes(backend: Any, tokenizer: Any, env: VerifiersEnv, tasks: Sequence[Task], params: Any, *,
-                    limits: ChatLimits | None = None) -> EpisodeBatch:
+                    limits: ChatLimits | None = None, capture_hidden: bool = False) -> EpisodeBatch:
     """One episode per task (repeat a task for a group), all against one endpoint over ``backend`` on
     127.0.0.1, run concurrently (the backend samples one request at a time). ``params``: SamplingParams, its
     ``max_new_tokens`` per model turn."""
@@ -232,10 +238,11 @@ def sample_episodes(backend: Any, tokenizer: Any, env: VerifiersEnv, tasks: Sequ
             rollout(env, t, served, max_tokens=params.max_new_tokens, temperature=params.temperature,
                     top_p=params.top_p) for t in tasks]))
 
-    with ServedEndpoint(ChatEndpoint(backend, tokenizer, limits)) as served:
+    with ServedEndpoint(ChatEndpoint(backend, tokenizer, limits, capture_hidden=capture_hidden)) as served:
         rows = run_sync(run_all(served))
     eos = getattr(tokenizer, "eos_token_id", None)
     return EpisodeBatch([r.prompt_ids for r in rows], [r.completion_ids for r in rows], [r.logprobs for r in rows],
                         [bool(r.completion_ids) and r.completion_ids[-1] == eos for r in rows],
                         [r.mask for r in rows],
-                        [conversation_text(env.initial_messages(t), r.messages) for t, r in zip(tasks, rows)])
+                        [conversation_text(env.initial_messages(t), r.messages) for t, r in zip(tasks, rows)],
+                        [r.hidden or [] for r in rows] if capture_hidden else None)

@@ -153,6 +153,7 @@ class EpisodeTokens:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: int = 0  # model turns taken
+    hidden: list[Any] = field(default_factory=list)  # per model turn, what the backend captured (final-norm states)
 
     def extend(self, tokenizer: Any, messages: Sequence[Message], tools: Sequence[Message] | None) -> list[int]:
         """Take a request's messages: append the new messages' ids (mask 0) and return the whole prompt for the

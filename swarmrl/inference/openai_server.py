@@ -6,7 +6,8 @@ Token-in/token-out: each conversation is an episode (``X-Session-ID`` header, ve
 without one is an episode of its own), tokenized by ``swarmrl.inference.chat_tokens.EpisodeTokens``: the prompt
 is rendered and tokenized once, the model's sampled ids are kept as they are, and a later request only adds the
 new messages' tokens. ``pop_episode`` hands the episode's row (prompt ids; model turns mask 1 with their sampling
-logprobs; environment turns mask 0), the shape of our multi-turn rows.
+logprobs; environment turns mask 0), the shape of our multi-turn rows; with ``capture_hidden``, each model turn's
+final-norm states too (``EpisodeTokens.hidden``), for TOPLOC proofs over the model's tokens.
 
 The response is a ``chat.completion`` (the message, with tool calls parsed from the text in the Hermes format,
 ``finish_reason``, ``usage``) plus the ids, in vLLM's ``return_token_ids`` fields: ``prompt_token_ids`` (the whole
@@ -82,8 +83,9 @@ class ChatEndpoint:
     """The endpoint's state: the backend, the tokenizer, the episodes by session id."""
 
     def __init__(self, backend: InferenceBackend, tokenizer: Any, limits: ChatLimits | None = None,
-                 model_name: str = "swarmrl") -> None:
+                 model_name: str = "swarmrl", capture_hidden: bool = False) -> None:
         self.backend, self.tokenizer = backend, tokenizer
+        self.capture_hidden = capture_hidden  # keep each model turn's final-norm states (TOPLOC proofs)
         self.limits = limits or ChatLimits()
         self.model_name = model_name
         self._episodes: OrderedDict[str, EpisodeTokens] = OrderedDict()
@@ -130,10 +132,12 @@ class ChatEndpoint:
             raise _Reject(400, f"max_tokens {want} is over {lim.max_tokens}")
         return SamplingParams(max_new_tokens=want, temperature=req.temperature, top_p=req.top_p)
 
-    def _sample(self, prompt: list[int], params: SamplingParams, seed: int | None) -> tuple[list[int], list[float]]:
+    def _sample(self, prompt: list[int], params: SamplingParams, seed: int | None) -> tuple[list[int], list[float], Any]:
         with self._sample_lock:
-            out = self.backend.generate([prompt], params, seeds=None if seed is None else [seed])
-        return list(out.completion_ids[0]), [float(x) for x in out.logprobs[0]]
+            out = self.backend.generate([prompt], params, seeds=None if seed is None else [seed],
+                                        capture_hidden=self.capture_hidden)
+        hidden = out.hidden[0] if self.capture_hidden and out.hidden is not None else None
+        return list(out.completion_ids[0]), [float(x) for x in out.logprobs[0]], hidden
 
     async def complete(self, req: ChatRequest, sid: str) -> dict[str, Any]:
         params = self._check(req)
@@ -149,13 +153,15 @@ class ChatEndpoint:
                 raise _Reject(400, f"the prompt is {len(prompt)} tokens, over {self.limits.max_prompt_tokens}",
                               CONTEXT_FULL)
             try:
-                ids, logprobs = await asyncio.to_thread(self._sample, prompt, params, req.seed)
+                ids, logprobs, hidden = await asyncio.to_thread(self._sample, prompt, params, req.seed)
             except BaseException:
                 ep.restore(snapshot)
                 raise
             text = decode_completion(self.tokenizer, ids)
             message = parse_assistant(text, ep.turns)
             ep.reply(ids, logprobs, message)
+            if hidden is not None:
+                ep.hidden.append(hidden)
             return self._response(req, prompt, ids, logprobs, message)
         finally:
             self._release(sid)

@@ -61,7 +61,7 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     while sampling (no second pass). A multi-turn environment's tasks are sampled turn by turn
     (``swarmrl.rl.turns``): rows with a completion mask, proofs over the model's tokens. A verifiers environment's
     (``vf:``) are episodes over the chat endpoint (``swarmrl.envs.vf_rollout.sample_episodes``): rows with a
-    completion mask, scored on their conversation; no proofs or thinking budgets yet. ``policy``: an inference
+    completion mask, proofs over the model's tokens, scored on their conversation; no thinking budgets. ``policy``: an inference
     backend, or an in-memory model sampled with ``ours`` from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
     chat template, proof geometry; a node passes its assignment's), None: the run config's."""
     if generator is not None and isinstance(policy, InferenceBackend):
@@ -98,13 +98,15 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
 
 def _verifiers_episodes(backend: InferenceBackend, tokenizer, env: Environment, tasks: list[Task],  # noqa: ANN001
                         budgets: list[Budget | None], group_size: int, cfg: RLConfig, proofs: bool):  # noqa: ANN202
-    if proofs:
-        raise ValueError(f"{env.name}: TOPLOC proofs are not produced for verifiers episodes yet")
     if any(b is not None for b in budgets):
         raise ValueError(f"{env.name}: thinking budgets do not apply to verifiers episodes")
     from swarmrl.envs.vf_rollout import sample_episodes  # noqa: PLC0415  # lazy: the optional verifiers extra
 
-    return sample_episodes(backend, tokenizer, env, [t for t in tasks for _ in range(group_size)], cfg.sampling)
+    out = sample_episodes(backend, tokenizer, env, [t for t in tasks for _ in range(group_size)], cfg.sampling,
+                          capture_hidden=proofs)
+    if out.hidden is not None:  # the model's tokens' states, turn by turn, as for our multi-turn trajectories
+        out.hidden = [torch.cat(h) if h else torch.empty(0) for h in out.hidden]
+    return out
 
 
 def worker_policy_source(run: RunDir, cfg: RLConfig, worker_id: str) -> PolicySource:
