@@ -65,6 +65,35 @@ def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
         assert served.endpoint.pop_episode("ep1") is None
 
 
+def test_the_endpoint_holds_a_bounded_number_of_episodes_and_one_request_per_episode_at_a_time(tok):
+    import threading
+
+    gate = threading.Event()
+
+    class Slow(ScriptedBackend):
+        def generate(self, *a, **kw):  # noqa: ANN002, ANN003, ANN201
+            gate.wait(10)
+            return super().generate(*a, **kw)
+
+    backend = Slow([byte_ids(tok, "x") + [tok.eos_token_id]] * 2, tok.eos_token_id, tok.pad_token_id)
+    user = {"messages": [{"role": "user", "content": "hi"}]}
+    with ServedEndpoint(ChatEndpoint(backend, tok, ChatLimits(max_episodes=1))) as served:
+        url = served.base_url + "/chat/completions"
+        with httpx.Client(timeout=30) as c:
+            t = threading.Thread(target=lambda: c.post(url, json=user, headers={SESSION_HEADER: "a"}))
+            t.start()
+            for _ in range(200):  # the first request holds its episode while it samples
+                if served.endpoint._busy:
+                    break
+                threading.Event().wait(0.01)
+            assert c.post(url, json=user, headers={SESSION_HEADER: "a"}).status_code == 409
+            assert c.post(url, json=user, headers={SESSION_HEADER: "b"}).status_code == 429
+            gate.set()
+            t.join()
+            assert served.endpoint.pop_episode("a").turns == 1
+            assert c.post(url, json=user, headers={SESSION_HEADER: "b"}).status_code == 200
+
+
 def test_token_in_token_out_keeps_the_sampled_ids_where_the_text_would_tokenize_otherwise(tok):
     """Turn 1 samples "<eos>" spelled byte by byte and half of a UTF-8 character: decoded and encoded again, those
     are one special token and the 3 bytes of U+FFFD. The next request's prompt keeps the sampled ids."""

@@ -6,7 +6,9 @@ installed package ``<env_id>`` exporting its ``Taskset`` subclass in ``__all__``
 taskset config's fields, as ``--env.taskset.*`` takes them), ``heldout_pct`` (the held-out share, default 10),
 ``max_tasks`` (tasks read from the taskset, default 10 000: an infinite taskset is cut there), ``max_turns`` (model
 turns per episode, default 8), ``max_context_tokens`` (the longest prompt of a model turn, default 8192: an episode
-whose next prompt would be longer ends after its last model turn; in the contract, so the validator replays it).
+whose next prompt would be longer ends after its last model turn; in the contract, so the validator replays it),
+``tool_timeout_s`` (per call of an async tool, default 60: a timeout answers ``error: TimeoutError``, which a
+validator's replay may not reproduce: keep tools well inside it).
 
 Tasks: the taskset is read once, in order; task ``i`` is verifiers' task ``idx = i`` with its ``key`` (content hash
 or the taskset's own id). The split is ``heldout_bucket`` of the key, so training never draws a held-out task;
@@ -79,7 +81,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 class ToolBox:
     """One episode's tools: the OpenAI ``tools`` declarations and the bound methods behind them."""
 
-    def __init__(self, toolsets: Sequence[Any]) -> None:
+    def __init__(self, toolsets: Sequence[Any], timeout_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s  # per call of an async tool (a sync one runs to its end)
         self.fns: dict[str, Any] = {}
         self.declarations: list[Message] = []
         for ts in toolsets:
@@ -106,7 +109,7 @@ class ToolBox:
                 return "error: the arguments must be a JSON object"
             result = pydantic.validate_call(fn)(**args)
             if inspect.isawaitable(result):
-                result = await result
+                result = await asyncio.wait_for(result, self.timeout_s)
         except Exception as e:  # noqa: BLE001  # the model's call failed: that is the tool's answer
             return f"error: {type(e).__name__}"
         text = result if isinstance(result, str) else json.dumps(result, default=str)
@@ -117,13 +120,15 @@ class VerifiersEnv(Environment):
     """``vf:<env_id>``: see the module docstring."""
 
     def __init__(self, env_id: str, taskset: dict[str, Any] | None = None, heldout_pct: float = 10.0,
-                 max_tasks: int = 10_000, max_turns: int = 8, max_context_tokens: int = 8192) -> None:
+                 max_tasks: int = 10_000, max_turns: int = 8, max_context_tokens: int = 8192,
+                 tool_timeout_s: float = 60.0) -> None:
         if not 0 <= heldout_pct < 100:
             raise ValueError(f"heldout_pct must be in [0, 100), not {heldout_pct}")
         if max_tasks < 1 or max_turns < 1 or max_context_tokens < 1:
             raise ValueError("max_tasks, max_turns and max_context_tokens must be at least 1")
         self.env_id, self.name = env_id, PREFIX + env_id
         self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
+        self.tool_timeout_s = tool_timeout_s
         try:
             cfg_cls = v1.taskset_config_type(env_id)
             self.taskset = v1.load_taskset(cfg_cls.model_validate({**(taskset or {}), "id": env_id}))
@@ -184,7 +189,8 @@ class VerifiersEnv(Environment):
         return self._toolbox(self.vf_task(task))
 
     def _toolbox(self, t: Any) -> ToolBox:
-        return ToolBox([*type(t).toolsets(t.config), *type(self.taskset).toolsets(self.taskset.config)])
+        return ToolBox([*type(t).toolsets(t.config), *type(self.taskset).toolsets(self.taskset.config)],
+                       self.tool_timeout_s)
 
     # ---- reward ---------------------------------------------------------------------------------------------
     async def ascore(self, task: Task, messages: Sequence[Message]) -> float:

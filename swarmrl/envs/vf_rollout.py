@@ -234,9 +234,14 @@ def sample_episodes(backend: Any, tokenizer: Any, env: VerifiersEnv, tasks: Sequ
     limits = limits or ChatLimits(max_tokens=params.max_new_tokens, max_prompt_tokens=env.max_context_tokens)
 
     async def run_all(served: ServedEndpoint) -> list[VfRow]:
-        return list(await asyncio.gather(*[
-            rollout(env, t, served, max_tokens=params.max_new_tokens, temperature=params.temperature,
-                    top_p=params.top_p) for t in tasks]))
+        gate = asyncio.Semaphore(min(limits.max_in_flight, limits.max_episodes))  # under the endpoint's 429s
+
+        async def one(t: Task) -> VfRow:
+            async with gate:
+                return await rollout(env, t, served, max_tokens=params.max_new_tokens,
+                                     temperature=params.temperature, top_p=params.top_p)
+
+        return list(await asyncio.gather(*[one(t) for t in tasks]))
 
     with ServedEndpoint(ChatEndpoint(backend, tokenizer, limits, capture_hidden=capture_hidden)) as served:
         rows = run_sync(run_all(served))
