@@ -49,6 +49,8 @@ def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
             assert [r.status_code for r in bad] == [400, 422, 422, 400, 400, 400, 400, 400, 400, 400, 413, 422,
                                                     400, 400, 400]
             assert all("error" in r.json() for r in bad)
+            refused = c.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}, headers={SESSION_HEADER: "bad"})
+            assert refused.status_code == 400 and not served.endpoint._episodes  # refused: nothing kept
             ok = c.post(url, json={"messages": user, "logprobs": True}, headers={SESSION_HEADER: "ep1"})
             assert ok.status_code == 200, ok.text
             body = ok.json()

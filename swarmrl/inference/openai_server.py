@@ -3,7 +3,7 @@
 127.0.0.1.
 
 Token-in/token-out: each conversation is an episode (``X-Session-ID`` header, verifiers' session header; a request
-without one is an episode of its own), tokenized by ``swarmrl.inference.chat_tokens.EpisodeTokens``: the prompt
+without one is an episode of its own, not kept), tokenized by ``swarmrl.inference.chat_tokens.EpisodeTokens``: the prompt
 is rendered and tokenized once, the model's sampled ids are kept as they are, and a later request only adds the
 new messages' tokens. ``pop_episode`` hands the episode's row (prompt ids; model turns mask 1 with their sampling
 logprobs; environment turns mask 0), the shape of our multi-turn rows; with ``capture_hidden``, each model turn's
@@ -101,7 +101,9 @@ class ChatEndpoint:
                 raise RuntimeError(f"episode {session_id!r} has a request in flight")
             return self._episodes.pop(session_id, None)
 
-    def _claim(self, sid: str) -> EpisodeTokens:
+    def _claim(self, sid: str | None) -> EpisodeTokens:
+        if sid is None:
+            return EpisodeTokens()  # a request without a session is an episode of its own, not kept
         with self._lock:
             if sid in self._busy:
                 raise _Reject(409, "another request of this episode is in flight")
@@ -113,9 +115,13 @@ class ChatEndpoint:
             self._busy.add(sid)
             return ep
 
-    def _release(self, sid: str) -> None:
+    def _release(self, sid: str | None, ep: EpisodeTokens) -> None:
+        if sid is None:
+            return
         with self._lock:
             self._busy.discard(sid)
+            if ep.turns == 0:  # its first request was refused: nothing to keep (nor to count against the limit)
+                self._episodes.pop(sid, None)
 
     def _check(self, req: ChatRequest) -> SamplingParams:
         lim = self.limits
@@ -139,7 +145,7 @@ class ChatEndpoint:
         hidden = out.hidden[0] if self.capture_hidden and out.hidden is not None else None
         return list(out.completion_ids[0]), [float(x) for x in out.logprobs[0]], hidden
 
-    async def complete(self, req: ChatRequest, sid: str) -> dict[str, Any]:
+    async def complete(self, req: ChatRequest, sid: str | None) -> dict[str, Any]:
         params = self._check(req)
         ep = self._claim(sid)
         try:
@@ -164,7 +170,7 @@ class ChatEndpoint:
                 ep.hidden.append(hidden)
             return self._response(req, prompt, ids, logprobs, message)
         finally:
-            self._release(sid)
+            self._release(sid, ep)
 
     def _response(self, req: ChatRequest, prompt: list[int], ids: list[int], logprobs: list[float],
                   message: dict[str, Any]) -> dict[str, Any]:
@@ -218,11 +224,11 @@ def make_app(endpoint: ChatEndpoint) -> FastAPI:
                 return _error(422, f"bad request: {e}"[:2000])
             except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
                 return _error(400, f"bad request: {type(e).__name__}: {e}"[:2000])
-            sid = request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
-            if len(sid) > 256:
+            sid = request.headers.get(SESSION_HEADER) or None
+            if sid is not None and len(sid) > 256:
                 return _error(400, "the session id is over 256 characters")
             out = await endpoint.complete(req, sid)
-            return JSONResponse(out, headers={SESSION_HEADER: sid})
+            return JSONResponse(out, headers={SESSION_HEADER: sid} if sid else None)
         except _Reject as e:
             return _error(e.status, str(e), e.code)
         finally:
