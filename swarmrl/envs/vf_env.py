@@ -10,11 +10,12 @@ whose next prompt would be longer ends after its last model turn; in the contrac
 ``tool_timeout_s`` (per call of an async tool, default 60: a timeout answers ``error: TimeoutError``, which a
 validator's replay may not reproduce: keep tools well inside it).
 
-Tasks: the taskset is read once, in order; task ``i`` is verifiers' task ``idx = i`` with its ``key`` (content hash
-or the taskset's own id). The split is ``heldout_bucket`` of the key, so training never draws a held-out task;
-``sample(seed, n, split)`` draws from the split with a seeded ``random.Random``. Our task carries ``idx`` and
-``key`` only: the verifier takes the task from the taskset again by ``idx`` and checks the key (a task file cannot
-hand it another task's data).
+Tasks: the taskset is read once, in order (the last few read are kept per process); task ``i`` is verifiers' task
+``idx = i`` with its ``key`` (content hash or the taskset's own id). The split is ``heldout_bucket`` of the key, so
+training never draws a held-out task; ``sample(seed, n, split)`` draws from the split with a seeded
+``random.Random``. Our task carries ``idx`` and ``key`` (and, in ``meta``, the chat messages and tool declarations
+the prompt is rendered from): the verifier takes the task from the taskset again by ``idx`` and checks the key (a
+task file cannot hand it another task's data).
 
 Tools: the task's and the taskset's ``Toolset`` objects (``toolsets(config)``), their ``@vf.tool`` methods called
 in this process with arguments validated against their signatures (names ``<server>_<tool>``, as verifiers' MCP
@@ -37,6 +38,7 @@ import json
 import math
 import random
 import threading
+from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -116,6 +118,33 @@ class ToolBox:
         return text[:MAX_TOOL_RESULT_CHARS]
 
 
+_LOADED: OrderedDict[tuple, tuple[Any, list[Any]]] = OrderedDict()  # the last few tasksets read (workers and
+_LOADED_MAX = 4  # validators build the same task for every batch; reading a big taskset again would cost seconds)
+_LOAD_LOCK = threading.Lock()
+
+
+def _load(env_id: str, params_json: str, max_tasks: int) -> tuple[Any, list[Any]]:
+    """The taskset and its first ``max_tasks`` tasks (cached by the arguments)."""
+    key = (env_id, params_json, max_tasks)
+    with _LOAD_LOCK:
+        if key in _LOADED:
+            _LOADED.move_to_end(key)
+            return _LOADED[key]
+        try:
+            cfg_cls = v1.taskset_config_type(env_id)
+            taskset = v1.load_taskset(cfg_cls.model_validate({**json.loads(params_json), "id": env_id}))
+        except (ModuleNotFoundError, AttributeError, TypeError) as e:
+            raise ValueError(f"verifiers environment {env_id!r} could not be loaded: {e}") from None
+        tasks = list(itertools.islice(iter(taskset), max_tasks))
+        keys = [t.key for t in tasks]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"verifiers environment {env_id!r} has tasks with the same key")
+        _LOADED[key] = (taskset, tasks)
+        while len(_LOADED) > _LOADED_MAX:
+            _LOADED.popitem(last=False)
+        return taskset, tasks
+
+
 class VerifiersEnv(Environment):
     """``vf:<env_id>``: see the module docstring."""
 
@@ -129,15 +158,8 @@ class VerifiersEnv(Environment):
         self.env_id, self.name = env_id, PREFIX + env_id
         self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
         self.tool_timeout_s = tool_timeout_s
-        try:
-            cfg_cls = v1.taskset_config_type(env_id)
-            self.taskset = v1.load_taskset(cfg_cls.model_validate({**(taskset or {}), "id": env_id}))
-        except (ModuleNotFoundError, AttributeError, TypeError) as e:
-            raise ValueError(f"verifiers environment {env_id!r} could not be loaded: {e}") from None
-        self.tasks = list(itertools.islice(iter(self.taskset), max_tasks))
+        self.taskset, self.tasks = _load(env_id, json.dumps(taskset or {}, sort_keys=True), max_tasks)
         keys = [t.key for t in self.tasks]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"verifiers environment {env_id!r} has tasks with the same key")
         self._split: dict[str, list[int]] = {"train": [], "heldout": []}
         for i, k in enumerate(keys):
             self._split["heldout" if heldout_bucket(f"{self.name}:{k}", heldout_pct) else "train"].append(i)
