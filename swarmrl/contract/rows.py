@@ -56,10 +56,12 @@ def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | N
                  logprobs: Sequence[list[float]], finished: Sequence[bool], decode: Callable[[list[int]], str],
                  proofs: Sequence[list[bytes]] | None = None, worker_id: str, step: int, policy_version: int,
                  seed: int, temperature: float, use_std: bool = True,
-                 masks: Sequence[list[int]] | None = None) -> ScoredBatch:
+                 masks: Sequence[list[int]] | None = None, texts: Sequence[str] | None = None) -> ScoredBatch:
     """Rows for ``tasks`` whose ``group_size`` completions each sit at ``i * group_size + j`` of the sampler's
     output lists (``budgets[i]``: task i's thinking budget or None; ``masks``: multi-turn trajectories' completion
-    masks, None: every token sampled). A thinking budget counts the model's tokens only."""
+    masks, None: every token sampled; ``texts``: what the verifier scores for each, None: ``decode`` of its ids,
+    as for every environment but a verifiers one, scored on its conversation). A thinking budget counts the
+    model's tokens only."""
     g = group_size
     if not (len(prompt_ids) == len(completion_ids) == len(logprobs) == len(finished) == len(tasks) * g):
         raise ValueError(f"sampler output holds {len(completion_ids)} completions for {len(tasks)} tasks x {g}")
@@ -72,7 +74,8 @@ def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | N
         for j in idx:
             tokens += len(completion_ids[j])
             model_ids = completion_ids[j] if masks is None else [t for t, m in zip(completion_ids[j], masks[j]) if m]
-            scores.append(score_completion(env, task, decode(completion_ids[j]), model_ids, finished[j], budget))
+            text = decode(completion_ids[j]) if texts is None else texts[j]
+            scores.append(score_completion(env, task, text, model_ids, finished[j], budget))
         rewards = [s.reward for s in scores]
         adv = group_advantages(rewards, use_std=use_std)
         informative += int(is_informative(rewards))

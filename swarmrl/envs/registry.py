@@ -8,7 +8,10 @@ Installed packages bring their own environments through the entry-point group ``
 named ``NAME`` pointing at a factory (``pkg.module:make``, called with the task's params and returning an
 ``Environment``) makes ``NAME`` a task like the built-in ones, in every process that has the package (trainer,
 workers, nodes and the validator must all have it, since the validator re-runs the verifier and the environment's
-replies). A built-in name is never replaced by a plugin."""
+replies). A built-in name is never replaced by a plugin.
+
+``register_prefix`` names a family of tasks that cannot be listed ahead (``vf:<env_id>``: any installed verifiers
+environment): ``make_env("vf:x", **params)`` calls the prefix's factory with ``"x"`` and the params."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from swarmrl.envs.base import Environment
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {}
 _UNAVAILABLE: dict[str, str] = {}
+_PREFIXES: dict[str, Callable[..., Environment]] = {}
 
 
 def register_env(name: str) -> Callable[[Callable[..., Environment]], Callable[..., Environment]]:
@@ -62,6 +66,13 @@ def _load_plugin(name: str) -> bool:
     return True
 
 
+def register_prefix(prefix: str, factory: Callable[..., Environment]) -> None:
+    """``factory(rest, **params)`` builds the task ``prefix + rest`` (``rest`` not empty)."""
+    if not prefix.endswith(":") or prefix in _PREFIXES or any(n.startswith(prefix) for n in _REGISTRY):
+        raise ValueError(f"task prefix {prefix!r} registered twice or not ending in ':'")
+    _PREFIXES[prefix] = factory
+
+
 def available_envs() -> list[str]:
     return sorted(set(_REGISTRY) | set(_plugins()))
 
@@ -78,10 +89,11 @@ def _unknown(name: str) -> str:
 def make_env(name: str, **params: Any) -> Environment:
     if name in _UNAVAILABLE:
         raise KeyError(f"task {name!r} is not available: {_UNAVAILABLE[name]}")
-    if name not in _REGISTRY and not _load_plugin(name):
+    prefix = next((p for p in _PREFIXES if name.startswith(p) and len(name) > len(p)), None)
+    if name not in _REGISTRY and prefix is None and not _load_plugin(name):
         raise KeyError(_unknown(name))
     try:
-        env = _REGISTRY[name](**params)
+        env = _PREFIXES[prefix](name[len(prefix):], **params) if prefix is not None else _REGISTRY[name](**params)
     except TypeError as e:
         raise ValueError(f"bad parameters for task {name!r}: {e}") from None
     if not isinstance(env, Environment):

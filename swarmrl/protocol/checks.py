@@ -34,9 +34,8 @@ import torch
 
 from swarmrl.contract import PROOF_GEOMETRY, Rollout, assigned_tasks, check_score, format_prompt, task_seed
 from swarmrl.envs import Task
-from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.protocol.config import ValidatorConfig
-from swarmrl.protocol.replay import replay_check
+from swarmrl.protocol.replay import replay_and_text, task_prompt_ids
 from swarmrl.protocol.schemas import PendingSubmission
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
@@ -151,7 +150,8 @@ def check_tasks(ctx: CheckContext) -> tuple[bool, str]:
         enc: dict[str, list[int]] = {}
         for i, r in enumerate(ctx.rows):
             if r.task_id not in enc:
-                enc[r.task_id] = encode_prompt(ctx.tokenizer, text_of[r.task_id], a.contract.chat_template)
+                enc[r.task_id] = task_prompt_ids(by_id[r.task_id], ctx.tokenizer, text_of[r.task_id],
+                                                 a.contract.chat_template)
             if list(r.prompt_ids) != enc[r.task_id]:
                 return False, f"row {i}: prompt tokens are not the assigned task's prompt"
     return True, f"{len(groups)} groups match the seeded tasks"
@@ -226,10 +226,9 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
         task = by_id.get(r.task_id)
         if task is None:
             return False, f"row {i}: unknown task {r.task_id!r}"
-        replay = replay_check(env, task, r, ctx.tokenizer)
+        replay, text = replay_and_text(env, task, r, ctx.tokenizer)
         if replay is not None:
             return False, f"row {i}: replay: {replay}"
-        text = decode_completion(ctx.tokenizer, list(r.completion_ids))
         wrong = check_score(r, env, task, text, eos, budget, ctx.cfg.reward_tolerance)
         if wrong is not None:
             return False, f"row {i}: {wrong}"

@@ -27,6 +27,7 @@ from swarmrl.contract import (
 )
 from swarmrl.envs.base import Environment, Task
 from swarmrl.envs.multiturn import is_multiturn
+from swarmrl.envs.vf import is_verifiers_env
 from swarmrl.inference.backend import InferenceBackend, as_backend
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.models.io import load_tokenizer
@@ -58,7 +59,9 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
     rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
     while sampling (no second pass). A multi-turn environment's tasks are sampled turn by turn
-    (``swarmrl.inference.turns``): rows with a completion mask, proofs over the model's tokens. ``policy``: an inference
+    (``swarmrl.inference.turns``): rows with a completion mask, proofs over the model's tokens. A verifiers environment's
+    (``vf:``) are episodes over the chat endpoint (``swarmrl.envs.vf_rollout.sample_episodes``): rows with a
+    completion mask, proofs over the model's tokens, scored on their conversation; no thinking budgets. ``policy``: an inference
     backend, or an in-memory model sampled with ``ours`` from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
     chat template, proof geometry; a node passes its assignment's), None: the run config's."""
     if generator is not None and isinstance(policy, InferenceBackend):
@@ -67,25 +70,43 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     t0 = time.perf_counter()
     budgets = list(budgets) if budgets is not None else [None] * len(tasks)
     c = cfg.contract if contract is None else contract
-    prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), c.chat_template) for t, b in zip(tasks, budgets)]
-    flat = [p for p in prompts for _ in range(c.group_size)]
-    masks = None
-    if is_multiturn(env):  # the model's turns and the environment's replies, one token sequence each
-        out = sample_turns(backend, tokenizer, env, [t for t in tasks for _ in range(c.group_size)], flat,
-                           cfg.sampling, capture_hidden=proofs)
-        masks = out.masks
+    masks = texts = None
+    if is_verifiers_env(env):  # episodes over the chat endpoint (swarmrl.envs.vf_rollout), their own prompts
+        out = _verifiers_episodes(backend, tokenizer, env, tasks, budgets, c.group_size, cfg, proofs)
+        masks, texts = out.masks, out.texts
     else:
-        out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
+        prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), c.chat_template)
+                   for t, b in zip(tasks, budgets)]
+        flat = [p for p in prompts for _ in range(c.group_size)]
+        if is_multiturn(env):  # the model's turns and the environment's replies, one token sequence each
+            out = sample_turns(backend, tokenizer, env, [t for t in tasks for _ in range(c.group_size)], flat,
+                               cfg.sampling, capture_hidden=proofs)
+            masks = out.masks
+        else:
+            out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
     scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, prompt_ids=out.prompt_ids,
                           completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
                           decode=lambda ids: decode_completion(tokenizer, ids),
                           proofs=proofs_for_samples(out.hidden, c.proof) if proofs else None,
                           worker_id=worker_id, step=step, policy_version=policy_version, seed=seed,
-                          temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std, masks=masks)
+                          temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std, masks=masks, texts=texts)
     rows = scored.rows
     n = len(rows)
     return BatchResult(rows, scored.informative, scored.tokens, time.perf_counter() - t0,
                        sum(r.reward for r in rows) / n, sum(r.task_reward for r in rows) / n)
+
+
+def _verifiers_episodes(backend: InferenceBackend, tokenizer, env: Environment, tasks: list[Task],  # noqa: ANN001
+                        budgets: list[Budget | None], group_size: int, cfg: RLConfig, proofs: bool):  # noqa: ANN202
+    if any(b is not None for b in budgets):
+        raise ValueError(f"{env.name}: thinking budgets do not apply to verifiers episodes")
+    from swarmrl.envs.vf_rollout import sample_episodes  # noqa: PLC0415  # lazy: the optional verifiers extra
+
+    out = sample_episodes(backend, tokenizer, env, [t for t in tasks for _ in range(group_size)], cfg.sampling,
+                          capture_hidden=proofs)
+    if out.hidden is not None:  # the model's tokens' states, turn by turn, as for our multi-turn trajectories
+        out.hidden = [torch.cat(h) if h else torch.empty(0) for h in out.hidden]
+    return out
 
 
 def worker_policy_source(run: RunDir, cfg: RLConfig, worker_id: str) -> PolicySource:
