@@ -28,7 +28,7 @@ if importlib.util.find_spec("verifiers") is None:
 from swarmrl.envs import make_env  # noqa: E402
 from swarmrl.envs.multiturn import segments  # noqa: E402
 from swarmrl.envs.vf_env import VerifiersEnv  # noqa: E402
-from swarmrl.envs.vf_rollout import replay_problem, rollout  # noqa: E402
+from swarmrl.episodes.vf import replay_problem, rollout  # noqa: E402
 from swarmrl.inference.backend import OursBackend  # noqa: E402
 from swarmrl.inference.chat_tokens import encode_text, render  # noqa: E402
 from swarmrl.inference.openai_server import ChatEndpoint, ChatLimits, ServedEndpoint  # noqa: E402

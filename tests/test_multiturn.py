@@ -215,8 +215,8 @@ def test_the_sampling_loop_appends_sampled_ids_and_replies_tokenized_once(tiny_m
 
 
 def test_hidden_states_of_the_model_tokens_only_in_order(tiny_model_dir):
+    from swarmrl.episodes.turns import sample_turns
     from swarmrl.inference.params import SamplingParams
-    from swarmrl.inference.turns import sample_turns
 
     tok = load_tokenizer(tiny_model_dir)
     env = make_env("calc")

@@ -20,7 +20,8 @@ INSTALL_HINT = "pip install 'swarmrl[verifiers]' (or scripts/setup-verifiers.sh:
 
 
 def is_verifiers_env(env: object) -> bool:
-    return isinstance(getattr(env, "name", None), str) and env.name.startswith(PREFIX) and hasattr(env, "replay_row")
+    return isinstance(getattr(env, "name", None), str) and env.name.startswith(PREFIX) and \
+        getattr(env, "task_type", None) == TASK_TYPE
 
 
 class VerifiersMissing(ImportError):

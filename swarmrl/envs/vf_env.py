@@ -146,7 +146,9 @@ def _load(env_id: str, params_json: str, max_tasks: int) -> tuple[Any, list[Any]
 
 
 class VerifiersEnv(Environment):
-    """``vf:<env_id>``: see the module docstring."""
+    """``vf:<env_id>``: see the module docstring. Its episodes and their replay: ``swarmrl.episodes.vf``."""
+
+    task_type = TASK_TYPE
 
     def __init__(self, env_id: str, taskset: dict[str, Any] | None = None, heldout_pct: float = 10.0,
                  max_tasks: int = 10_000, max_turns: int = 8, max_context_tokens: int = 8192,
@@ -258,14 +260,6 @@ class VerifiersEnv(Environment):
                                                  for m in tail):
             return 0.0
         return self.score_messages(task, [*msgs, *tail])
-
-    def replay_row(self, task: Task, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-                   mask: Sequence[int], tokenizer: Any) -> tuple[str | None, str]:
-        """The validator's replay of a row (``swarmrl.envs.vf_rollout``): what is wrong (None: it replays) and
-        the replayed conversation's ``conversation_text``, what ``verify`` scores."""
-        from swarmrl.envs.vf_rollout import replay_row  # noqa: PLC0415  # lazy: vf_rollout imports this module
-
-        return replay_row(self, task, prompt_ids, completion_ids, mask, tokenizer)
 
 
 def conversation_text(initial: Sequence[Message], messages: Sequence[Message]) -> str:

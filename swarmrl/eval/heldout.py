@@ -1,5 +1,5 @@
 """Held-out accuracy of a model on a task (greedy decoding, batched, through an inference backend). A multi-turn
-task is evaluated as it is trained: turn by turn with the environment's replies (``swarmrl.inference.turns``),
+task is evaluated as it is trained: turn by turn with the environment's replies (``swarmrl.episodes.turns``),
 scored on the whole trajectory's text; ``max_new_tokens`` is then the whole trajectory's budget."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import torch
 
 from swarmrl.envs.base import Environment
 from swarmrl.envs.multiturn import is_multiturn
+from swarmrl.episodes.turns import sample_turns
 from swarmrl.eval.config import EvalConfig
 from swarmrl.inference.backend import InferenceBackend, as_backend, make_backend
 from swarmrl.inference.params import SamplingParams
 from swarmrl.inference.prompts import decode_completion, encode_prompt
-from swarmrl.inference.turns import sample_turns
 from swarmrl.models.io import load_tokenizer
 
 

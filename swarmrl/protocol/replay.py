@@ -26,9 +26,11 @@ def replay_check(env: Any, task: Task, r: Rollout, tokenizer: Any) -> str | None
 
 def replay_and_text(env: Any, task: Task, r: Rollout, tokenizer: Any) -> tuple[str | None, str]:
     """The replay's finding (None: the row replays) and the text the verifier scores: the decoded completion, or
-    for a verifiers episode (``vf:``) the conversation its replay rebuilt (``swarmrl.envs.vf_rollout``)."""
+    for a verifiers episode (``vf:``) the conversation its replay rebuilt (``swarmrl.episodes.vf``)."""
     if is_verifiers_env(env):
-        return env.replay_row(task, list(r.prompt_ids), list(r.completion_ids), r.model_mask(), tokenizer)
+        from swarmrl.episodes.vf import replay_row  # noqa: PLC0415  # lazy: the optional verifiers extra
+
+        return replay_row(env, task, list(r.prompt_ids), list(r.completion_ids), r.model_mask(), tokenizer)
     return replay_check(env, task, r, tokenizer), decode_completion(tokenizer, list(r.completion_ids))
 
 

@@ -28,6 +28,7 @@ from swarmrl.contract import (
 from swarmrl.envs.base import Environment, Task
 from swarmrl.envs.multiturn import is_multiturn
 from swarmrl.envs.vf import is_verifiers_env
+from swarmrl.episodes.turns import sample_turns
 from swarmrl.inference.backend import InferenceBackend, as_backend
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.models.io import load_tokenizer
@@ -35,7 +36,6 @@ from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.store import RunDir
-from swarmrl.inference.turns import sample_turns
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.toploc import proofs_for_samples
 from swarmrl.utils.metrics import MetricsWriter
@@ -59,8 +59,8 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
     rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
     while sampling (no second pass). A multi-turn environment's tasks are sampled turn by turn
-    (``swarmrl.inference.turns``): rows with a completion mask, proofs over the model's tokens. A verifiers environment's
-    (``vf:``) are episodes over the chat endpoint (``swarmrl.envs.vf_rollout.sample_episodes``): rows with a
+    (``swarmrl.episodes.turns``): rows with a completion mask, proofs over the model's tokens. A verifiers environment's
+    (``vf:``) are episodes over the chat endpoint (``swarmrl.episodes.vf.sample_episodes``): rows with a
     completion mask, proofs over the model's tokens, scored on their conversation; no thinking budgets. ``policy``: an inference
     backend, or an in-memory model sampled with ``ours`` from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
     chat template, proof geometry; a node passes its assignment's), None: the run config's."""
@@ -71,7 +71,7 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     budgets = list(budgets) if budgets is not None else [None] * len(tasks)
     c = cfg.contract if contract is None else contract
     masks = texts = None
-    if is_verifiers_env(env):  # episodes over the chat endpoint (swarmrl.envs.vf_rollout), their own prompts
+    if is_verifiers_env(env):  # episodes over the chat endpoint (swarmrl.episodes.vf), their own prompts
         out = _verifiers_episodes(backend, tokenizer, env, tasks, budgets, c.group_size, cfg, proofs)
         masks, texts = out.masks, out.texts
     else:
@@ -100,7 +100,7 @@ def _verifiers_episodes(backend: InferenceBackend, tokenizer, env: Environment, 
                         budgets: list[Budget | None], group_size: int, cfg: RLConfig, proofs: bool):  # noqa: ANN202
     if any(b is not None for b in budgets):
         raise ValueError(f"{env.name}: thinking budgets do not apply to verifiers episodes")
-    from swarmrl.envs.vf_rollout import sample_episodes  # noqa: PLC0415  # lazy: the optional verifiers extra
+    from swarmrl.episodes.vf import sample_episodes  # noqa: PLC0415  # lazy: the optional verifiers extra
 
     out = sample_episodes(backend, tokenizer, env, [t for t in tasks for _ in range(group_size)], cfg.sampling,
                           capture_hidden=proofs)
