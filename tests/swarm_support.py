@@ -39,8 +39,8 @@ CAUGHT_BY = {
 }
 
 
-# the multi-turn cheats: the replay catches them; where the model checks run first, the shifted context does
-MULTITURN_CAUGHT_BY = {k: ("rewards: ", "logprobs: ", "toploc: ") for k in ("edit_env_turn", "forge_tool_result")}
+# the multi-turn cheats: the validator's replay of the environment's turns
+MULTITURN_CAUGHT_BY = {"edit_env_turn": "replay:", "forge_tool_result": "replay:"}
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugin_env"
 
 

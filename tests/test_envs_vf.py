@@ -310,7 +310,7 @@ def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf
     ids[k] = byte_ids(tok, "7")[0] if ids[k] != byte_ids(tok, "7")[0] else byte_ids(tok, "8")[0]
     edited[1].completion_ids = ids
     v = _judge(tmp_path, tok, model, a, edited, **off)
-    assert not v.accepted and "row 1: replay: environment segment" in v.reason, v.reason
+    assert not v.accepted and v.reason.startswith("replay: row 1: environment segment"), v.reason
     forged = [dataclasses.replace(r) for r in res.rows]
     last = segments(forged[0].completion_mask)[-1]  # the answer turn, made wrong, the full reward still claimed
     wrong = byte_ids(tok, "x") + [tok.eos_token_id]

@@ -286,7 +286,7 @@ def honest(tiny_model_dir, tmp_path_factory):
     return model, tok, res.rows, item, tmp_path_factory.mktemp("mt")
 
 
-def _judge(honest, rows, **cfg):  # noqa: ANN001, ANN003, ANN202
+def _judge(honest, rows, checks=None, without=(), **cfg):  # noqa: ANN001, ANN003, ANN202
     from swarmrl.protocol.checks import default_checks
     from swarmrl.protocol.config import ValidatorConfig
     from swarmrl.protocol.validator import judge
@@ -294,7 +294,8 @@ def _judge(honest, rows, **cfg):  # noqa: ANN001, ANN003, ANN202
     model, tok, _, item, tmp = honest
     vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v"), **{"logprob_rows": 64, **cfg})
     path = write_rollouts(rows, tmp / f"r{abs(hash(str(rows))) % 10**9}.parquet")
-    return judge(path, item, vcfg, default_checks(vcfg), tok, lambda v: model, len(tok))
+    checks = checks or [(n, c) for n, c in default_checks(vcfg) if n not in without]
+    return judge(path, item, vcfg, checks, tok, lambda v: model, len(tok))
 
 
 def test_honest_multiturn_rows_replay_and_pass_every_check(honest):
@@ -322,12 +323,12 @@ def test_an_edited_environment_turn_or_a_forged_reward_does_not_replay(honest):
     ids[mask.index(0)] = tok.encode("Z", add_special_tokens=False)[0]
     edited[i].completion_ids = ids
     v = _judge(honest, edited, **off)
-    assert not v.accepted and v.reason.startswith(f"rewards: row {i}: replay: environment turn 0"), v.reason
+    assert not v.accepted and v.reason.startswith(f"replay: row {i}: environment turn 0"), v.reason
     claimed = [dataclasses.replace(r) for r in rows]  # the environment's tokens claimed as the model's
     claimed[i].completion_mask = None
     claimed[i].logprobs = [lp if m else -1.0 for lp, m in zip(rows[i].logprobs, rows[i].completion_mask)]
     v = _judge(honest, claimed, **off)
-    assert not v.accepted and f"row {i}: replay:" in v.reason, v.reason
+    assert not v.accepted and v.reason.startswith(f"replay: row {i}:"), v.reason
     forged = [dataclasses.replace(r) for r in rows]
     forged[i].task_reward = forged[i].reward = 1.0 - rows[i].task_reward
     v = _judge(honest, forged, **off)
@@ -337,7 +338,7 @@ def test_an_edited_environment_turn_or_a_forged_reward_does_not_replay(honest):
 @pytest.mark.parametrize("kind", ["edit_env_turn", "forge_tool_result"])
 def test_the_multiturn_adversaries_uploads_are_rejected_by_the_replay(honest, kind):
     """The swarm's cheating nodes for tool tasks: every row tampered (an environment turn spliced into a row that
-    has none) and honestly re-scored; the replay rejects it even where the model checks do not run."""
+    has none) and honestly re-scored; the replay, before any model check, names what is wrong."""
     from swarmrl.swarm.adversaries import ADVERSARIES
 
     model, tok, rows, item, _ = honest
@@ -355,10 +356,12 @@ def test_the_multiturn_adversaries_uploads_are_rejected_by_the_replay(honest, ki
     answer = str(tasks[0].verification_info["answer"])
     if kind == "forge_tool_result":
         assert f"<result>{answer}</result>" in tok.decode(bad[0].completion_ids)
-    v = _judge(honest, bad, logprob_rows=0, toploc_check="")  # an upload sampled validation leaves unchecked
+    v = _judge(honest, bad)  # the replay runs before the model checks (which the shifted context would fail)
+    assert not v.accepted and v.reason.startswith("replay: row 0:"), v.reason
+    from swarmrl.protocol.checks import check_rewards
+
+    v = _judge(honest, bad, checks=[("rewards", check_rewards)])  # the rewards check replays on its own too
     assert not v.accepted and v.reason.startswith("rewards: row 0: replay:"), v.reason
-    v = _judge(honest, bad)  # the model checks run first, and the shifted context already fails them
-    assert not v.accepted and v.reason.startswith(("logprobs: row 0", "toploc: row 0")), v.reason
 
 
 def test_edited_model_tokens_are_caught_by_the_logprob_and_toploc_checks(honest):
@@ -366,11 +369,12 @@ def test_edited_model_tokens_are_caught_by_the_logprob_and_toploc_checks(honest)
     i = _multiturn(rows)
     bad = [dataclasses.replace(r) for r in rows]
     x = tok.encode("x", add_special_tokens=False)[0]
+    no_replay = ("replay",)  # rewritten turns no longer end at a stop string: the replay alone would name that
     mask = bad[i].completion_mask  # the model's tokens rewritten, the environment's left as they were
     bad[i].completion_ids = [x if m and t != tok.eos_token_id else t for t, m in zip(bad[i].completion_ids, mask)]
-    v = _judge(honest, bad)
+    v = _judge(honest, bad, without=no_replay)
     assert not v.accepted and v.reason.startswith(f"logprobs: row {i}"), v.reason
-    v = _judge(honest, bad, logprob_rows=0)
+    v = _judge(honest, bad, without=no_replay, logprob_rows=0)
     assert not v.accepted and v.reason.startswith(f"toploc: row {i}") and "chunk" in v.reason, v.reason
     swapped = [dataclasses.replace(r) for r in rows]  # proofs of another row's model tokens
     j = next(k for k, r in enumerate(rows) if k != i and len(r.proofs) == len(rows[i].proofs))

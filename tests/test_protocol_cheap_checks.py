@@ -1,4 +1,4 @@
-"""A validator without a model cannot re-check rewards, logprobs, TOPLOC proofs or sampling; it must not pass such
+"""A validator without a model cannot re-check rewards, environment replays, logprobs, TOPLOC proofs or sampling; it must not pass such
 work off as checked. It refuses to start (the shipped configs/validator.toml included) unless
 ``cheap_checks_only = true`` says so explicitly, and then every verdict it writes says the model checks were not
 run."""
@@ -71,7 +71,7 @@ def test_every_verdict_of_a_cheap_checks_only_validator_says_the_model_checks_we
     detail = node.submission(sid)  # what the orchestrator keeps and shows
     assert NOT_RUN in detail.reason
     skipped = {c.name: c.reason for c in detail.checks if c.skipped}
-    assert set(skipped) == {"logprobs", "toploc", "sampling", "rewards"}
+    assert set(skipped) == {"replay", "logprobs", "toploc", "sampling", "rewards"}
     assert all(NOT_RUN in why for why in skipped.values()), skipped
     assert all(c.ok and not c.skipped for c in detail.checks if c.name in ("schema", "seed", "tasks", "policy"))
     # a rejection by a cheap check says it too

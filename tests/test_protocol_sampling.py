@@ -77,8 +77,8 @@ def test_sampled_out_cheater_is_accepted_then_caught_by_audit_and_slashed(env, f
     [(sid, v0)] = val.run_once()
     assert sid == s0 and v0.accepted and v0.reason == "all checks passed"  # the node's first: in full
     assert not any("sampled out" in c.reason for c in v0.checks)
-    assert [c.name for c in v0.checks if not c.skipped] == ["schema", "seed", "tasks", "policy", "proofs", "toploc",
-                                                            "rewards"]  # (logprobs off, no sampling claims here)
+    assert [c.name for c in v0.checks if not c.skipped] == ["schema", "seed", "tasks", "policy", "proofs", "replay",
+                                                            "toploc", "rewards"]  # (logprobs off, no sampling claims here)
     assert val.audit_once() == []  # nothing queued: it was checked in full
     TrainerClient(srv.url, keys["trainer"]).set_step(1, 1)
     s1 = _submit(node, tmp, "cheat", cheat=True)
@@ -87,7 +87,7 @@ def test_sampled_out_cheater_is_accepted_then_caught_by_audit_and_slashed(env, f
     skipped = {c.name: c.reason for c in v1.checks if c.skipped}
     assert set(skipped) == set(SAMPLED_CHECKS) and all("sampled out" in r for r in skipped.values())
     ran = [c.name for c in v1.checks if not c.skipped]
-    assert ran == ["schema", "seed", "tasks", "policy", "proofs", "rewards"]  # every cheap check still ran
+    assert ran == ["schema", "seed", "tasks", "policy", "proofs", "replay", "rewards"]  # every cheap check still ran
     locked = node.ledger().credits_locked
     assert locked == 2 * cfg.credit_per_sample * 3 * 2 and node.submission(s1).status == "accepted"
     [(sid, audit)] = val.audit_once()  # the validator is idle: the audit judges it in full

@@ -56,7 +56,7 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     detail = node.submission(sid1)  # the verdict and every check's reason are public and persisted
     assert detail.status == "rejected" and detail.reason == v1.reason
     # cheapest first; the model checks are skipped here (no model), the reward re-check comes last
-    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "proofs", "logprobs", "toploc",
+    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "proofs", "replay", "logprobs", "toploc",
                                                "sampling", "rewards"]
     assert node.submission(sid0).status == "accepted"
     from swarmrl.utils.metrics import read_metrics

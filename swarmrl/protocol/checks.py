@@ -13,15 +13,14 @@ A check has three outcomes, and they must not be confused:
   retries it later (``swarmrl.protocol.validator``).
 
 Order (``default_checks``), cheapest first, so a submission failing a cheap check never reaches an expensive
-one: schema and sizes, seed, tasks (the seeded assignment), policy window, TOPLOC proof shape; then the checks
-that run the model (logprobs, toploc, sampling); then rewards (env verifiers, the code sandbox) last. A multi-turn
-row (``completion_mask`` 0 at an environment's tokens) is checked at the model's tokens by the model checks, and
-its environment turns are replayed before its reward is (a finding says ``replay:``).
+one: schema and sizes, seed, tasks (the seeded assignment), policy window, TOPLOC proof shape, the replay of
+multi-turn rows' environment turns; then the checks that run the model (logprobs, toploc, sampling); then rewards
+(env verifiers, the code sandbox) last. A multi-turn row (``completion_mask`` 0 at an environment's tokens) is
+checked at the model's tokens by the model checks, and on the replayed text by the rewards check.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import random
 from collections import Counter, defaultdict
@@ -34,14 +33,13 @@ import torch
 
 from swarmrl.contract import PROOF_GEOMETRY, Rollout, assigned_tasks, check_score, format_prompt, task_seed
 from swarmrl.envs import Task
+from swarmrl.protocol.check_config import import_dotted
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.replay import replay_and_text, task_prompt_ids
 from swarmrl.protocol.schemas import PendingSubmission
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
 from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
-from swarmrl.toploc.sampling_check import SamplingThresholds
-from swarmrl.toploc.verify import Thresholds
 
 
 class SkipCheck(Exception):
@@ -213,12 +211,48 @@ def check_proofs(ctx: CheckContext) -> tuple[bool, str]:
     return True, f"{n_with} rows with well-formed proofs ({len(ctx.rows) - n_with} without)"
 
 
+def _task_env(ctx: CheckContext) -> Any:
+    """The assignment's environment, built once per submission; strict: a verifier that cannot judge (a sandbox
+    that did not start) raises, an internal error rather than a finding."""
+    if "env" not in ctx.cache:
+        env = ctx.item.assignment.contract.task.build()
+        env.strict = True
+        ctx.cache["env"] = env
+    return ctx.cache["env"]
+
+
+def _replayed(ctx: CheckContext, i: int, r: Rollout, task: Task) -> tuple[str | None, str]:
+    """Row ``i``'s replay finding and the text its reward is scored on (computed once per row)."""
+    done = ctx.cache.setdefault("replayed", {})
+    if i not in done:
+        done[i] = replay_and_text(_task_env(ctx), task, r, ctx.tokenizer)
+    return done[i]
+
+
+def check_replay(ctx: CheckContext) -> tuple[bool, str]:
+    """Every row's environment turns replayed (a multi-turn environment runs here on the row's model turns; a
+    single-turn task's row holds no environment token). Cheap (no model), so it runs before the model checks: an
+    edited environment turn or a forged tool result is named as such."""
+    if ctx.tokenizer is None:
+        raise SkipCheck("no tokenizer (model_dir) configured")
+    by_id = {t.task_id: t for t in ctx.expected_tasks}
+    turns = 0
+    for i, r in enumerate(ctx.rows):
+        task = by_id.get(r.task_id)
+        if task is None:
+            return False, f"row {i}: unknown task {r.task_id!r}"
+        problem, _ = _replayed(ctx, i, r, task)
+        if problem is not None:
+            return False, f"row {i}: {problem}"
+        turns += int(r.completion_mask is not None and 0 in r.completion_mask)
+    return True, f"{len(ctx.rows)} rows replay ({turns} with environment turns)"
+
+
 def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
     if ctx.tokenizer is None:
         raise SkipCheck("no tokenizer (model_dir) configured")
     a = ctx.item.assignment
-    env = a.contract.task.build()
-    env.strict = True  # a verifier that cannot judge (a sandbox that did not start) raises: an internal error
+    env = _task_env(ctx)
     by_id = {t.task_id: t for t in ctx.expected_tasks}
     budget = a.budget()
     eos = getattr(ctx.tokenizer, "eos_token_id", None)
@@ -226,14 +260,13 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
         task = by_id.get(r.task_id)
         if task is None:
             return False, f"row {i}: unknown task {r.task_id!r}"
-        replay, text = replay_and_text(env, task, r, ctx.tokenizer)
+        replay, text = _replayed(ctx, i, r, task)  # already run by check_replay in the default order
         if replay is not None:
             return False, f"row {i}: replay: {replay}"
         wrong = check_score(r, env, task, text, eos, budget, ctx.cfg.reward_tolerance)
         if wrong is not None:
             return False, f"row {i}: {wrong}"
     return True, f"{len(ctx.rows)} rewards recomputed"
-
 
 
 def _model_input_problem(model: torch.nn.Module, r: Rollout) -> str | None:
@@ -295,62 +328,6 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
 
     check.__name__ = "check_logprobs"
     return check
-
-
-def import_dotted(spec: str) -> Callable[..., Any]:
-    """``module:function`` -> the function (ImportError naming what is missing)."""
-    mod_name, _, fn_name = spec.partition(":")
-    if not mod_name or not fn_name:
-        raise ImportError(f"{spec!r} is not module:function")
-    mod = importlib.import_module(mod_name)
-    try:
-        return getattr(mod, fn_name)
-    except AttributeError:
-        raise ImportError(f"{mod_name} has no {fn_name}") from None
-
-
-_CALLS = {  # how each configured function is called: a misconfigured one is refused at startup
-    "toploc_check": ("toploc_check(model, items, batch_size=...)", (None, []), {"batch_size": 1}),
-    "sampling_claim": ("sampling_claim(row, eos_id)", (None, 0), {}),
-    "sampling_check": ("sampling_check(model, row)", (None, None), {}),
-}
-
-
-def configured_functions_problems(cfg: ValidatorConfig) -> list[str]:
-    """What is wrong with the configuration of the checks, for the validator to refuse at startup: a configured
-    ``module:function`` that does not import or cannot take the arguments it is called with (e.g.
-    ``swarmrl.toploc:verify_rollout``, the one-row function, named as the batched ``toploc_check``), bad
-    sampling thresholds, or ``require_proofs`` without the means to check proofs."""
-    problems = []
-    for name, (shown, args, kw) in _CALLS.items():
-        spec = getattr(cfg, name)
-        if not spec:
-            continue
-        try:
-            fn = import_dotted(spec)
-        except ImportError as e:
-            problems.append(f"{name} = {spec!r}: cannot import it ({e})")
-            continue
-        if name == "toploc_check" and cfg.sampling_claim and cfg.sampling_thresholds:
-            kw = {**kw, "sampling_thresholds": None}
-        if name == "toploc_check" and cfg.toploc_thresholds:
-            kw = {**kw, "thresholds": None}
-        try:
-            inspect.signature(fn).bind(*args, **kw)
-        except TypeError as e:
-            problems.append(f"{name} = {spec!r}: it is called as {shown}, which it does not take ({e})")
-        except ValueError:  # no signature to read (a builtin): judged when it runs
-            pass
-    for name, model in (("sampling_thresholds", SamplingThresholds), ("toploc_thresholds", Thresholds)):
-        try:
-            model(**getattr(cfg, name))
-        except ValueError as e:
-            problems.append(f"{name}: {e}")
-    if cfg.require_proofs and not cfg.toploc_check:
-        problems.append("require_proofs = true needs a toploc_check")
-    if cfg.require_proofs and not (cfg.model_dir or cfg.model_dir_template):
-        problems.append("require_proofs = true needs model_dir or model_dir_template (the model that checks proofs)")
-    return problems
 
 
 def _result(res: Any) -> tuple[bool, str]:
@@ -485,6 +462,7 @@ def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
         ("tasks", check_tasks),  # the seeded assignment
         ("policy", check_policy),  # the async window
         ("proofs", check_proofs),  # TOPLOC proof shape: counts, sizes, headers
+        ("replay", check_replay),  # multi-turn rows: the environment's turns, re-run here (no model)
         ("logprobs", logprob_check(cfg)),  # one forward over a few rows
         ("toploc", toploc_check(cfg)),  # a prefill over every row
         ("sampling", sampling_check(cfg)),  # from that prefill

@@ -1,6 +1,6 @@
 """Sampled validation: which submissions get the expensive (model) checks, and why cheating still loses.
 
-Every submission gets the cheap checks (schema, seed, tasks, policy, proof shape, rewards). The checks that run
+Every submission gets the cheap checks (schema, seed, tasks, policy, proof shape, replay, rewards). The checks that run
 the model (``SAMPLED_CHECKS``: logprobs, toploc, sampling) run before the verdict on
 
 - a node's first ``full_check_first`` submissions (seen by this validator), and

@@ -44,6 +44,7 @@ from swarmrl.contract import PROOF_GEOMETRY
 from swarmrl.models import load_tokenizer
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import TemplatePolicySource
+from swarmrl.protocol.check_config import configured_functions_problems, import_dotted
 from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' historical home)
     Check,
     CheckContext,
@@ -54,9 +55,7 @@ from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' h
     check_schema,
     check_seed,
     check_tasks,
-    configured_functions_problems,
     default_checks,
-    import_dotted,
     lazy_check,
     logprob_check,
     sampling_check,
@@ -162,8 +161,8 @@ def contract_mismatch(cfg: ValidatorConfig, item: PendingSubmission) -> str | No
 
 # what every verdict of a validator without a model says (``cheap_checks_only``): it must not pass unchecked work
 # off as checked
-MODEL_CHECKS_NOT_RUN = ("model checks not run: cheap_checks_only = true, no model; rewards, logprobs, TOPLOC "
-                        "proofs and sampling are unchecked")
+MODEL_CHECKS_NOT_RUN = ("model checks not run: cheap_checks_only = true, no model; rewards, environment replays, "
+                        "logprobs, TOPLOC proofs and sampling are unchecked")
 
 
 def _skip_without_model(ctx: CheckContext) -> tuple[bool, str]:
@@ -234,7 +233,7 @@ class Validator:
         # verdicts would say it did not); the other model checks are skipped by judge (``_judge_item``)
         self._not_run = MODEL_CHECKS_NOT_RUN if cfg.cheap_checks_only else ""
         if cfg.cheap_checks_only:
-            self.checks = [(n, _skip_without_model if n == "rewards" else c) for n, c in self.checks]
+            self.checks = [(n, _skip_without_model if n in ("rewards", "replay") else c) for n, c in self.checks]
             log.warning("cheap_checks_only: %s; every verdict says so", MODEL_CHECKS_NOT_RUN)
         self.tokenizer = tokenizer
         if self.tokenizer is None and cfg.model_dir:

@@ -17,7 +17,7 @@ from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.signing import generate_key
 from swarmrl.protocol.validator import Validator, default_checks
 
-ORDER = ["schema", "seed", "tasks", "policy", "proofs", "logprobs", "toploc", "sampling", "rewards"]
+ORDER = ["schema", "seed", "tasks", "policy", "proofs", "replay", "logprobs", "toploc", "sampling", "rewards"]
 
 
 def test_default_order_is_cheapest_first():

@@ -126,7 +126,7 @@ def test_shipped_validator_config_accepts_honest_work_and_rejects_forgery(swarm,
     [(got, v)] = val.run_once()
     assert got == sid and v.accepted, v.reason
     ran = {c.name for c in v.checks if not c.skipped}
-    assert ran >= {"schema", "seed", "tasks", "policy", "proofs", "logprobs", "toploc", "sampling", "rewards"}, v.checks
+    assert ran >= {"schema", "seed", "tasks", "policy", "proofs", "replay", "logprobs", "toploc", "sampling", "rewards"}, v.checks
     assert honest.ledger().credits_locked > 0
     # forged rewards: every answer claimed right
     b = forger.heartbeat().assignments[0]
