@@ -51,7 +51,7 @@ pip install -q -c "$venv/swarmrl-verifiers-constraints.txt" -r "$venv/swarmrl-ve
 PYTHONPATH=$PWD "$venv/bin/python" - "$torch_version" <<'PYEOF'
 import sys
 import torch, verifiers.v1  # noqa: F401
-import swarmrl.envs.vf_rollout, swarmrl.inference.openai_server  # noqa: F401
+import swarmrl.episodes.vf, swarmrl.inference.openai_server  # noqa: F401
 from importlib.metadata import version
 if torch.__version__ != sys.argv[1]:
     sys.exit(f"error: torch is {torch.__version__} after installing verifiers, not {sys.argv[1]}")
