@@ -355,7 +355,7 @@ def _wrapper_run(argv: list[str]) -> tuple[str, list[str]]:
 def test_cli_tasks_lists_rg_names_without_importing_reasoning_gym():
     out, loaded = _wrapper_run(["tasks"])
     names = out.split()
-    assert "rg:chain_sum" in names and "mul_add" in names
+    assert "rg:chain_sum" in names and "mul_add" in names and "vf:<env_id>" in names  # the verifiers prefix, named
     assert {f"rg:{d}" for d in DATASETS} <= set(names) and "rg:n_queens" not in names
     assert loaded == []
 

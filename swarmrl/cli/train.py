@@ -192,9 +192,12 @@ def _merged_if_adapter(model: Path) -> Iterator[Path | None]:
 def tasks() -> None:
     """List the registered tasks."""
     from swarmrl.envs import available_envs  # noqa: PLC0415  # lazy: startup
+    from swarmrl.envs.vf import INSTALL_HINT, PREFIX, verifiers_installed  # noqa: PLC0415  # lazy: startup
 
     for name in available_envs():
         typer.echo(name)
+    state = "installed" if verifiers_installed() else f"not installed: {INSTALL_HINT}"
+    typer.echo(f"{PREFIX}<env_id>  (any installed verifiers environment package; verifiers {state})")
 
 
 def register(app: typer.Typer) -> None:
