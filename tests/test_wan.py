@@ -163,3 +163,45 @@ def _udp_loss(h: Harness, src: str, dst: str, n: int) -> float:
                 time.sleep(0.01)
         t.join(30)
     return 1 - got[0] / n
+
+
+def test_a_network_profile_places_each_role_on_its_namespace_address():
+    """derive: under a placement, the orchestrator listens on and is reached at its namespace's address, the
+    trainer's origin announces its own, relays listen on theirs, and each role runs in its namespace (the adapter
+    in its trainer's); without one, everything stays on 127.0.0.1 in the launcher's namespace."""
+    import hashlib
+
+    from swarmrl.job import RunConfig
+    from swarmrl.job.config import WanSection
+    from swarmrl.job.derive import Identity, Placement, derive_swarm, member_names, relay_roles
+    from swarmrl.job.launch import wan_roles
+    from swarmrl.rl.config import RLConfig, ShardcastSection
+
+    def ident(name: str) -> Identity:
+        h = hashlib.sha256(name.encode()).hexdigest()
+        return Identity(f"/keys/{name}.pem", h, h[:32])
+
+    cfg = RunConfig(mode="swarm", rl=RLConfig(shardcast=ShardcastSection(enabled=True, relays=1)),
+                    wan=WanSection(profile="mixed"))
+    roles = wan_roles(cfg)
+    assert roles == ["orchestrator", "trainer", "validator", "relay0", "n0", "n1"]
+    place = Placement({r: f"169.254.{i + 1}.2" for i, r in enumerate(roles)}, {r: f"ns-{r}" for r in roles})
+    members = {n: ident(n) for n in member_names(cfg)}
+    args = (cfg, Path("/run/x"), 8765, "s3cret", ident("v"), ident("t"), members, ident("a"), 8600)
+    plan = derive_swarm(*args, place=place)
+    assert plan.url == "http://169.254.1.2:8765" and plan.orchestrator.host == "169.254.1.2"
+    assert plan.rl.shardcast.origin_host == "169.254.2.2" and plan.validator.orchestrator == plan.url
+    assert {r.name: r.netns for r in plan.roles} == {"orchestrator": "ns-orchestrator", "trainer": "ns-trainer",
+                                                      "adapter": "ns-trainer", "validator": "ns-validator",
+                                                      "n0": "ns-n0", "n1": "ns-n1"}
+    assert plan.role("n1").argv[plan.role("n1").argv.index("--orchestrator") + 1] == plan.url
+    relays, urls = relay_roles(1, Path("/run/x"), "http://169.254.2.2:8600", "ab" * 32, [9000], place=place)
+    assert urls == ["http://169.254.4.2:9000"] and relays[0].netns == "ns-relay0"
+    assert "host=169.254.4.2" in relays[0].argv
+    plain = derive_swarm(*args)
+    assert plain.url == "http://127.0.0.1:8765" and not any(r.netns for r in plain.roles)
+    assert plain.rl.shardcast.origin_host == "127.0.0.1"
+    with pytest.raises(ValueError, match="needs mode"):
+        RunConfig(mode="local", wan=WanSection(profile="wan100"))
+    with pytest.raises(ValueError, match="unknown network profile"):
+        RunConfig(mode="swarm", wan=WanSection(profile="moon"))
