@@ -205,3 +205,16 @@ def test_a_network_profile_places_each_role_on_its_namespace_address():
         RunConfig(mode="local", wan=WanSection(profile="wan100"))
     with pytest.raises(ValueError, match="unknown network profile"):
         RunConfig(mode="swarm", wan=WanSection(profile="moon"))
+
+
+@pytest.mark.skipif(not Path("/usr/bin/unshare").exists(), reason="no unshare")
+def test_swarmrl_run_under_a_profile_refuses_without_rights_before_anything_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    r = subprocess.run(["unshare", "-U", sys.executable, "-m", "swarmrl", "run", "-c", str(ROOT / "configs" / "run.toml"),
+                        "--set", 'wan.profile="wan100"', "--set", f'rl.run_dir="{run_dir}"'],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if r.returncode != 2 and "unshare" in r.stderr:
+        pytest.skip(f"unshare -U not allowed here: {r.stderr.strip()}")
+    assert r.returncode == 2 and "network harness needs" in r.stderr, (r.returncode, r.stderr)
+    assert not run_dir.exists() and not (tmp_path / "runs").exists()  # no warm start, no run dir
