@@ -53,3 +53,7 @@ def test_swarm_run_over_wan_links_with_a_slow_lossy_node(tiny_model_dir, tmp_pat
     fetched = list((run_dir / "nodes").glob("*/policy/v*/model.safetensors"))
     assert len({p.parts[-4] for p in fetched}) == 2, fetched  # both nodes fetched policies over their links
     assert set(netns.listed()) <= before  # every namespace of the run is gone
+    # the lossy link really lost packets (both ways), the other one none, and TCP carried the run through
+    stats = json.loads([ln for ln in (run_dir / "logs" / "wire.log").read_text().splitlines() if '"stats"' in ln][-1])
+    lost = {d["name"].rsplit("-", 1)[1]: d["lost"] for d in stats["stats"]}
+    assert lost["n1 up"] > 0 and lost["n1 down"] > 0 and lost["n0 up"] == lost["n0 down"] == 0, stats

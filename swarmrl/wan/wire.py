@@ -5,7 +5,8 @@ losses. The kernel's netem would do this; this kernel has none. Rates are tc's (
 TUN devices, set by the harness): the wire forwards as fast as packets come.
 
 ``python -m swarmrl.wan.wire SPEC.json``; the spec: ``{"links": [{"a_ns", "a_dev", "b_ns", "b_dev", "delay_s",
-"loss", "seed"}], "cleanup": [namespaces], "max_s": seconds}``. It prints ``ready`` once every device is open.
+"loss", "seed"}], "cleanup": [namespaces], "max_s": seconds}``. It prints ``ready`` once every device is open,
+and on its way out one JSON line on stderr with each direction's packets in, lost, dropped on overflow and out.
 It is the harness's keeper too: it receives SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``)
 and then, as on any SIGTERM or SIGINT or after ``max_s``, removes the ``cleanup`` namespaces before it exits, so a
 launcher killed with SIGKILL leaves no namespace behind.
@@ -47,12 +48,12 @@ def open_tun(ns: str, dev: str) -> int:
 class Direction:
     """Packets read from ``src``, written to ``dst`` ``delay_s`` later unless lost."""
 
-    def __init__(self, src: int, dst: int, delay_s: float, loss: float, seed: int) -> None:
+    def __init__(self, src: int, dst: int, delay_s: float, loss: float, seed: int, name: str = "") -> None:
         self.src, self.dst, self.delay_s, self.loss = src, dst, delay_s, loss
         self.rng = random.Random(seed)
         self.queue: deque[tuple[float, bytes]] = deque()
         self.held = 0
-        self.stats = {"in": 0, "lost": 0, "overflow": 0, "out": 0}
+        self.stats = {"name": name, "in": 0, "lost": 0, "overflow": 0, "out": 0}
 
     def take(self, now: float) -> None:
         for _ in range(BATCH):
@@ -130,8 +131,8 @@ def main(spec_path: str) -> None:
         for i, link in enumerate(spec["links"]):
             a, b = open_tun(link["a_ns"], link["a_dev"]), open_tun(link["b_ns"], link["b_dev"])
             half, seed = float(link["delay_s"]), int(link.get("seed", 0)) * 1000 + 2 * i
-            directions += [Direction(a, b, half, float(link["loss"]), seed),
-                           Direction(b, a, half, float(link["loss"]), seed + 1)]
+            directions += [Direction(a, b, half, float(link["loss"]), seed, f"{link['a_ns']} up"),
+                           Direction(b, a, half, float(link["loss"]), seed + 1, f"{link['a_ns']} down")]
         print("ready", flush=True)
         forward(directions, time.monotonic() + float(spec.get("max_s", 86400.0)))
     finally:
