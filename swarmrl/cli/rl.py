@@ -134,6 +134,7 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
         console.print(m, highlight=False, soft_wrap=True)  # soft_wrap: a long line is not cut at 80 columns
 
     from swarmrl.job.supervisor import RoleFailed  # noqa: PLC0415  # lazy: startup
+    from swarmrl.wan.netns import WanUnavailable  # noqa: PLC0415  # lazy: startup
 
     try:
         if console.is_terminal:  # a live table, redrawn in place
@@ -150,6 +151,8 @@ def run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
             summary = launch(cfg, progress=say, live=PlainProgress(cfg.rl.steps, swarm_mode, say))
     except RoleFailed as e:  # the message names the role's log
         fail(e, 1)
+    except WanUnavailable as e:  # wan.profile without the rights to make namespaces: refused before anything runs
+        fail(f"{e} (or drop wan.profile)")
     except FileNotFoundError as e:  # no initial model and warm start disabled
         fail(f"{e} (set rl.model to a model dir, or enable the warm start)")
     from swarmrl.job.report import summary_lines  # noqa: PLC0415  # lazy: startup

@@ -77,6 +77,23 @@ class SwarmSection(StrictModel):
         return v
 
 
+class WanSection(StrictModel):
+    """Swarm mode over emulated wide-area links (``swarmrl.wan``): each role in a network namespace of its own
+    behind the link its profile gives it (``swarmrl/wan/profiles.toml``). Needs root (CAP_NET_ADMIN)."""
+
+    profile: str = ""  # "": off, every role on 127.0.0.1; else a profile name, e.g. "wan100", "mixed"
+    links: dict[str, str] = Field(default_factory=dict)  # role name (n0, relay0, trainer, ...) -> link name
+    seed: int = 0  # seeds the links' packet losses
+
+    @model_validator(mode="after")
+    def _known(self) -> WanSection:
+        if self.profile or self.links:
+            from swarmrl.wan.profiles import link_plan  # noqa: PLC0415
+
+            link_plan(self.profile or "datacenter", [], self.links)  # unknown profile or link: an error now
+        return self
+
+
 class RunConfig(StrictModel):
     mode: Literal["local", "swarm"] = "local"  # swarm: untrusted nodes behind an orchestrator and validator
     rl: RLConfig = Field(default_factory=RLConfig)
@@ -91,10 +108,13 @@ class RunConfig(StrictModel):
     # fork the roles that load torch and the model (workers, nodes, validator) from one process that imported them
     # once (swarmrl.job.zygote) instead of each importing them beside the others; false: plain spawns
     zygote: bool = True
+    wan: WanSection = Field(default_factory=WanSection)  # swarm mode: roles over emulated network links
 
     @model_validator(mode="after")
     def _sampling_pays(self) -> RunConfig:
         """Sampled validation must leave cheating a loss in expectation (``swarmrl.protocol.sampling``)."""
+        if self.wan.profile and self.mode != "swarm":
+            raise ValueError("wan.profile places a swarm run's roles in network namespaces: it needs mode = \"swarm\"")
         sw = self.swarm
         if self.mode != "swarm" or sw.full_check_rate >= 1.0:
             return self

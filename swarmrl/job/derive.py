@@ -36,6 +36,24 @@ class Identity:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where each role listens and which network namespace it runs in (``swarmrl.wan.harness``): by role name,
+    the adapter in its trainer's; a role not named is on 127.0.0.1 in the launcher's namespace."""
+
+    hosts: dict[str, str] = field(default_factory=dict)
+    netns: dict[str, str] = field(default_factory=dict)
+
+    def host(self, role: str) -> str:
+        return self.hosts.get("trainer" if role == "adapter" else role, "127.0.0.1")
+
+    def ns(self, role: str) -> str:
+        return self.netns.get("trainer" if role == "adapter" else role, "")
+
+    def url(self, role: str, port: int) -> str:
+        return f"http://{self.host(role)}:{port}"
+
+
+@dataclass(frozen=True)
 class RoleSpec:
     """One role process: ``python -m swarmrl <argv>``, and what the supervisor does when it exits.
 
@@ -54,6 +72,7 @@ class RoleSpec:
     stop_term_s: float = 1.0  # then SIGKILL after this long
     stop_last: bool = False  # stopped after every other role (the orchestrator)
     finishes: bool = False  # exit code 0 means done (the trainer), not a crash
+    netns: str = ""  # the network namespace it runs in (a network profile's harness, swarmrl.wan); "": this one
 
 
 @dataclass
@@ -69,18 +88,21 @@ class Plan:
     validator: ValidatorConfig | None = None
     authority: Identity | None = None  # the stake authority key (swarm mode)
     deposits: dict[str, float] = field(default_factory=dict)  # node id -> stake the authority deposits
+    place: Placement = field(default_factory=lambda: Placement())  # addresses and namespaces (network profile)
 
     def role(self, name: str) -> RoleSpec:
         return next(r for r in self.roles if r.name == name)
 
 
-def derive_rl(cfg: RunConfig, origin_port: int = 0) -> RLConfig:
+def derive_rl(cfg: RunConfig, origin_port: int = 0, origin_host: str = "127.0.0.1") -> RLConfig:
     """The RL config every RL role reads. With SHARDCAST the trainer's origin gets a fixed port
     (``origin_port``) so a restarted trainer serves where its relays look. Swarm mode keeps the versions a
     lagging validator still checks and has honest nodes attach TOPLOC proofs when the validator verifies them."""
     rl = cfg.rl
     if rl.shardcast.enabled and origin_port and not rl.shardcast.origin_port:
         rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(update={"origin_port": origin_port})})
+    if rl.shardcast.enabled and origin_host != rl.shardcast.origin_host:
+        rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(update={"origin_host": origin_host})})
     if cfg.mode != "swarm":
         return rl
     keep = rl.contract.window().versions_to_keep(lag=cfg.swarm.validator_lag)
@@ -97,10 +119,10 @@ def member_names(cfg: RunConfig) -> dict[str, str]:
             **{f"x{i}-{kind}": kind for i, kind in enumerate(cfg.swarm.adversaries)}}
 
 
-def _trainer(cfg: RunConfig, rl_path: str, term_s: float) -> RoleSpec:
+def _trainer(cfg: RunConfig, rl_path: str, term_s: float, netns: str = "") -> RoleSpec:
     """The trainer: restarted after a crash (it resumes from its newest committed version), done on exit 0."""
     return RoleSpec("trainer", ["rl", "trainer", "--config", rl_path], restart="always", finishes=True,
-                    max_restarts=cfg.max_trainer_restarts, stop_term_s=term_s)
+                    max_restarts=cfg.max_trainer_restarts, stop_term_s=term_s, netns=netns)
 
 
 def derive_local(cfg: RunConfig, root: Path, origin_port: int = 0) -> Plan:
@@ -114,15 +136,18 @@ def derive_local(cfg: RunConfig, root: Path, origin_port: int = 0) -> Plan:
 
 
 def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: Identity, trainer: Identity,
-                 members: dict[str, Identity], authority: Identity, origin_port: int = 0) -> Plan:
-    """The orchestrator, validator, trainer, adapter and node roles of a swarm run on 127.0.0.1:``port``. The
+                 members: dict[str, Identity], authority: Identity, origin_port: int = 0,
+                 place: Placement | None = None) -> Plan:
+    """The orchestrator, validator, trainer, adapter and node roles of a swarm run, the orchestrator on
+    127.0.0.1:``port`` (under a network profile: on its namespace's address, ``place``, each role in its own). The
     ``authority`` key deposits every member's stake (``Plan.deposits``) once the orchestrator is up, before any
     node starts: only deposited stake can be locked at registration."""
-    sw, rl = cfg.swarm, derive_rl(cfg, origin_port)
-    url = f"http://127.0.0.1:{port}"
+    place = place or Placement()
+    sw, rl = cfg.swarm, derive_rl(cfg, origin_port, place.host("trainer"))
+    url = place.url("orchestrator", port)
     kinds = member_names(cfg)
     ocfg = OrchestratorConfig(
-        port=port, data_dir=str(root / "orchestrator"), run_secret=secret,
+        host=place.host("orchestrator"), port=port, data_dir=str(root / "orchestrator"), run_secret=secret,
         validator_keys=[validator.public_key], trainer_keys=[trainer.public_key],
         stake_authority_keys=[authority.public_key], register_burst=max(20, 2 * len(members)),
         idle_after_missed=max(2, sw.dead_after_missed // 2),
@@ -150,36 +175,41 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
             argv += ["--adversary", kind, "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
             argv += [a for k, v in sorted(sw.adversary_set.items()) for a in ("--set", f"{k}={v}")]
         return RoleSpec(name, argv, restart="never" if kind else "unless_refused", max_restarts=sw.max_restarts,
-                        stop_term_s=3.0)
+                        stop_term_s=3.0, netns=place.ns(name))
 
     always = {"restart": "always", "max_restarts": sw.max_restarts}
     roles = [
         RoleSpec("orchestrator", ["orchestrator", "serve", "--config", opath], wait_up=True, stop_last=True,
-                 stop_term_s=5.0, **always),
-        _trainer(cfg, rl_path, 1.0),
+                 stop_term_s=5.0, netns=place.ns("orchestrator"), **always),
+        _trainer(cfg, rl_path, 1.0, place.ns("trainer")),
         RoleSpec("adapter", ["rl", "adapter", "--config", rl_path, "--orchestrator", url, "--key", trainer.key,
                             "--long-poll-s", str(sw.long_poll_s)],
-                 **always),
-        RoleSpec("validator", ["validator", "run", "--config", vpath], **always),
+                 netns=place.ns("adapter"), **always),
+        RoleSpec("validator", ["validator", "run", "--config", vpath], netns=place.ns("validator"), **always),
         *(node(name) for name in kinds),
     ]
     info = {name: {"key": m.key, "public_key": m.public_key, "node_id": m.node_id, "adversary": kinds[name]}
             for name, m in members.items()}
     deposits = {m.node_id: sw.stake for m in members.values()} if sw.stake > 0 else {}
     return Plan("swarm", root, rl, roles, url=url, members=info, orchestrator=ocfg, validator=vcfg,
-                authority=authority, deposits=deposits,
+                authority=authority, deposits=deposits, place=place,
                 files={"rl.toml": dump_config(rl), "orchestrator.toml": dump_config(ocfg),
                        "validator.toml": dump_config(vcfg)})
 
 
 def relay_roles(n: int, root: Path, origin_url: str, origin_pubkey: str, ports: list[int],
-                restart: Restart = "always", max_restarts: int = 5) -> tuple[list[RoleSpec], list[str]]:
-    """``n`` SHARDCAST relays under the trainer's origin (each on its port), and their URLs."""
+                restart: Restart = "always", max_restarts: int = 5,
+                place: Placement | None = None) -> tuple[list[RoleSpec], list[str]]:
+    """``n`` SHARDCAST relays under the trainer's origin (each on its port; under a network profile on its
+    namespace's address, ``place``), and their URLs."""
+    place = place or Placement()
     roles, urls = [], []
     for i in range(n):
-        roles.append(RoleSpec(f"relay{i}", ["shardcast", "relay", "--upstream", origin_url,
-                                            "--dir", str(root / "shardcast" / f"relay{i}"), "--port", str(ports[i]),
-                                            "--origin-pubkey", origin_pubkey], restart=restart,
-                              max_restarts=max_restarts))
-        urls.append(f"http://127.0.0.1:{ports[i]}")
+        name = f"relay{i}"
+        roles.append(RoleSpec(name, ["shardcast", "relay", "--upstream", origin_url,
+                                     "--dir", str(root / "shardcast" / name), "--port", str(ports[i]),
+                                     "--origin-pubkey", origin_pubkey,
+                                     *(["--set", f"host={place.host(name)}"] if place.ns(name) else [])],
+                              restart=restart, max_restarts=max_restarts, netns=place.ns(name)))
+        urls.append(place.url(name, ports[i]))
     return roles, urls

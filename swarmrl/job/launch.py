@@ -28,7 +28,7 @@ from pathlib import Path
 
 from swarmrl.dashboard.server import DashboardServer
 from swarmrl.job.config import RunConfig
-from swarmrl.job.derive import Identity, Plan, derive_local, derive_swarm, member_names, relay_roles
+from swarmrl.job.derive import Identity, Placement, Plan, derive_local, derive_swarm, member_names, relay_roles
 from swarmrl.job.report import finish, snapshot, swarm_report
 from swarmrl.job.supervisor import RoleFailed, Supervisor
 from swarmrl.job.warmstart import prepare_warmstart
@@ -77,7 +77,7 @@ def wait_for_origin(run: RunDir, trainer: subprocess.Popen, logs: Path, timeout_
         time.sleep(0.2)
 
 
-def _plan(cfg: RunConfig, root: Path) -> Plan:
+def _plan(cfg: RunConfig, root: Path, place: Placement | None = None) -> Plan:
     origin_port = free_port() if cfg.rl.shardcast.enabled else 0
     if cfg.mode == "local":
         return derive_local(cfg, root, origin_port)
@@ -85,7 +85,7 @@ def _plan(cfg: RunConfig, root: Path) -> Plan:
     keys.mkdir(exist_ok=True)
     members = {name: keygen(keys / f"{name.split('-')[0]}.pem") for name in member_names(cfg)}
     return derive_swarm(cfg, root, free_port(), run_secret(root), keygen(keys / "validator.pem"),
-                        keygen(keys / "trainer.pem"), members, keygen(keys / "authority.pem"), origin_port)
+                        keygen(keys / "trainer.pem"), members, keygen(keys / "authority.pem"), origin_port, place)
 
 
 def deposit_stakes(plan: Plan) -> None:
@@ -105,21 +105,57 @@ def deposit_stakes(plan: Plan) -> None:
 
 
 def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callable[[dict], None] | None = None) -> dict:
-    """Run the whole job; returns a summary dict."""
+    """Run the whole job; returns a summary dict. Under a network profile (``cfg.wan``) the harness is refused
+    first (``swarmrl.wan.netns.WanUnavailable``) where this process lacks the rights."""
+    if cfg.wan.profile:
+        from swarmrl.wan.netns import check_rights  # noqa: PLC0415  # lazy: only runs under a network profile
+
+        check_rights()
     prepare_warmstart(cfg, progress)
     root = Path(cfg.rl.run_dir)
     if cfg.fresh and root.exists():
         shutil.rmtree(root)
     run = RunDir(root)
     run.done_flag.unlink(missing_ok=True)  # resuming (fresh = false): the trainer says when it is done
-    plan = _plan(cfg, root)
-    for name, text in plan.files.items():
-        (root / name).write_text(text)
-    swarm = plan.mode == "swarm"
-    if swarm:
-        (root / "swarm.json").write_text(json.dumps({"orchestrator": plan.url, "members": plan.members}, indent=2))
-    with stop_on_sigterm():
-        return _supervise(cfg, plan, run, progress, live)
+    with stop_on_sigterm(), network(cfg, root, progress) as place:
+        plan = _plan(cfg, root, place)
+        for name, text in plan.files.items():
+            (root / name).write_text(text)
+        if plan.mode == "swarm":
+            (root / "swarm.json").write_text(json.dumps({"orchestrator": plan.url, "members": plan.members},
+                                                        indent=2))
+        summary = _supervise(cfg, plan, run, progress, live)
+    return finish(cfg, root, *summary)
+
+
+def wan_roles(cfg: RunConfig) -> list[str]:
+    """The roles that get a namespace of their own under a network profile (the adapter shares its trainer's)."""
+    relays = cfg.rl.shardcast.relays if cfg.rl.shardcast.enabled else 0
+    return ["orchestrator", "trainer", "validator", *(f"relay{i}" for i in range(relays)), *member_names(cfg)]
+
+
+@contextmanager
+def network(cfg: RunConfig, root: Path, progress: Callable[[str], None]) -> Iterator[Placement]:
+    """Where the roles run: all on 127.0.0.1 here, or under ``cfg.wan.profile`` each in its namespace behind its
+    link (``swarmrl.wan.harness``, set up now and removed on the way out, whatever ends the run), with this
+    thread in the orchestrator's namespace meanwhile: the launcher's own calls to it (stake deposits, the
+    report) stay on its side of the links, outside the measured traffic."""
+    if not cfg.wan.profile:
+        yield Placement()
+        return
+    from swarmrl.wan.harness import Harness  # noqa: PLC0415  # lazy: only runs under a network profile
+    from swarmrl.wan.netns import inside  # noqa: PLC0415
+
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    h = Harness.for_profile(cfg.wan.profile, wan_roles(cfg), cfg.wan.links, seed=cfg.wan.seed,
+                            log=root / "logs" / "wire.log")
+    with h:
+        (root / "wan.json").write_text(json.dumps({"profile": cfg.wan.profile, "prefix": h.prefix,
+                                                   "roles": h.describe()}, indent=2))
+        progress(f"network profile {cfg.wan.profile}: {len(h.links)} namespaces ({h.prefix}-*), links: "
+                 + ", ".join(f"{r} {link.describe()}" for r, link in h.links.items()))
+        with inside(h.netns["orchestrator"]):
+            yield Placement(dict(h.hosts), dict(h.netns))
 
 
 @contextmanager
@@ -145,9 +181,9 @@ def stop_on_sigterm() -> Iterator[None]:
 
 
 def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str], None],
-               live: Callable[[dict], None] | None) -> dict:
-    """Start the roles of ``plan``, watch them until the trainer is done, stop them all (whatever happened), and
-    finish the run (final evaluation, summary)."""
+               live: Callable[[dict], None] | None) -> tuple[float, dict]:
+    """Start the roles of ``plan``, watch them until the trainer is done, stop them all (whatever happened);
+    returns the run's wall time and report, for ``finish`` (final evaluation, summary)."""
     root, swarm = plan.root, plan.mode == "swarm"
     t0 = time.monotonic()
     report: dict = {}
@@ -180,7 +216,8 @@ def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str]
             origin = wait_for_origin(run, trainer, sup.logs)
             n = plan.rl.shardcast.relays
             relays, urls = relay_roles(n, root, origin["url"], origin["public_key"], [free_port() for _ in range(n)],
-                                       restart="always" if swarm else "never", max_restarts=cfg.swarm.max_restarts)
+                                       restart="always" if swarm else "never", max_restarts=cfg.swarm.max_restarts,
+                                       place=plan.place)
             for r in relays:
                 sup.start(r)
             run.announce_relays(urls)
@@ -202,4 +239,4 @@ def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str]
     if live is not None:
         live(snapshot(root, t0, swarm))
     progress(f"training done; evaluating the initial and the final model on {cfg.final_eval_n} held-out tasks")
-    return finish(cfg, root, time.monotonic() - t0, report)
+    return time.monotonic() - t0, report

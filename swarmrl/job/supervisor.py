@@ -14,26 +14,31 @@ from swarmrl.job.derive import RoleSpec
 from swarmrl.job.zygote import ZYGOTE_ROLES, Zygote, ZygoteChild
 from swarmrl.protocol.client import wait_until_up
 from swarmrl.utils.procs import child_env, stop_process
+from swarmrl.wan.netns import NETNS_ENV
 
 
 class RoleFailed(RuntimeError):
     """A role exited more often than its restart budget allows, or the main role failed."""
 
 
-def role_env() -> dict[str, str]:
+def role_env(netns: str = "") -> dict[str, str]:
     """A role's environment: one OpenMP thread unless the caller's environment says otherwise (roles set their
     torch threads from their configs); a role that fails leaves its traceback in its log (``SWARMRL_DEBUG=1``:
-    the command line's ``--debug``)."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-                SWARMRL_DEBUG="1")
+    the command line's ``--debug``); under a network profile, the namespace it enters first (``swarmrl.wan``)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               SWARMRL_DEBUG="1")
+    env.pop(NETNS_ENV, None)
+    if netns:
+        env[NETNS_ENV] = netns
+    return env
 
 
-def spawn(argv: list[str], log: Path) -> subprocess.Popen:
+def spawn(argv: list[str], log: Path, netns: str = "") -> subprocess.Popen:
     """``python -m swarmrl <argv>`` in its own session, output appended to ``log``; it dies with this process
     (``child_env``: its own session puts it out of reach of the signals that end this one)."""
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "swarmrl", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                env=child_env(role_env()), start_new_session=True)
+                                env=child_env(role_env(netns)), start_new_session=True)
 
 
 class Supervisor:
@@ -59,11 +64,11 @@ class Supervisor:
     def _spawn(self, spec: RoleSpec) -> subprocess.Popen | ZygoteChild:
         if self.forks(spec):
             try:
-                return self.zygote.spawn(spec.argv, self.log(spec.name), role_env())
+                return self.zygote.spawn(spec.argv, self.log(spec.name), role_env(spec.netns))
             except RuntimeError as e:  # started plainly from now on: slower, never worse
                 self.progress(f"{e}; starting roles as plain processes")
                 self.zygote = None
-        return spawn(spec.argv, self.log(spec.name))
+        return spawn(spec.argv, self.log(spec.name), spec.netns)
 
     def start(self, spec: RoleSpec) -> subprocess.Popen | ZygoteChild:
         self.specs[spec.name] = spec

@@ -116,6 +116,8 @@ class ShardcastSection(StrictModel):
     fetch_wait_s: float = Field(30.0, ge=0)  # how long a worker waits for a version to reach its servers
     origin_port: int = Field(0, ge=0, le=65535)  # the trainer's origin port (0: any free one); fixed by
     # `swarmrl run` so a restarted trainer serves where its relays look
+    origin_host: str = "127.0.0.1"  # the address the origin listens on and announces (`swarmrl run` under a
+    # network profile: the trainer's namespace address)
 
 
 class LoraSection(StrictModel):

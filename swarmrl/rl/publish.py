@@ -34,15 +34,15 @@ class WeightPublisher(Protocol):
 
 
 class ShardcastPublisher:
-    """The SHARDCAST origin inside the trainer: serves on ``port`` (0: any free one) and announces its URL and
+    """The SHARDCAST origin inside the trainer: serves on ``host``:``port`` (0: any free one) and announces its URL and
     manifest key in the run directory (``shardcast/origin.json``), where the launcher and workers look."""
 
-    def __init__(self, run: RunDir, *, keep: int, shard_size: int, port: int = 0,
+    def __init__(self, run: RunDir, *, keep: int, shard_size: int, port: int = 0, host: str = "127.0.0.1",
                  on_error: ErrorHandler | None = None) -> None:
         run.shardcast.mkdir(parents=True, exist_ok=True)
         self.origin = Origin(run.shardcast / "origin", key=run.shardcast / "origin.key", keep=keep,
                              shard_size=shard_size, fsync=False)
-        self.url = self.origin.serve(port)
+        self.url = self.origin.serve(port, host)
         run.announce_origin(self.url, self.origin.public_key)
         self.on_error = on_error
         self._pending: list[Future] = []

@@ -98,7 +98,8 @@ class Trainer:
         if lead and cfg.shardcast.enabled:
             sc = cfg.shardcast
             self.publishers.append(ShardcastPublisher(self.run, keep=sc.keep, shard_size=sc.shard_size,
-                                                      port=sc.origin_port, on_error=self._publish_failed))
+                                                      port=sc.origin_port, host=sc.origin_host,
+                                                      on_error=self._publish_failed))
         if lead:
             self.publishers += list(publishers)
         tracker = make_tracker(cfg.tracking, cfg.run_dir, cfg.model_dump(mode="json")) if lead else None

@@ -100,6 +100,7 @@ class ShardServer:
         self._runner: web.AppRunner | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self.port: int | None = None
+        self.host = "127.0.0.1"
         self.requests = 0
         self.max_holds = max_holds
         self._holds = 0
@@ -412,6 +413,7 @@ class ShardServer:
         await self._runner.setup()
         self._listener = await guard.listen(self._runner, self.guard, host, port)
         self.port = self._listener.sockets[0].getsockname()[1]
+        self.host = host if host not in ("", "0.0.0.0", "::") else "127.0.0.1"  # noqa: S104  # an address to reach it
         self._watch_task = asyncio.create_task(self._watch())
         return self.port
 
@@ -428,7 +430,7 @@ class ShardServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
 
 class BackgroundLoop:

@@ -201,6 +201,9 @@ class SwarmNode:
         tasks = self.tasks_for(a, expected)
         version = self.version_for(a)
         backend = self.backend_for(version)
+        fetched = self.policy.source.take_fetch_report()
+        if fetched is not None:  # a SHARDCAST download just now: its version, seconds, bytes (and the time it ended)
+            self.metrics.write(event="fetch", **fetched)
         env = self.env(a.contract.task.name, a.contract.task.params)
         res = rollout_batch(backend, self.tokenizer, env, tasks, self.rl, contract=a.contract, worker_id=self.node_id,
                             step=a.step, policy_version=version, seed=a.seed, budgets=[a.budget()] * len(tasks),
