@@ -13,20 +13,13 @@ from swarm_support import _cfg, _check_report, _kill_leftovers, _run_in_thread  
 
 from swarmrl.job.config import WanSection
 from swarmrl.wan import netns
-from swarmrl.wan.netns import WanUnavailable
 
-
-def _rights() -> str:
-    try:
-        netns.check_rights()
-    except WanUnavailable as e:
-        return str(e)
-    return ""
+_NO_RIGHTS = netns.rights_problem()  # one probe, at collection
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(bool(_rights()), reason=_rights() or "ok")
+@pytest.mark.skipif(bool(_NO_RIGHTS), reason=_NO_RIGHTS or "ok")
 def test_swarm_run_over_wan_links_with_a_slow_lossy_node(tiny_model_dir, tmp_path):
     from swarmrl.rl.config import ShardcastSection
 

@@ -24,15 +24,10 @@ from swarmrl.wan.profiles import Link, link_plan, load_profiles
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _can() -> str:
-    try:
-        netns.check_rights()
-    except WanUnavailable as e:
-        return str(e)
-    return ""
+_NO_RIGHTS = netns.rights_problem()  # one probe, at collection
 
 
-needs_rights = pytest.mark.skipif(bool(_can()), reason=_can() or "ok")
+needs_rights = pytest.mark.skipif(bool(_NO_RIGHTS), reason=_NO_RIGHTS or "ok")
 
 
 def test_profiles_name_known_links_and_plan_roles():

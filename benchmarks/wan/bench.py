@@ -19,34 +19,22 @@ run if missing, reused after).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from swarmrl.utils.metrics import read_metrics
 from swarmrl.utils.procs import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "job"))
+from mainjob import held  # noqa: E402  # the benchmark lock, as the main job's benchmark takes it
+
 PROFILES = ["loopback", "datacenter", "wan100", "wan20lossy", "mixed"]
-
-
-@contextmanager
-def held(lock: Path | None):
-    if lock is None:
-        yield
-        return
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def link_check(profile: str, nbytes: int) -> dict:

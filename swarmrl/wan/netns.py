@@ -55,6 +55,15 @@ def check_rights() -> None:
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
+def rights_problem() -> str:
+    """Why this process cannot run the harness (``check_rights``'s reason), or "" when it can."""
+    try:
+        check_rights()
+    except WanUnavailable as e:
+        return str(e)
+    return ""
+
+
 def ip(*args: str, ns: str | None = None) -> str:
     """``ip [-n ns] args...``; its stdout, or ``RuntimeError`` with its stderr."""
     argv = ["ip", *(["-n", ns] if ns else []), *args]
