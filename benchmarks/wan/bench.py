@@ -5,6 +5,8 @@ sitting.
     python benchmarks/wan/bench.py --lock /tmp/swarmrl-bench.lock                     # every profile, 300 steps
     python benchmarks/wan/bench.py --profiles loopback wan100 --steps 100 -- --set ...  # fewer
     python benchmarks/wan/bench.py --links-only                                       # the link check alone
+    python benchmarks/wan/bench.py --profiles loopback wan20lossy \
+        --variant waits:swarm.hold_policy=false --variant holds:                        # before/after, one sitting
 
 Needs root (network namespaces). Prints one JSON line per profile's link check (``links``: round trip from a
 node to the orchestrator, TCP throughput both ways over one connection, measured between the namespaces through
@@ -12,7 +14,8 @@ the core), then one JSON line per run: steps per hour, trainer idle fraction, me
 (a node's SHARDCAST download), a download's seconds, time for a version to reach every node (from the trainer's
 commit to the last node's download of it, over versions every node fetched), held-out accuracy at the end and at
 equal wall time (the last periodic evaluation at or before the shortest run's wall time), validated
-submissions. Each run's directory is ``runs/wan/<profile>``; the warm start is the config's (made by the first
+submissions, and the share of assignments a node answered with a version it held instead of the assigned one
+(``swarm.hold_policy``). Each run's directory is ``runs/wan/<profile>``; the warm start is the config's (made by the first
 run if missing, reused after).
 """
 
@@ -52,12 +55,22 @@ def link_check(profile: str, nbytes: int) -> dict:
     return out
 
 
-def one_run(profile: str, steps: int | None, extra: list[str], timeout_s: float) -> Path:
-    run_dir = ROOT / "runs" / "wan" / profile
-    sets = [f'rl.run_dir="{run_dir}"'] + ([f"rl.steps={steps}"] if steps else [])
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """``NAME:SET;SET...`` (``--set`` overrides of ``swarmrl run``; none after the colon: the config as it is)."""
+    name, sep, sets = spec.partition(":")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--variant {spec!r}: use NAME:KEY=VALUE[;KEY=VALUE...]")
+    return name, [x for x in sets.split(";") if x]
+
+
+def one_run(profile: str, steps: int | None, extra: list[str], timeout_s: float, config: str = "configs/run.toml",
+            variant: tuple[str, list[str]] = ("", [])) -> Path:
+    name = f"{Path(config).stem}-{profile}" + (f"-{variant[0]}" if variant[0] else "")
+    run_dir = ROOT / "runs" / "wan" / name
+    sets = [f'rl.run_dir="{run_dir}"'] + ([f"rl.steps={steps}"] if steps else []) + variant[1]
     if profile != "loopback":
         sets.append(f'wan.profile="{profile}"')
-    argv = [sys.executable, "-m", "swarmrl", "run", "-c", "configs/run.toml", *(a for s in sets for a in ("--set", s)),
+    argv = [sys.executable, "-m", "swarmrl", "run", "-c", config, *(a for s in sets for a in ("--set", s)),
             *extra]
     env = child_env({**os.environ, "PYTHONPATH": str(ROOT)})  # the run (and its roles) die with this benchmark
     p = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -73,6 +86,8 @@ def figures(profile: str, run_dir: Path) -> dict:
     fetches = {v["node_id"]: [r for r in read_metrics(run_dir / "metrics" / f"node-{v['node_id']}.jsonl")
                               if r.get("event") == "fetch"] for v in nodes.values()}
     rows = [r for rs in fetches.values() for r in rs]
+    done = [r for v in nodes.values() for r in read_metrics(run_dir / "metrics" / f"node-{v['node_id']}.jsonl")
+            if r.get("event") == "assignment" and "sampled_version" in r]
     committed = {r["version"]: r["time"] for r in read_metrics(run_dir / "metrics" / "trainer.jsonl")
                  if "reward" in r and "version" in r and "time" in r}
     everywhere = set.intersection(*({r["version"] for r in rs} for rs in fetches.values())) if fetches else set()
@@ -84,7 +99,9 @@ def figures(profile: str, run_dir: Path) -> dict:
             "policy_lag": s.get("mean_lag"), "bytes_per_version": med([r["bytes"] for r in rows]),
             "download_s": med([r["fetch_s"] for r in rows]), "downloads": len(rows),
             "reach_every_node_s": med(reach), "reach_every_node_max_s": round(max(reach), 3) if reach else None,
-            "versions_everywhere": len(reach), "acc_initial": s["heldout_acc_initial"],
+            "versions_everywhere": len(reach),
+            "sampled_held": round(sum(r["sampled_version"] != r["policy_version"] for r in done) / len(done), 3)
+            if done else None, "acc_initial": s["heldout_acc_initial"],
             "acc_final": s["heldout_acc_final"], "heldout_n": s["heldout_n"], "curve": s.get("curve", []),
             "accepted": sum(v.get("accepted", 0) for v in nodes.values()),
             "rejected": sum(v.get("rejected", 0) for v in nodes.values())}
@@ -106,6 +123,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the config's)")
     ap.add_argument("--link-bytes", type=int, default=16 << 20, help="bytes per throughput transfer")
     ap.add_argument("--links-only", action="store_true")
+    ap.add_argument("--config", default="configs/run.toml", help="the swarm run's config (e.g. configs/smollm2.toml)")
+    ap.add_argument("--variant", type=parse_variant, action="append", default=None,
+                    help="NAME:SET;SET... run every profile once per variant with these --set overrides")
     ap.add_argument("--timeout-s", type=float, default=2400.0)
     ap.add_argument("--lock", type=Path, default=None, help="flock this file for the whole sitting")
     ap.add_argument("extra", nargs="*", help="arguments after -- go to swarmrl run")
@@ -118,14 +138,15 @@ def main() -> None:
             return
         rows = []
         for prof in a.profiles:
-            t0 = time.monotonic()
-            row = figures(prof, one_run(prof, a.steps, a.extra, a.timeout_s))
-            row["process_s"] = round(time.monotonic() - t0, 1)
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
+            for var in a.variant or [("", [])]:
+                t0 = time.monotonic()
+                row = figures(prof, one_run(prof, a.steps, a.extra, a.timeout_s, a.config, var))
+                row.update(variant=var[0], config=a.config, process_s=round(time.monotonic() - t0, 1))
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "curve"}), flush=True)
     at_equal_wall(rows)
     for r in rows:
-        print(json.dumps({"profile": r["profile"], "equal_wall_s": r["equal_wall_s"],
+        print(json.dumps({"profile": r["profile"], "variant": r["variant"], "equal_wall_s": r["equal_wall_s"],
                           "acc_at_equal_wall": r["acc_at_equal_wall"], "version": r["version_at_equal_wall"]}))
 
 

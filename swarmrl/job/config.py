@@ -55,6 +55,9 @@ class SwarmSection(StrictModel):
     assignment_timeout_s: float = Field(30.0, ge=0)  # open work older than this is reassigned (0: never)
     stake: float = Field(100.0, ge=0)
     node_threads: int = Field(1, ge=1)
+    # nodes sample with the newest policy version they hold inside the async window while the assigned one downloads
+    # (after a short grace; swarm.config.SwarmNodeConfig.hold_policy); false: they wait for the assigned version
+    hold_policy: bool = True
     validator_threads: int = Field(1, ge=1)
     validator_lag: int = Field(3, ge=0)  # policy versions kept beyond the async window for a lagging validator
     max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / relay / honest node restarts

@@ -170,7 +170,8 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
     def node(name: str) -> RoleSpec:
         m, kind = members[name], kinds[name]
         argv = ["node", "run", "--orchestrator", url, "--key", m.key, "--rl-config", rl_path,
-                "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}"]
+                "--set", f"stake={sw.stake}", "--set", f"threads={sw.node_threads}",
+                "--set", f"hold_policy={str(sw.hold_policy).lower()}"]
         if kind:
             argv += ["--adversary", kind, "--set", f"oversize_bytes={sw.max_upload_bytes + 1}"]
             argv += [a for k, v in sorted(sw.adversary_set.items()) for a in ("--set", f"{k}={v}")]

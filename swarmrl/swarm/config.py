@@ -23,6 +23,12 @@ class SwarmNodeConfig(NodeConfig):
     stop_file: str = ""  # exit once this file exists ("" = <run_dir>/DONE)
     threads: int = Field(1, ge=1)
     policy_timeout_s: float = Field(120.0, gt=0)
+    # answering an assignment whose policy version has not arrived within hold_grace_s, sample with the newest
+    # version already held that the async window lets serve the assignment's step, while the assigned one
+    # downloads in the background (each announced version's download starts at the heartbeat that names it:
+    # swarmrl.policy.prefetch); false: wait for the assigned version before sampling
+    hold_policy: bool = True
+    hold_grace_s: float = Field(0.5, ge=0, le=60)
     inference: InferenceConfig | None = None  # the sampling backend (None: the RL config's `inference` section)
 
 

@@ -1,7 +1,9 @@
 """The swarm node: an untrusted inference worker behind the orchestrator.
 
-It registers (with a measured throughput), heartbeats, and answers each assignment: loads the assigned
-policy version into the inference backend it samples with (``BackendPolicy``: ``ours`` or vLLM, the RL config's
+It registers (with a measured throughput), heartbeats, starts downloading each policy version a heartbeat
+announces (in the background: ``swarmrl.policy.prefetch``), and answers each assignment: loads the assigned policy
+version, or the newest one it holds inside the async window while the assigned one is still on its way, into the
+inference backend it samples with (``BackendPolicy``: ``ours`` or vLLM, the RL config's
 ``inference`` section unless the node config names its own), rebuilds the seeded tasks, samples ``group_size``
 completions per task with ``rollout_batch`` (assigned seed, step, version, thinking budget, chat template),
 writes the parquet file and uploads it signed.
@@ -36,6 +38,7 @@ from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.models.io import load_tokenizer
 from swarmrl.policy.holder import BackendPolicy
+from swarmrl.policy.prefetch import PrefetchingSource
 from swarmrl.policy.sources import AnnouncedPolicySource, PolicyUnavailable, make_policy_source
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.node import ensure_registered, run_node
@@ -88,6 +91,9 @@ class SwarmNode:
         self.stop_file = Path(cfg.stop_file or RunLayout(run_dir).done_flag)
         self.tokenizer = load_tokenizer(self.rl.model)
         source = make_policy_source(cfg.policy_source, self.work / "policy", self.rl.model, fallback_run_dir=run_dir)
+        self.announced = source if isinstance(source, AnnouncedPolicySource) else None
+        self.prefetcher = PrefetchingSource(source, timeout_s=cfg.policy_timeout_s) if cfg.hold_policy else None
+        source = self.prefetcher or source
         self.gen = torch.Generator().manual_seed(seed_of(f"gen|{self.node_id}"))
         self.policy = BackendPolicy(source, self.rl.model, cfg.inference or self.rl.inference,
                                     eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
@@ -130,8 +136,10 @@ class SwarmNode:
         stop_file = self.stop_file
 
         def on_reply(reply: HeartbeatReply) -> None:
-            if isinstance(self.policy.source, AnnouncedPolicySource):
-                self.policy.source.update(reply.weight_relays, reply.weight_pubkey)
+            if self.announced is not None:
+                self.announced.update(reply.weight_relays, reply.weight_pubkey)
+            if self.prefetcher is not None and (self.announced is None or self.announced.using_shardcast):
+                self.prefetcher.prefetch(reply.policy_version)  # the download starts now, not at the assignment
             if stop_file.exists():
                 stop.set()
 
@@ -201,15 +209,15 @@ class SwarmNode:
         tasks = self.tasks_for(a, expected)
         version = self.version_for(a)
         backend = self.backend_for(version)
-        fetched = self.policy.source.take_fetch_report()
-        if fetched is not None:  # a SHARDCAST download just now: its version, seconds, bytes (and the time it ended)
+        # SHARDCAST downloads since the last assignment (background ones too): version, seconds, bytes, end time
+        while (fetched := self.policy.source.take_fetch_report()) is not None:
             self.metrics.write(event="fetch", **fetched)
         env = self.env(a.contract.task.name, a.contract.task.params)
         res = rollout_batch(backend, self.tokenizer, env, tasks, self.rl, contract=a.contract, worker_id=self.node_id,
                             step=a.step, policy_version=version, seed=a.seed, budgets=[a.budget()] * len(tasks),
                             proofs=self.rl.workers.proofs)
         write_rollouts(self.tamper(res.rows, tasks, env, self.rl, a), path)
-        return path, self.batch_info(res, len(tasks))
+        return path, {**self.batch_info(res, len(tasks)), "sampled_version": version}
 
     @staticmethod
     def batch_info(res: BatchResult, groups: int) -> dict:
@@ -222,8 +230,18 @@ class SwarmNode:
         return expected
 
     def version_for(self, a: AssignmentSpec) -> int:
-        """The policy version to sample with: the assigned one."""
-        return a.policy_version
+        """The policy version to sample with: the assigned one, or (``hold_policy``) when it has not arrived
+        within ``hold_grace_s``, the newest version held that the async window lets serve the step (the validator
+        and the trainer take any version inside the window; the assigned one goes on downloading)."""
+        want, pre = a.policy_version, self.prefetcher
+        if pre is None or want == self.policy.version or pre.has(want):
+            return want
+        pre.prefetch(want)
+        if pre.wait_for(want, self.cfg.hold_grace_s):
+            return want
+        window = a.contract.window()
+        held = pre.newest_held(want, lambda v: window.serves(v, a.step))
+        return want if held is None else held  # none serves: wait for the assigned one
 
     def backend_for(self, version: int) -> InferenceBackend:
         """The backend to sample with: the one serving ``version``."""
