@@ -120,6 +120,16 @@ def test_supervisor_restarts_a_crashed_main_role_until_it_finishes(tmp_path):
     assert sup.restarts == {"trainer": 1}
 
 
+def test_the_run_hands_hold_policy_to_its_nodes():
+    """Nodes sample with a held policy version while the assigned one downloads unless the run says not to."""
+    from swarmrl.swarm.config import SwarmNodeConfig  # noqa: PLC0415  # lazy: only this test needs it
+
+    assert SwarmNodeConfig().hold_policy is True
+    for sets, want in (([], "hold_policy=true"), (["swarm.hold_policy=false"], "hold_policy=false")):
+        argv = _swarm(load_config(RunConfig, "configs/run.toml", sets)).role("n0").argv
+        assert argv[argv.index(want) - 1] == "--set", argv
+
+
 def test_every_role_computes_with_one_thread_by_default():
     """The roles of a run share the host: one torch thread each unless a config says otherwise."""
     import subprocess  # noqa: PLC0415  # lazy: only this test starts a process

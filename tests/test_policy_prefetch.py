@@ -148,3 +148,4 @@ def test_the_node_samples_with_a_held_version_inside_the_window(tmp_path):
     assert SwarmNode.version_for(_node(pre, loaded=4, grace=5.0), _assignment(6, 6)) == 6
     # without hold_policy: always the assigned one
     assert SwarmNode.version_for(_node(None, loaded=4), _assignment(6, 9)) == 9
+
