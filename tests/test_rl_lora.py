@@ -109,3 +109,44 @@ def test_bad_lora_settings_are_refused_clearly(tmp_path, tiny_model_dir):
         RLConfig(lora=LoraSection(enabled=True), trainer=TrainerSection(parallel="fsdp2"))
     with pytest.raises(ValueError, match=r"\['w_proj'\] not found in the model"):
         _trainer(tmp_path, tiny_model_dir, 1, lora=LoraSection(enabled=True, target_modules=["q_proj", "w_proj"]))
+
+
+def test_the_sampler_applies_the_adapter_the_trainer_evaluates(tiny_model_dir):
+    """The trainer's held-out evaluation samples its LoRA-wrapped model: the static decoder must apply the active
+    adapter (it copied the base's weights alone, so every evaluation measured the base)."""
+    from swarmrl.inference.backend import as_backend  # noqa: PLC0415
+    from swarmrl.inference.params import SamplingParams  # noqa: PLC0415
+    from swarmrl.inference.static_decoder import unsupported_reason  # noqa: PLC0415
+    from swarmrl.models.io import load_model  # noqa: PLC0415
+    from swarmrl.rl.lora import LoraPolicy  # noqa: PLC0415
+
+    lp = LoraPolicy.wrap(load_model(tiny_model_dir), LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "o_proj",
+                                                                                                  "down_proj"]))
+    assert unsupported_reason(lp.model) is None  # the fast path, not HF's forward
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in lp.model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g))
+    prompts = [[5, 6, 7], [9, 10, 11, 12]]
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+    def greedy(model: torch.nn.Module) -> list[list[int]]:
+        return as_backend(model, eos_id=-1, pad_id=0).generate(prompts, params, seeds=[0, 1]).completion_ids
+
+    def hf_greedy(model: torch.nn.Module) -> list[list[int]]:  # HF's forward, one token at a time, no cache
+        out = []
+        with torch.no_grad():
+            for p in prompts:
+                ids = list(p)
+                for _ in range(12):
+                    ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+                out.append(ids[len(p):])
+        return out
+
+    lp.model.eval()
+    adapted, base = greedy(lp.model), greedy(load_model(tiny_model_dir))
+    assert adapted == hf_greedy(lp.model) and adapted != base
+    with lp.peft.disable_adapter():  # switched off: the base again (no parameter changed, so the cache must see it)
+        assert greedy(lp.model) == base
+    assert greedy(lp.model) == adapted

@@ -75,6 +75,28 @@ def _onednn_ok(model: torch.nn.Module) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def applied_weight(m: torch.nn.Module) -> torch.Tensor:
+    """The weight a linear layer's forward applies: its own, or for a peft LoRA layer (a model the trainer trains
+    as an adapter) the base's plus each active adapter's ``B @ A * alpha / r``, unless merged into the base or
+    switched off. (Its ``.weight`` is the base's alone: copying that sampled the base, not the policy.)"""
+    if not hasattr(m, "get_delta_weight") or not hasattr(m, "base_layer"):
+        return m.weight.detach()
+    w = m.base_layer.weight.detach()
+    if getattr(m, "merged", False) or getattr(m, "disable_adapters", False):
+        return w
+    with torch.no_grad():
+        for name in m.active_adapters:
+            if name in m.lora_A:
+                w = w + m.get_delta_weight(name).to(w.dtype)
+    return w
+
+
+def _adapter_state(model: torch.nn.Module) -> tuple:
+    """Whether each LoRA layer's adapters are on and merged (switching them changes no parameter's version)."""
+    return tuple((bool(getattr(m, "merged", False)), bool(getattr(m, "disable_adapters", False)),
+                  tuple(getattr(m, "active_adapters", ()))) for m in model.modules() if hasattr(m, "get_delta_weight"))
+
+
 class _Proj:
     """``x @ cat(weights).T + cat(biases)`` for 2-D ``x``: one product for several projections of the same input.
 
@@ -84,7 +106,7 @@ class _Proj:
     ``torch.mm`` (``x @ W_t``, faster than ``F.linear``'s ``x @ W.T`` for these shapes)."""
 
     def __init__(self, mods: list[torch.nn.Module], onednn: bool) -> None:
-        w = torch.cat([m.weight.detach() for m in mods]) if len(mods) > 1 else mods[0].weight.detach()
+        w = torch.cat([applied_weight(m) for m in mods]) if len(mods) > 1 else applied_weight(mods[0])
         b = None if getattr(mods[0], "bias", None) is None else torch.cat([m.bias.detach() for m in mods])
         self.out = w.shape[0]
         self.onednn = onednn
@@ -138,7 +160,7 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _signature(model: torch.nn.Module) -> tuple:
-    return tuple((p.data_ptr(), p._version, p.dtype) for p in model.parameters())
+    return tuple((p.data_ptr(), p._version, p.dtype) for p in model.parameters()) + _adapter_state(model)
 
 
 class StaticDecoder:
