@@ -148,4 +148,19 @@ def test_the_node_samples_with_a_held_version_inside_the_window(tmp_path):
     assert SwarmNode.version_for(_node(pre, loaded=4, grace=5.0), _assignment(6, 6)) == 6
     # without hold_policy: always the assigned one
     assert SwarmNode.version_for(_node(None, loaded=4), _assignment(6, 9)) == 9
+    # reopened work named an older version than the node holds: the newest held inside the window serves
+    assert SwarmNode.version_for(node, _assignment(6, 2)) == 6
+
+
+def test_a_version_gone_from_disk_is_not_held(tmp_path):
+    """The inner source says what it still has (``local``): a version it evicted must be downloaded again,
+    behind the one download at a time, not picked as held."""
+    src = SlowSource(tmp_path)
+    src.local = lambda v: (tmp_path / f"v{v}") if (tmp_path / f"v{v}").exists() else None
+    pre = PrefetchingSource(src, timeout_s=5.0)
+    src.gate(1).set()
+    pre.fetch(1)
+    assert pre.has(1)
+    (tmp_path / "v1").rmdir()
+    assert not pre.has(1) and pre.held() == [0]
 

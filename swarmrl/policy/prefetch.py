@@ -12,8 +12,8 @@ step (``newest_held``) when the assigned one has not arrived within a short grac
 One download runs at a time (in one daemon thread: a process exit never waits for it), always of the newest
 version asked for; versions asked for meanwhile are skipped, not queued. ``held`` counts only versions whose
 download finished (the inner source writes a version's weights under their final name only once verified) and
-only the newest ``keep`` of them (the inner source evicts older ones from disk), plus version 0, the base every
-holder starts from.
+only the newest ``keep`` of them that the inner source still has on disk (``local``: it evicts older ones), plus
+version 0, the base every holder starts from.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from swarmrl.policy.sources import PolicySource, PolicyUnavailable
 
 log = logging.getLogger("swarmrl.policy.prefetch")
 
+MAX_REPORTS = 64
+
 
 class PrefetchingSource:
     def __init__(self, inner: PolicySource, keep: int = 3, timeout_s: float = 120.0) -> None:
@@ -39,15 +41,16 @@ class PrefetchingSource:
         self._held: list[int] = []  # downloaded versions, oldest first (at most keep)
         self._flight: int | None = None  # the version being downloaded in the background
         self._wanted: int | None = None  # the newest version asked for while one was in flight
-        self._failed: dict[int, str] = {}  # background downloads that failed (the foreground tries again)
-        self._reports: list[dict] = []
+        self._reports: list[dict] = []  # the newest MAX_REPORTS downloads' figures not handed out yet
         self._fetching = threading.Lock()  # one download at a time, foreground or background
 
     # ---- what is held --------------------------------------------------------------------------
     def held(self) -> list[int]:
-        """Versions that load without a download: 0 and the newest ``keep`` downloaded, ascending."""
+        """Versions that load without a download: 0 and the newest ``keep`` downloaded still on disk, ascending."""
         with self._cv:
-            return sorted({0, *self._held})
+            mine = list(self._held)
+        local = getattr(self.inner, "local", None)
+        return sorted({0, *(v for v in mine if local is None or local(v) is not None)})
 
     def has(self, version: int) -> bool:
         return version == 0 or version in self.held()
@@ -84,14 +87,10 @@ class PrefetchingSource:
         while True:
             try:
                 self._download(version, self.timeout_s)
-            except PolicyUnavailable as e:
+            except PolicyUnavailable as e:  # the foreground tries again when it needs the version
                 log.info("prefetch of policy v%d failed: %s", version, e)
-                with self._cv:
-                    self._failed[version] = str(e)
             except Exception as e:  # noqa: BLE001 - a background thread must not die silently
                 log.warning("prefetch of policy v%d failed: %r", version, e)
-                with self._cv:
-                    self._failed[version] = repr(e)
             with self._cv:
                 nxt, self._wanted = self._wanted, None
                 if nxt is None or nxt <= version or nxt in self._held:
@@ -108,11 +107,11 @@ class PrefetchingSource:
         with self._cv:
             if report is not None:
                 self._reports.append(report)
+                del self._reports[:-MAX_REPORTS]
             if version not in self._held:
                 self._held.append(version)
                 self._held.sort()
                 del self._held[:-self.keep]
-            self._failed.pop(version, None)
             self._cv.notify_all()
         return path
 

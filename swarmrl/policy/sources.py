@@ -2,7 +2,8 @@
 
 ``PolicySource`` is the small interface: ``latest()`` names the newest version it knows, ``fetch(version)``
 returns a local HF model directory holding it (waiting up to ``timeout_s`` for it to appear) or raises
-``PolicyUnavailable``, and ``take_fetch_report()`` hands out the figures of the newest download (once; None when
+``PolicyUnavailable``, ``local(version)`` names its directory when it is already on this machine (no download,
+no wait; None otherwise), and ``take_fetch_report()`` hands out the figures of the newest download (once; None when
 nothing was downloaded since), for the holder's metrics.
 
 - ``RunDirPolicySource``: the trainer's policy dir (one machine, shared disk);
@@ -45,6 +46,8 @@ class PolicySource(Protocol):
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path: ...
 
+    def local(self, version: int) -> Path | None: ...
+
     def take_fetch_report(self) -> dict | None: ...
 
 
@@ -64,6 +67,10 @@ class RunDirPolicySource(_NoDownloads):
 
     def latest(self) -> int | None:
         return self.policies.latest_version()
+
+    def local(self, version: int) -> Path | None:
+        d = self.policies.version_dir(version)
+        return d if weights_file(d) is not None else None
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         d = self.policies.version_dir(version)
@@ -87,6 +94,10 @@ class TemplatePolicySource(_NoDownloads):
 
     def latest(self) -> int | None:
         return None
+
+    def local(self, version: int) -> Path | None:
+        d = Path(self.template.format(policy_version=version))
+        return d if (d / "config.json").is_file() else None
 
     def fetch(self, version: int, timeout_s: float = 0.0) -> Path:
         d = Path(self.template.format(policy_version=version))
@@ -126,6 +137,12 @@ class ShardcastPolicySource:
     def latest(self) -> int | None:
         return self._latest
 
+    def local(self, version: int) -> Path | None:
+        if version == 0:
+            return self.base
+        d = self.cache / f"v{version:06d}"
+        return d if weights_file(d) is not None else None
+
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         if version == 0:
             return self.base
@@ -150,7 +167,9 @@ class ShardcastPolicySource:
         self._report = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
                            "bytes_by_server": res.bytes_by_server, "excluded": res.excluded}
         self._latest = max(version, self._latest or 0)
-        for old in sorted(self.cache.glob("v*"))[: -self.keep]:
+        # the newest `keep` complete versions stay (a failed download's partial directory neither counts nor goes:
+        # the next try of that version resumes it)
+        for old in [p for p in sorted(self.cache.glob("v*")) if weights_file(p) is not None][: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return d
 
@@ -192,6 +211,9 @@ class AnnouncedPolicySource:
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         return (self.shardcast if self.using_shardcast else self.fallback).fetch(version, timeout_s)
 
+    def local(self, version: int) -> Path | None:
+        return (self.shardcast if self.using_shardcast else self.fallback).local(version)
+
     def take_fetch_report(self) -> dict | None:
         return (self.shardcast if self.using_shardcast else self.fallback).take_fetch_report()
 
@@ -202,6 +224,9 @@ class _Unannounced(_NoDownloads):
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         raise PolicyUnavailable(f"policy v{version}: the orchestrator has not announced weight servers yet")
+
+    def local(self, version: int) -> Path | None:
+        return None
 
 
 def make_policy_source(spec: str, cache_dir: str | Path = "", base_model_dir: str | Path = "",

@@ -239,8 +239,8 @@ class SwarmNode:
         pre.prefetch(want)
         if pre.wait_for(want, self.cfg.hold_grace_s):
             return want
-        window = a.contract.window()
-        held = pre.newest_held(want, lambda v: window.serves(v, a.step))
+        window = a.contract.window()  # a held version newer than the assigned one (reopened work) serves too
+        held = pre.newest_held(a.step, lambda v: window.serves(v, a.step))
         return want if held is None else held  # none serves: wait for the assigned one
 
     def backend_for(self, version: int) -> InferenceBackend:
