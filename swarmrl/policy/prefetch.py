@@ -128,6 +128,10 @@ class PrefetchingSource:
             return self.inner.fetch(version, timeout_s)
         return self._download(version, timeout_s)
 
+    def local(self, version: int) -> Path | None:
+        local = getattr(self.inner, "local", None)
+        return local(version) if local is not None else None
+
     def take_fetch_report(self) -> dict | None:
         """The oldest download's figures not handed out yet (background ones included), or None."""
         with self._cv:

@@ -51,6 +51,7 @@ CONFIG_MODELS = {
     "run.toml": ("swarmrl.job.config", "RunConfig"),
     "smollm2.toml": ("swarmrl.job.config", "RunConfig"),
     "smollm2_chain_sum.toml": ("swarmrl.job.config", "RunConfig"),
+    "smollm2_lora.toml": ("swarmrl.job.config", "RunConfig"),
     "shardcast_fetch.toml": ("swarmrl.shardcast.config", "FetchConfig"),
     "shardcast_relay.toml": ("swarmrl.shardcast.config", "RelayConfig"),
     "toploc_calibrate.toml": ("swarmrl.toploc.calibrate", "CalibrateConfig"),
