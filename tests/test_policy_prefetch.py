@@ -36,6 +36,10 @@ class SlowSource:
     def latest(self) -> int | None:
         return max(self.calls, default=None)
 
+    def local(self, version: int) -> Path | None:
+        d = self.root / f"v{version}"
+        return d if d.exists() else None
+
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
         d = self.root / f"v{version}"
         if d.exists():
@@ -156,7 +160,6 @@ def test_a_version_gone_from_disk_is_not_held(tmp_path):
     """The inner source says what it still has (``local``): a version it evicted must be downloaded again,
     behind the one download at a time, not picked as held."""
     src = SlowSource(tmp_path)
-    src.local = lambda v: (tmp_path / f"v{v}") if (tmp_path / f"v{v}").exists() else None
     pre = PrefetchingSource(src, timeout_s=5.0)
     src.gate(1).set()
     pre.fetch(1)

@@ -15,8 +15,8 @@ the core), then one JSON line per run: steps per hour, trainer idle fraction, me
 commit to the last node's download of it, over versions every node fetched), held-out accuracy at the end and at
 equal wall time (the last periodic evaluation at or before the shortest run's wall time), validated
 submissions, and the share of assignments a node answered with a version it held instead of the assigned one
-(``swarm.hold_policy``). Each run's directory is ``runs/wan/<profile>``; the warm start is the config's (made by the first
-run if missing, reused after).
+(``swarm.hold_policy``). Each run's directory is ``runs/wan/<config name>-<profile>[-<variant>]``; the warm start is
+the config's (made by the first run if missing, reused after).
 """
 
 from __future__ import annotations
@@ -83,11 +83,10 @@ def one_run(profile: str, steps: int | None, extra: list[str], timeout_s: float,
 def figures(profile: str, run_dir: Path) -> dict:
     s = json.loads((run_dir / "summary.json").read_text())
     nodes = {n: v for n, v in (s.get("swarm") or {}).get("nodes", {}).items() if not v.get("adversary")}
-    fetches = {v["node_id"]: [r for r in read_metrics(run_dir / "metrics" / f"node-{v['node_id']}.jsonl")
-                              if r.get("event") == "fetch"] for v in nodes.values()}
+    records = {v["node_id"]: read_metrics(run_dir / "metrics" / f"node-{v['node_id']}.jsonl") for v in nodes.values()}
+    fetches = {n: [r for r in rs if r.get("event") == "fetch"] for n, rs in records.items()}
     rows = [r for rs in fetches.values() for r in rs]
-    done = [r for v in nodes.values() for r in read_metrics(run_dir / "metrics" / f"node-{v['node_id']}.jsonl")
-            if r.get("event") == "assignment" and "sampled_version" in r]
+    done = [r for rs in records.values() for r in rs if r.get("event") == "assignment" and "sampled_version" in r]
     committed = {r["version"]: r["time"] for r in read_metrics(run_dir / "metrics" / "trainer.jsonl")
                  if "reward" in r and "version" in r and "time" in r}
     everywhere = set.intersection(*({r["version"] for r in rs} for rs in fetches.values())) if fetches else set()

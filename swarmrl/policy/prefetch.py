@@ -49,8 +49,7 @@ class PrefetchingSource:
         """Versions that load without a download: 0 and the newest ``keep`` downloaded still on disk, ascending."""
         with self._cv:
             mine = list(self._held)
-        local = getattr(self.inner, "local", None)
-        return sorted({0, *(v for v in mine if local is None or local(v) is not None)})
+        return sorted({0, *(v for v in mine if self.inner.local(v) is not None)})
 
     def has(self, version: int) -> bool:
         return version == 0 or version in self.held()
@@ -129,8 +128,7 @@ class PrefetchingSource:
         return self._download(version, timeout_s)
 
     def local(self, version: int) -> Path | None:
-        local = getattr(self.inner, "local", None)
-        return local(version) if local is not None else None
+        return self.inner.local(version)
 
     def take_fetch_report(self) -> dict | None:
         """The oldest download's figures not handed out yet (background ones included), or None."""

@@ -100,9 +100,10 @@ class TemplatePolicySource(_NoDownloads):
         return d if (d / "config.json").is_file() else None
 
     def fetch(self, version: int, timeout_s: float = 0.0) -> Path:
-        d = Path(self.template.format(policy_version=version))
-        if not (d / "config.json").is_file():
-            raise PolicyUnavailable(f"no model for policy version {version} at {d}")
+        d = self.local(version)
+        if d is None:
+            raise PolicyUnavailable(f"no model for policy version {version} at "
+                                    f"{self.template.format(policy_version=version)}")
         return d
 
 
@@ -144,11 +145,10 @@ class ShardcastPolicySource:
         return d if weights_file(d) is not None else None
 
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
-        if version == 0:
-            return self.base
+        have = self.local(version)
+        if have is not None:
+            return have
         d = self.cache / f"v{version:06d}"
-        if weights_file(d) is not None:
-            return d
         if self.discover is not None:
             found = self.discover()
             if found is not None:
