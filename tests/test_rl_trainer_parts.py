@@ -104,3 +104,20 @@ def test_trained_steps_rollout_files_are_pruned(tmp_path, tiny_model_dir):
     t = Trainer(_cfg(tmp_path, tiny_model_dir, 3, keep_rollout_steps=-1))
     assert t.run_loop() == 3
     assert len(list(run.rollouts.iterdir())) == 3  # -1 keeps them all
+
+
+def test_activation_checkpointing_is_switched_on_and_steps_record_the_peak_rss(tmp_path, tiny_model_dir):
+    from swarmrl.rl.config import OptimConfig
+
+    t = Trainer(_cfg(tmp_path, tiny_model_dir, 1, optim=OptimConfig(activation_checkpointing=True)),
+                source=MemorySource(1), publishers=[])
+    assert _checkpointed(t.model)
+    assert t.run_loop() == 1
+    rec = read_trainer_log(t.run.trainer_metrics).steps[0]
+    assert rec.peak_rss_mb is not None and rec.peak_rss_mb > 50  # at least the interpreter and torch
+    assert not _checkpointed(Trainer(_cfg(tmp_path / "b", tiny_model_dir, 1), source=MemorySource(1),
+                                     publishers=[]).model)
+
+
+def _checkpointed(model: torch.nn.Module) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())

@@ -79,6 +79,13 @@ class OptimConfig(StrictModel):
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch: int = Field(256, ge=1)  # sequences per forward/backward
+    # the completions of one prompt in one row behind a single copy of it (swarmrl.rollouts.shared): the decoder
+    # runs over each prompt once per micro-batch, not once per completion; the same logprobs and gradients. Models
+    # whose attention takes no custom mask (supports_shared) fall back to one sequence per row.
+    share_prompts: bool = True
+    # recompute each decoder layer's activations in the backward pass (HF gradient checkpointing): peak memory of
+    # a pass falls from all layers' activations to one layer's, for about one more forward pass of compute
+    activation_checkpointing: bool = False
 
 
 class EvalSection(StrictModel):

@@ -20,6 +20,7 @@ from swarmrl.rl.config import LossConfig
 from swarmrl.rl.lora import BaseReference
 from swarmrl.rl.loss import policy_loss, token_weights
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
+from swarmrl.rollouts.shared import pack_shared, shared_logprobs, supports_shared
 from swarmrl.rundir.records import LossStats
 
 
@@ -47,35 +48,40 @@ class StepStats:
 
 def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_id: int, micro_batch: int,
                          max_tokens: int, world_size: int = 1, total_sequences: int | None = None,
-                         total_tokens: int | None = None, ref_model=None, micro_batches: int | None = None) -> StepStats:
-    """Backward over ``seqs`` (this rank's share) in at least ``micro_batches`` passes; returns stats for this share."""
+                         total_tokens: int | None = None, ref_model=None, micro_batches: int | None = None,
+                         share_prompts: bool = False) -> StepStats:
+    """Backward over ``seqs`` (this rank's share) in at least ``micro_batches`` passes; returns stats for this share.
+    ``share_prompts``: a micro-batch's members of one prompt are packed behind one copy of it
+    (``swarmrl.rollouts.shared``) where the model allows it."""
     lengths = [s.model_tokens() for s in seqs]  # an environment's tokens are not trained nor counted
     weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
                                 total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
     loss_sum, parts = 0.0, []
     objective = loss_cfg.objective()
     passes = max(math.ceil(len(seqs) / micro_batch), micro_batches or 0)
+    shared = share_prompts and supports_shared(model)
+    logprobs = shared_logprobs if shared else sequence_logprobs
     for start in range(0, passes * micro_batch, micro_batch):
         mb = seqs[start: start + micro_batch]
         if not mb:
             _null_pass(model, pad_id, ref_model if loss_cfg.kl_coef else None)
             continue
-        packed = pack(mb, pad_id)
+        packed = pack_shared(mb, pad_id) if shared else pack(mb, pad_id)
         temps = {s.temperature for s in mb}
         if len(temps) != 1:
             raise ValueError("a micro-batch mixes sampling temperatures")
         temp = temps.pop() or 1.0
-        logp, ent = sequence_logprobs(model, packed, temp, with_entropy=True, entropy_grad=bool(loss_cfg.entropy_coef))
+        logp, ent = logprobs(model, packed, temp, with_entropy=True, entropy_grad=bool(loss_cfg.entropy_coef))
         w = torch.zeros_like(packed["old"])
         for i, s in enumerate(mb):
-            p = len(s.prompt_ids)
+            p = 0 if shared else len(s.prompt_ids) - 1  # where completion token 0 sits in the layout
             if lengths[start + i]:  # one weight per sequence; the mask (``cmask``) leaves environment tokens out
-                w[i, p - 1: p - 1 + len(s.completion_ids)] = weights_all[start + i][0]
+                w[i, p: p + len(s.completion_ids)] = weights_all[start + i][0]
         adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32)
         ref = None
         if ref_model is not None and loss_cfg.kl_coef:
             with torch.no_grad(), _reference(ref_model) as ref_net:
-                ref, _ = sequence_logprobs(ref_net, packed, temp)
+                ref, _ = logprobs(ref_net, packed, temp)
         st = policy_loss(objective, logp, packed["old"], adv, w, packed["cmask"], entropy=ent, ref_logp=ref)
         (st.loss * world_size).backward()
         loss_sum += float(st.loss.detach())

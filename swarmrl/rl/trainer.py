@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -119,6 +120,13 @@ class Trainer:
         start = self.run.version_dir(latest) if latest is not None and not lora else cfg.model
         self.par = load_parallel(cfg.trainer.parallel, start, self.world, self.rank)  # fsdp2: built sharded
         self.model = self.par.model
+        if cfg.optim.activation_checkpointing:  # each decoder layer recomputed in backward (HF's own mechanism)
+            kw = {"use_reentrant": False}
+            enable = getattr(self.model, "activation_checkpointing_enable", None)  # its name since transformers 5.x
+            if enable is not None:
+                enable(activation_checkpointing_kwargs=kw)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
         self.lora = LoraPolicy.wrap(self.model, cfg.lora, cfg.seed) if lora else None
         if self.lora is not None and latest:
             self.lora.load(self.run.version_dir(latest))
@@ -253,7 +261,7 @@ class Trainer:
         st = accumulate_gradients(self.model, mine, cfg.loss, self.tokenizer.pad_token_id, cfg.optim.micro_batch,
                                   max_tokens=cfg.sampling.max_new_tokens, world_size=self.par.loss_scale,
                                   total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model,
-                                  micro_batches=passes)
+                                  micro_batches=passes, share_prompts=cfg.optim.share_prompts)
         self.par.reduce_grads()
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))  # DTensors too
         loss = self._global_loss(st.loss)
@@ -295,7 +303,8 @@ class Trainer:
                           task_reward=sum(r.task_reward for r in rows) / len(rows),
                           lag_mean=sum(lags) / len(lags), lag_max=max(lags),
                           completion_len=sum(len(r.completion_ids) for r in rows) / len(rows),
-                          files=batch.files, **batch.stats, **info)
+                          files=batch.files, **batch.stats, **info,
+                          peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
 
     # ---- loop --------------------------------------------------------------------------------
     def run_loop(self) -> int:

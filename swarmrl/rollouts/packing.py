@@ -67,6 +67,16 @@ def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float
     pos = packed["cmask"].bool()
     h = hidden[:, :-1][pos]  # [N, H]: the positions that predict a completion token
     target = packed["ids"][:, 1:][pos]
+    logp, ent = head_logprobs(head, h, target, temperature, with_entropy, entropy_grad)
+    zeros = torch.zeros(pos.shape, dtype=torch.float32, device=h.device)
+    return zeros.masked_scatter(pos, logp), (zeros.masked_scatter(pos, ent) if ent is not None else None)
+
+
+def head_logprobs(head: torch.nn.Linear, h: torch.Tensor, target: torch.Tensor, temperature: float,
+                  with_entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs [N] of ``target`` [N] under ``head(h)`` [N, vocabulary] at ``temperature`` (and entropies with
+    ``with_entropy``): ``CHUNK_TOKENS`` rows at a time, each chunk recomputed in the backward pass, so no
+    [N, vocabulary] tensor is whole in memory."""
     inv_t = 1.0 / max(temperature, 1e-6)
     lps, ents = [], []
     for i in range(0, h.shape[0], CHUNK_TOKENS):
@@ -81,10 +91,9 @@ def sequence_logprobs(model, packed: dict[str, torch.Tensor], temperature: float
                     ent = _chunk(hc, tc, head.weight, head.bias, inv_t, True)[1]
         lps.append(lp)
         ents.append(ent)
-    zeros = torch.zeros(pos.shape, dtype=torch.float32, device=h.device)
-    logp = zeros.masked_scatter(pos, torch.cat(lps)) if lps else zeros
-    ent = (zeros.masked_scatter(pos, torch.cat(ents)) if ents else zeros) if with_entropy else None
-    return logp, ent
+    empty = h.new_zeros(0, dtype=torch.float32)
+    logp = torch.cat(lps) if lps else empty
+    return logp, ((torch.cat(ents) if ents else empty) if with_entropy else None)
 
 
 def _chunk(h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, inv_t: float,

@@ -101,6 +101,7 @@ class StepRecord(_Record):
     lr: float | None = None
     nonfinite_skipped: int = 0
     nonfinite_total: int = 0
+    peak_rss_mb: float | None = None  # the trainer process's largest resident set so far (the kernel's high-water mark)
     # a held-out evaluation of ``version``, when one ran after this step
     heldout_acc: float | None = None
     eval_s: float | None = None
