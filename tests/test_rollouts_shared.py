@@ -83,10 +83,14 @@ def test_shared_logprobs_equal_one_sequence_per_row(tiny_model_dir, monkeypatch,
     assert max(float((x - y).abs().max()) for x, y in zip(ga, gb) if x is not None) <= 1e-4
 
 
-def test_a_model_without_a_maskable_attention_is_refused(tiny_model_dir):
+def test_a_model_without_a_maskable_full_attention_is_refused(tiny_model_dir):
     from swarmrl.models.io import load_model
 
     model = load_model(tiny_model_dir)
+    assert supports_shared(model)
+    model.config.layer_types = ["sliding_attention"] * len(model.config.layer_types)  # a window the mask would drop
+    assert not supports_shared(model)
+    model.config.layer_types = ["full_attention"] * len(model.config.layer_types)
     model.config._attn_implementation = "flash_attention_2"
     assert not supports_shared(model)
     with pytest.raises(ValueError, match="supports_shared"):

@@ -37,9 +37,14 @@ _MASKABLE = ("sdpa", "eager")  # attention implementations that apply an arbitra
 
 
 def supports_shared(model) -> bool:  # noqa: ANN001
-    """A plain LM head on a decoder whose attention takes a custom 4D mask."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    return _plain_head(model) is not None and impl in _MASKABLE
+    """A plain LM head on a decoder whose attention takes a custom 4D mask, every layer attending to all earlier
+    tokens (a custom mask replaces the sliding window HF would build, so windowed models take the plain path)."""
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    windowed = any(t != "full_attention" for t in layer_types) or (
+        getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True) is not False)
+    return _plain_head(model) is not None and impl in _MASKABLE and not windowed
 
 
 MAX_ROW_TOKENS = 1024  # a row's width beyond which a group's members continue in another row behind its prompt
