@@ -5,6 +5,8 @@
   under ``RolloutLimits``.
 - ``packing``: rows as model input (``Sequence``, ``pack``) and their logprobs under a model
   (``sequence_logprobs``): what the trainer's update and the validator's logprob re-check both run.
+- ``shared``: a group's rows behind one copy of their prompt (``pack_shared``, ``shared_logprobs``): the trainer's
+  update gets the same logprobs from fewer tokens.
 """
 
 from swarmrl.utils.lazy import lazy_exports
