@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
@@ -28,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from swarmrl.utils.procs import child_env
 
 VARIANTS = {  # name: (OptimConfig fields, the chunked LM head)
     "full": ({"share_prompts": False}, False),  # before the chunked head: the full log-softmax
@@ -84,6 +87,9 @@ def main() -> None:
     ap.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # one measurement
     a = ap.parse_args()
     if a.variant:
+        from swarmrl.utils.procs import adopt_parent_death
+
+        adopt_parent_death()  # a measurement dies with the invocation that started it
         print(json.dumps(one(a.model, a.variant, a.steps, a.prompt_len, a.completion_len)))
         return
     names = a.variants.split(",")
@@ -92,7 +98,8 @@ def main() -> None:
         for v in names:
             out = subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps),
                                   "--prompt-len", str(a.prompt_len), "--completion-len", str(a.completion_len),
-                                  "--variant", v], check=True, capture_output=True, text=True).stdout
+                                  "--variant", v], check=True, capture_output=True, text=True,
+                                 env=child_env(os.environ)).stdout
             res[v].append(json.loads(out.strip().splitlines()[-1]))
             print(res[v][-1], file=sys.stderr)
     med = {v: {k: statistics.median(r[k] for r in rs) for k in ("peak_rss_mb", "step_s")} for v, rs in res.items()}

@@ -24,6 +24,9 @@ T0 = time.monotonic()
 
 
 def main() -> None:
+    from swarmrl.utils.procs import adopt_parent_death
+
+    adopt_parent_death()  # vs_trl.py started this process: it dies with it
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
     ap.add_argument("--out", required=True)

@@ -53,7 +53,9 @@ def run_trl(cfg, marks: list[float], minutes: float, out: Path, python: str, thr
             "marks_s": marks, "minutes": minutes, "threads": threads}
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    from swarmrl.utils.procs import child_env
+
+    env = child_env({**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"})  # dies with us
     with (out / "trl.log").open("w") as log:
         r = subprocess.run([python, str(REPO / "benchmarks/rl/trl_grpo.py"), "--spec", str(out / "spec.json"),
                             "--out", str(out)], stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO)
