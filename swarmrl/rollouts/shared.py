@@ -130,9 +130,9 @@ def shared_logprobs(model, packed: dict[str, torch.Tensor], temperature: float, 
                     entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (and entropies) of the scored tokens of ``pack_shared``'s rows, in the completion layout [n, C]
     (0 where ``cmask`` is 0), as ``sequence_logprobs`` computes them from one sequence per row."""
-    head = _plain_head(model)
-    if head is None or not supports_shared(model):
+    if not supports_shared(model):
         raise ValueError("shared_logprobs needs a plain LM head and sdpa or eager attention (supports_shared)")
+    head = _plain_head(model)
     if model.config._attn_implementation == "sdpa":
         mask = packed["allowed"][:, None]  # boolean: True attends
     else:  # eager adds the mask to the scores
