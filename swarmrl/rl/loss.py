@@ -11,7 +11,10 @@ Off-policy correction (``loss.correction``) decides what the ratio is taken agai
   against the trainer's own policy at the start of the update, pi_prox = ``logp.detach()``, and the sample is
   re-weighted by w = pi_prox / pi_infer, per token or per sequence (``correction_level``; a sequence's w is the
   product over its tokens): ``tis`` truncates it, w = min(w, cap); ``mis`` drops what leaves a band,
-  w = w if low <= w <= high else 0. w carries no gradient.
+  w = w if low <= w <= high else 0. w carries no gradient. This trainer takes one optimizer step per batch, so the
+  ratio against pi_prox is 1 and the kind's clip never binds: the update keeps no trust region around the
+  behaviour policy. Measured (``benchmarks/rl/RESULTS.md``, "Losses"), that makes stale runs worse, not better;
+  the corrections suit a mismatch between engines (vLLM's logprobs against the trainer's), not staleness.
 
 Every log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before it is exponentiated, so no input makes an
 infinity or a NaN. The mismatch between inference and trainer is reported either way: ``mismatch_kl``, the k3
