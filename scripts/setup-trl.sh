@@ -10,25 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRL_PIN="trl==1.16.0"
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-venv=${SWARMRL_TRL_VENV:-.venv-trl}
-if [ "$(realpath -m "$venv")" = "$(realpath -m .venv)" ]; then
-  echo "error: SWARMRL_TRL_VENV is the project's .venv; TRL gets its own environment" >&2
-  exit 1
-fi
+source scripts/side-venv.sh
+side_venv_init SWARMRL_TRL_VENV .venv-trl TRL
 torch_pin=$("$PY" scripts/extra_requirements.py dev | head -n 1)
-key=$( (echo "$torch_pin $TRL_PIN"; "$PY" -c 'import sys; print(sys.version)'; cat scripts/setup-trl.sh) | sha256sum | cut -c1-16)
+key=$( (echo "$torch_pin $TRL_PIN"; "$PY" -c 'import sys; print(sys.version)'; cat scripts/setup-trl.sh scripts/side-venv.sh) \
+  | sha256sum | cut -c1-16)
 stamp=$venv/.swarmrl-trl-installed
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
   exit 0
 fi
-quiet() { grep -v "is ignored" || true; }  # pip's noise about local index paths
-pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
-[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-pip install -q "$torch_pin" 2>&1 | quiet
-torch_version=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)
-echo "torch==$torch_version" >"$venv/swarmrl-trl-constraints.txt"
+side_venv_torch trl
 pip install -q -c "$venv/swarmrl-trl-constraints.txt" "$TRL_PIN" pydantic 2>&1 | quiet
 PYTHONPATH=$PWD "$venv/bin/python" -W ignore - "$torch_version" <<'PYEOF'
 import sys

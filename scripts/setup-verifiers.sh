@@ -12,30 +12,20 @@
 # tests/test_envs_vf.py`). A re-run with the same requirements (and this script unchanged) does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-venv=${SWARMRL_VF_VENV:-.venv-verifiers}
-if [ "$(realpath -m "$venv")" = "$(realpath -m .venv)" ]; then
-  echo "error: SWARMRL_VF_VENV is the project's .venv; the verifiers extra gets its own environment" >&2
-  exit 1
-fi
+source scripts/side-venv.sh
+side_venv_init SWARMRL_VF_VENV .venv-verifiers "the verifiers extra"
 
 # line 1: torch's pin; the rest: what is resolved together with verifiers
 spec=$("$PY" scripts/extra_requirements.py verifiers pytest pytest-timeout hypothesis)
 torch_pin=$(head -n 1 <<<"$spec")
-key=$( (printf '%s\n' "$spec"; "$PY" -c 'import sys; print(sys.version)'; cat scripts/setup-verifiers.sh) | sha256sum | cut -c1-16)
+key=$( (printf '%s\n' "$spec"; "$PY" -c 'import sys; print(sys.version)'; cat scripts/setup-verifiers.sh scripts/side-venv.sh) | sha256sum | cut -c1-16)
 stamp=$venv/.swarmrl-verifiers-installed
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ]; then
   exit 0
 fi
 
-quiet() { grep -v "is ignored" || true; }  # pip's noise about local index paths; pip's own status still counts
-pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
-[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+side_venv_torch verifiers  # nothing below may change torch
 tail -n +2 <<<"$spec" >"$venv/swarmrl-verifiers-requirements.txt"
-pip install -q "$torch_pin" 2>&1 | quiet
-torch_version=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)
-echo "torch==$torch_version" >"$venv/swarmrl-verifiers-constraints.txt"  # nothing below may change torch
 pip install -q -c "$venv/swarmrl-verifiers-constraints.txt" -r "$venv/swarmrl-verifiers-requirements.txt" 2>&1 | quiet
 
 PYTHONPATH=$PWD "$venv/bin/python" - "$torch_version" <<'PYEOF'
