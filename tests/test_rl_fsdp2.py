@@ -159,6 +159,21 @@ def _held_bytes(t: Trainer) -> dict:
                              if isinstance(v, torch.Tensor) and v.dim() > 0)}
 
 
+def _run_and_measure(t: Trainer) -> dict:
+    """Run the trainer's one step; what it holds after it, with the gradients as they were just before the
+    optimizer step (the trainer drops them after it)."""
+    grads = {}
+    step = t.opt.step
+
+    def spy(*a, **kw):
+        grads["grads"] = _held_bytes(t)["grads"]
+        return step(*a, **kw)
+
+    t.opt.step = spy
+    t.run_loop()
+    return {**_held_bytes(t), **grads}
+
+
 def _bytes_cfg(run_dir, model_dir, parallel: str) -> RLConfig:
     cfg = _cfg(run_dir, model_dir, parallel, steps=1)
     return cfg.model_copy(update={"loss": cfg.loss.model_copy(update={"kl_coef": 0.1})})
@@ -168,9 +183,9 @@ def _bytes_main(rank, world, port, model_dir, tmp):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     try:
         t = Trainer(_bytes_cfg(f"{tmp}/bytes2", model_dir, "fsdp2"))
-        t.run_loop()  # one step: gradients and AdamW state exist
+        held = _run_and_measure(t)  # one step: gradients and AdamW state exist
         with open(f"{tmp}/bytes{rank}.json", "w") as f:
-            json.dump(_held_bytes(t), f)
+            json.dump(held, f)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -182,8 +197,7 @@ def test_fsdp2_ranks_hold_about_half_each(tiny_model_dir, tmp_path):
     for name in ("bytes1", "bytes2"):
         _write_rollouts(tmp_path / name)
     one = Trainer(_bytes_cfg(tmp_path / "bytes1", tiny_model_dir, "fsdp2"))
-    one.run_loop()
-    whole = _held_bytes(one)
+    whole = _run_and_measure(one)
     assert all(v > 0 for v in whole.values()), whole
     _spawn(_bytes_main, (2, free_port(), str(tiny_model_dir), str(tmp_path)), timeout_s=180)
     for rank in (0, 1):

@@ -3,8 +3,12 @@ is its own (variants alternate, ``--repeats`` times each; ratios against the fir
 
 - ``chunked``: one sequence per row, the LM head over completion positions in chunks (the default until prompt
   sharing; the baseline);
-- ``shared``: a group's completions in one row behind one copy of its prompt (``optim.share_prompts``, the default);
+- ``shared_foreach``: a group's completions in one row behind one copy of its prompt (``optim.share_prompts``),
+  stepped by torch's ``foreach`` AdamW (the trainer's optimizer before ``swarmrl.rl.optim``);
+- ``shared``: the same with the fused AdamW (the default);
 - ``shared_ac``: the same with activation checkpointing (``optim.activation_checkpointing``);
+- ``low``: activation checkpointing, bfloat16 moments and bfloat16 gradients (``optim.state_dtype`` /
+  ``optim.grad_dtype``), as configs/smollm2.toml sets them; ``low_noac``: the same without checkpointing;
 - ``full``: one sequence per row and the full-vocabulary log-softmax (the code before the chunked head).
 
 A real ``Trainer`` on the model of ``--model`` (SmolLM2-135M-Instruct by default: ``swarmrl model import
@@ -14,6 +18,7 @@ AdamW, one torch thread. Prints one JSON line: each variant's peak RSS (the proc
 and the optimizer state included) and median update seconds (the first update left out), and the ratios.
 
     python benchmarks/rl/memory.py --model models/smollm2 --repeats 2
+    python benchmarks/rl/memory.py --optimizer-only       # the optimizer step alone, three AdamWs
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ from pathlib import Path
 
 from swarmrl.utils.procs import child_env
 
-VARIANTS = {  # name: (OptimConfig fields, the chunked LM head)
-    "full": ({"share_prompts": False}, False),  # before the chunked head: the full log-softmax
-    "chunked": ({"share_prompts": False}, True),  # one sequence per row, chunked head
-    "shared": ({"share_prompts": True}, True),  # a group's prompt once per row (the default)
-    "shared_ac": ({"share_prompts": True, "activation_checkpointing": True}, True),
+VARIANTS = {  # name: (OptimConfig fields, the chunked LM head, torch's foreach AdamW instead of the fused one)
+    "full": ({"share_prompts": False}, False, True),  # before the chunked head: the full log-softmax
+    "chunked": ({"share_prompts": False}, True, True),  # one sequence per row, chunked head
+    "shared_foreach": ({"share_prompts": True}, True, True),  # prompt sharing with the foreach AdamW (until fused)
+    "shared": ({"share_prompts": True}, True, False),  # a group's prompt once per row, fused AdamW (the default)
+    "shared_ac": ({"share_prompts": True, "activation_checkpointing": True}, True, False),
+    "low": ({"share_prompts": True, "activation_checkpointing": True, "state_dtype": "bfloat16",
+             "grad_dtype": "bfloat16"}, True, False),  # configs/smollm2.toml's memory settings
+    "low_noac": ({"share_prompts": True, "state_dtype": "bfloat16", "grad_dtype": "bfloat16"}, True, False),
 }
 
 
@@ -50,9 +59,14 @@ def one(model: str, variant: str, steps: int, prompt_len: int, completion_len: i
     from swarmrl.rl.trainer import Trainer
 
     torch.set_num_threads(1)
-    fields, chunked = VARIANTS[variant]
+    fields, chunked, foreach = VARIANTS[variant]
     if not chunked:
         packing._plain_head = lambda m: None  # the path every model took before the chunked one
+    if foreach:  # torch's AdamW as the trainer built it before swarmrl.rl.optim
+        import swarmrl.rl.trainer as trainer_mod
+
+        trainer_mod.build_optimizer = lambda params, lr, betas, weight_decay, **_: torch.optim.AdamW(
+            params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=True)
     rng = random.Random(0)
     groups = []
     for g in range(4):
@@ -75,6 +89,41 @@ def one(model: str, variant: str, steps: int, prompt_len: int, completion_len: i
             "step_s": round(statistics.median(times[1:] or times), 3)}
 
 
+def optimizer_only(model: str, repeats: int) -> dict:
+    """The optimizer step alone on the model's parameter shapes (random gradients): torch's foreach AdamW (the
+    baseline), its fused one and LowMemoryAdamW with bfloat16 moments; the fastest of ``repeats`` steps after a
+    first that allocates the state."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from swarmrl.rl.optim import LowMemoryAdamW
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    shapes = [p.shape for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters()]
+    makers = {"foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-5, foreach=True),
+              "fused": lambda ps: torch.optim.AdamW(ps, lr=1e-5, fused=True),
+              "bf16_moments": lambda ps: LowMemoryAdamW(ps, lr=1e-5, state_dtype=torch.bfloat16)}
+    line: dict = {"model": model, "parameters": sum(s.numel() for s in shapes), "baseline": "foreach"}
+    for name, make in makers.items():
+        params = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        opt = make(params)
+        opt.step()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        line[f"{name}_step_s"] = round(min(times), 3)
+        del opt, params
+    for name in makers:
+        if name != "foreach":
+            line[f"{name}_over_foreach"] = round(line[f"{name}_step_s"] / line["foreach_step_s"], 3)
+    return line
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/smollm2")
@@ -82,10 +131,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=48)
     ap.add_argument("--completion-len", type=int, default=12)
-    ap.add_argument("--variants", default="chunked,shared,shared_ac,full",
+    ap.add_argument("--variants", default="shared_foreach,shared,shared_ac,low,low_noac",
                     help="comma-separated, the first is the baseline of the ratios")
     ap.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # one measurement
+    ap.add_argument("--optimizer-only", action="store_true",
+                    help="time the optimizer step alone (foreach, fused, bfloat16 moments) and exit")
     a = ap.parse_args()
+    if a.optimizer_only:
+        print(json.dumps(optimizer_only(a.model, max(3, a.repeats))))
+        return
     if a.variant:
         from swarmrl.utils.procs import adopt_parent_death
 

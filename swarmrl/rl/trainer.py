@@ -6,6 +6,9 @@ The trainer is made of parts, each a typed attribute:
   workers or by the swarm's adapter);
 - ``rule`` / ``window`` (``contract``): which groups of those a step uses;
 - ``par`` (``rl.parallel``): how the ranks hold the model (one whole copy each, or FSDP2 shards);
+- ``opt`` (``rl.optim``): AdamW, torch's fused kernel in float32 or ``LowMemoryAdamW`` with bfloat16 moments and
+  gradients (``optim.state_dtype`` / ``optim.grad_dtype``); gradients are dropped and freed heap handed back after
+  every step;
 - ``state`` / ``checkpointer`` (``rl.state``): optimizer, schedule, RNG and counters, saved with every version
   through ``torch.distributed.checkpoint`` and restored on resume;
 - ``publishers`` (``rl.publish.WeightPublisher``): where a committed version goes besides the run directory
@@ -45,6 +48,7 @@ from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_tokenizer
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.lora import LoraPolicy
+from swarmrl.rl.optim import build_optimizer, clip_gradients
 from swarmrl.rl.parallel import load_parallel
 from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
 from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
@@ -55,6 +59,7 @@ from swarmrl.rl.train_step import accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
 from swarmrl.rundir import EvalRecord, StepRecord, read_trainer_log
 from swarmrl.toploc.calibration import copy_calibration
+from swarmrl.utils.memory import release_before_embedding_backward, release_freed_memory
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
 
@@ -127,6 +132,7 @@ class Trainer:
                 enable(activation_checkpointing_kwargs=kw)
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        release_before_embedding_backward(self.model)  # the embedding's gradient fits into the freed activations
         self.lora = LoraPolicy.wrap(self.model, cfg.lora, cfg.seed) if lora else None
         if self.lora is not None and latest:
             self.lora.load(self.run.version_dir(latest))
@@ -138,7 +144,11 @@ class Trainer:
             self.ref_model.eval().requires_grad_(False)
         o = cfg.optim
         params = self.lora.trainable() if self.lora is not None else self.model.parameters()
-        self.opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        if o.grad_dtype != "float32" and self.world > 1:
+            raise ValueError("optim.grad_dtype = 'bfloat16' holds the gradients outside the parameters, where the "
+                             "ranks' all-reduce does not see them: use it with one trainer process")
+        self.opt = build_optimizer(params, o.lr, o.betas, o.weight_decay, state_dtype=o.state_dtype,
+                                   grad_dtype=o.grad_dtype, sharded=cfg.trainer.parallel == "fsdp2")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
         self.state = TrainerState(self.model, self.opt, self.sched)
         self.resumed = latest is not None
@@ -263,16 +273,17 @@ class Trainer:
                                   total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model,
                                   micro_batches=passes, share_prompts=cfg.optim.share_prompts)
         self.par.reduce_grads()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip))  # DTensors too
+        gnorm = clip_gradients(self.model.parameters(), self.opt, cfg.optim.grad_clip)  # DTensors too
         loss = self._global_loss(st.loss)
         if math.isfinite(loss) and math.isfinite(gnorm):  # every rank's loss (a NaN anywhere makes the sum NaN)
             self.opt.step()
             self.sched.step()
             skipped = 0
         else:  # a non-finite loss or gradient: keep the weights and the optimizer's state (the schedule too),
-            self.opt.zero_grad(set_to_none=True)  # drop the step; the version is still committed
-            skipped = 1
+            skipped = 1  # drop the step; the version is still committed
             self.state.nonfinite_total += 1
+        self.opt.zero_grad(set_to_none=True)  # the commit, evaluation and publication that follow need no gradient
+        release_freed_memory()  # the step's activations and gradients: back to the system, not kept in the heap
         stats = st.stats.as_dict()
         stats.pop("tokens")
         return {"loss": loss, **stats, "grad_norm": gnorm, "train_tokens": total_tokens,

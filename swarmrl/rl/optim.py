@@ -1,0 +1,181 @@
+"""The trainer's optimizer: AdamW, and where its memory goes.
+
+Full fine-tuning in float32 holds, besides the weights (4 bytes a parameter), their gradients (4) and AdamW's
+two moments (8): on SmolLM2-135M that is 2.15 GB before any activation. ``build_optimizer`` picks:
+
+- ``torch.optim.AdamW`` with ``fused=True`` when every moment and gradient is float32 (the default): one kernel per
+  step over each tensor, no temporary the size of the model (the ``foreach`` form allocates one for the
+  denominator; ``benchmarks/rl/memory.py`` measures both);
+- ``LowMemoryAdamW`` when ``optim.state_dtype`` or ``optim.grad_dtype`` is ``bfloat16``: the same update, with the
+  moments (``state_dtype``) and / or the gradients between the backward pass and the step (``grad_dtype``) held in
+  bfloat16, 2 bytes each instead of 4. Its arithmetic is float32, ``CHUNK`` elements at a time, so its temporaries
+  stay in the CPU's cache. bfloat16 moments are what DeepSeek-V3 trained with (its technical report, on
+  low-precision storage: no observable degradation); the gradients are rounded once, when their last micro-batch
+  is accumulated, and the clipping norm is computed from them in float32.
+
+Why not an 8-bit optimizer from a library: in a probe on SmolLM2-135M (one thread, no checkpointing)
+bitsandbytes 0.50's CPU AdamW8bit took ~3.5 s a step and torchao 0.18's AdamW8bit ~5.4 s (after a 45 s
+``torch.compile``), against ~0.2 s for the fused AdamW, and their float32 temporaries per parameter left peaks of
+2.8-3.0 GB, where bfloat16 moments gave 2.9 GB.
+
+``clip_gradients`` is the trainer's one call for the global norm clip, wherever the gradients are held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+CHUNK = 1 << 16  # elements per slice of LowMemoryAdamW's float32 arithmetic (256 KB a temporary: they stay in
+# the CPU's cache; benchmarks/rl/memory.py --optimizer-only times it against torch's AdamW)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class LowMemoryAdamW(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay, bias-corrected moments: ``torch.optim.AdamW``'s update) with its moments in
+    ``state_dtype`` and, when ``grad_dtype`` is bfloat16, the gradients moved off ``param.grad`` into bfloat16
+    buffers as soon as backward has accumulated them (a hook per parameter), so the float32 gradients of the whole
+    model never exist at once. Those buffers are what ``step`` reads, ``clip_`` scales and ``zero_grad`` drops;
+    a ``param.grad`` that is set (a state loader's zero step) is used too."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 state_dtype: torch.dtype = torch.bfloat16, grad_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.state_dtype, self.grad_dtype = state_dtype, grad_dtype
+        self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._hooks = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype != torch.float32:
+                    raise ValueError(f"LowMemoryAdamW trains float32 parameters, got {p.dtype}")
+                if grad_dtype != torch.float32:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._take_grad))
+
+    @staticmethod
+    def _process_value_according_to_param_policy(param, value, param_id, param_groups, key=None):  # noqa: ANN001, ANN205
+        """Loading a state dict: torch casts every floating state to the parameter's dtype; the moments keep the
+        dtype they were saved in (no float32 copy of them while loading) and ``load_state_dict`` sets ours."""
+        if key in ("exp_avg", "exp_avg_sq"):
+            return value.to(device=param.device)
+        return torch.optim.Optimizer._process_value_according_to_param_policy(param, value, param_id, param_groups,
+                                                                             key)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for st in self.state.values():  # a checkpoint saved with another state_dtype
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st and st[key].dtype != self.state_dtype:
+                    st[key] = st[key].to(self.state_dtype)
+
+    @property
+    def holds_grads(self) -> bool:
+        """Whether gradients live in this optimizer's buffers rather than on ``param.grad``."""
+        return self.grad_dtype != torch.float32
+
+    @torch.no_grad()
+    def _take_grad(self, p: torch.nn.Parameter) -> None:
+        buf = self.grads.get(p)
+        if buf is None:
+            self.grads[p] = p.grad.to(self.grad_dtype)
+        else:  # a later micro-batch: summed in float32, rounded once
+            buf.copy_(buf.float().add_(p.grad))
+        p.grad = None
+
+    def gradient(self, p: torch.nn.Parameter) -> torch.Tensor | None:
+        return self.grads.get(p, p.grad)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.grads.clear()
+        super().zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def grad_norm(self) -> torch.Tensor:
+        """The L2 norm over every gradient, computed in float32."""
+        sq = torch.zeros((), dtype=torch.float32)
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = self.gradient(p)
+                if g is not None:
+                    sq += torch.linalg.vector_norm(g, dtype=torch.float32).square()
+        return sq.sqrt()
+
+    @torch.no_grad()
+    def clip_(self, max_norm: float) -> float:
+        """Scale every gradient so their global norm is at most ``max_norm``; returns the norm before (the
+        contract of ``torch.nn.utils.clip_grad_norm_``)."""
+        norm = float(self.grad_norm())
+        if math.isfinite(norm) and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    g = self.gradient(p)
+                    if g is not None:
+                        g.mul_(scale)
+        return norm
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                g = self.gradient(p)
+                if g is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st["exp_avg"] = torch.zeros_like(p, dtype=self.state_dtype, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
+                                                        memory_format=torch.preserve_format)
+                st["step"] += 1
+                t = float(st["step"])
+                step_size = lr / (1 - b1 ** t)
+                root_bc2 = math.sqrt(1 - b2 ** t)
+                flat = (x.view(-1) for x in (p, g, st["exp_avg"], st["exp_avg_sq"]))
+                pf, gf, mf, vf = flat
+                for i in range(0, pf.numel(), CHUNK):
+                    s = slice(i, i + CHUNK)
+                    gc = gf[s].float()
+                    m = mf[s].float().lerp_(gc, 1 - b1)  # a copy when the state is bfloat16, in place when float32
+                    v = vf[s].float().mul_(b2).addcmul_(gc, gc, value=1 - b2)
+                    if m.data_ptr() != mf[s].data_ptr():
+                        mf[s].copy_(m)
+                        vf[s].copy_(v)
+                        denom = v.sqrt_()
+                    else:
+                        denom = v.sqrt()
+                    # m / (sqrt(v) / c + eps) = c * m / (sqrt(v) + c * eps): one pass fewer than torch's form
+                    denom.add_(eps * root_bc2)
+                    if wd:
+                        pf[s].mul_(1 - lr * wd)
+                    pf[s].addcdiv_(m, denom, value=-step_size * root_bc2)
+        return loss
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float],
+                    weight_decay: float, state_dtype: str = "float32", grad_dtype: str = "float32",
+                    sharded: bool = False) -> torch.optim.Optimizer:
+    """The trainer's AdamW (see the module docstring). ``sharded``: FSDP2's DTensor parameters, which only
+    torch's AdamW steps (bfloat16 moments or gradients are refused there with a clear error)."""
+    params = list(params)
+    if state_dtype == "float32" and grad_dtype == "float32":
+        fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
+    if sharded:
+        raise ValueError("optim.state_dtype / optim.grad_dtype bfloat16 is for one whole copy of the model: "
+                         "under trainer.parallel = 'fsdp2' the optimizer state is already sharded; use float32")
+    return LowMemoryAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=DTYPES[state_dtype],
+                          grad_dtype=DTYPES[grad_dtype])
+
+
+def clip_gradients(parameters: Iterable[torch.nn.Parameter], opt: torch.optim.Optimizer, max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm`` wherever the gradients are held; returns the norm before."""
+    if isinstance(opt, LowMemoryAdamW) and opt.holds_grads:
+        return opt.clip_(max_norm)
+    return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))

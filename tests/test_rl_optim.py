@@ -1,0 +1,159 @@
+"""The trainer's optimizer (swarmrl.rl.optim): the low-memory AdamW makes torch's AdamW update, in float32 to
+rounding and with bfloat16 moments or gradients to bfloat16's precision; its gradients live off ``param.grad``,
+are clipped by the global norm and summed over micro-batches; a trainer with bfloat16 state saves and resumes it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import swarmrl.rl.optim as optim
+from swarmrl.rl.optim import LowMemoryAdamW, build_optimizer, clip_gradients
+
+torch.set_num_threads(1)
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 33), torch.nn.Linear(33, 7))
+
+
+def _loss(m: torch.nn.Module, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 50, (12,), generator=g)
+    return (m(x) ** 2).mean() * 40  # gradients large enough that a clip at 1 bites
+
+
+def _train(opt_for, steps: int = 6, clip: float | None = None, micro: int = 1) -> tuple[torch.nn.Module, list]:
+    m = _model()
+    opt = opt_for(m.parameters())
+    norms = []
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for k in range(micro):
+            _loss(m, 100 * s + k).backward()
+        if clip is not None:
+            norms.append(clip_gradients(m.parameters(), opt, clip))
+        opt.step()
+    return m, norms
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
+
+
+def _low(state: torch.dtype, grad: torch.dtype):
+    return lambda params: LowMemoryAdamW(params, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, state_dtype=state,
+                                         grad_dtype=grad)
+
+
+def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    with torch.no_grad():
+        return max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _moved(a: torch.nn.Module) -> float:
+    return _max_diff(a, _model())
+
+
+def test_float32_state_makes_torchs_update_across_chunk_boundaries(monkeypatch):
+    monkeypatch.setattr(optim, "CHUNK", 7)  # every tensor is split into slices, some ragged
+    ref, ref_norms = _train(_adamw, clip=1.0)
+    ours, our_norms = _train(_low(torch.float32, torch.float32), clip=1.0)
+    assert _moved(ref) > 0.03  # the steps did something
+    assert _max_diff(ref, ours) < 1e-6
+    assert our_norms == pytest.approx(ref_norms, rel=1e-6) and max(ref_norms) > 1.0
+
+
+def test_bfloat16_moments_and_gradients_stay_within_bfloat16_precision_of_torch():
+    ref, ref_norms = _train(_adamw, clip=1.0, micro=2)
+    for state, grad in ((torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                        (torch.bfloat16, torch.bfloat16)):
+        ours, norms = _train(_low(state, grad), clip=1.0, micro=2)
+        assert _max_diff(ref, ours) < 0.05 * _moved(ref), (state, grad)  # the same update, to a few percent
+        assert norms == pytest.approx(ref_norms, rel=2e-2)
+
+
+def test_bfloat16_gradients_live_off_the_parameters_and_are_summed_over_micro_batches():
+    m = _model()
+    opt = LowMemoryAdamW(m.parameters(), lr=1e-2, grad_dtype=torch.bfloat16)
+    _loss(m, 1).backward()
+    assert all(p.grad is None for p in m.parameters())
+    assert all(g.dtype == torch.bfloat16 for g in opt.grads.values()) and len(opt.grads) == 5
+    _loss(m, 2).backward()  # a second micro-batch: added to the buffers
+
+    ref = _model()
+    _loss(ref, 1).backward()
+    _loss(ref, 2).backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert float((opt.grads[p].float() - q.grad).abs().max()) <= 1e-2 * float(q.grad.abs().max())
+    assert opt.grad_norm() == pytest.approx(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9)), rel=1e-2)
+    opt.zero_grad()
+    assert not opt.grads
+
+
+def test_a_nonfinite_gradient_is_reported_and_not_scaled():
+    m = _model()
+    opt = LowMemoryAdamW(m.parameters(), grad_dtype=torch.bfloat16)
+    _loss(m, 1).backward()
+    next(iter(opt.grads.values()))[0] = float("nan")
+    kept = {p: g.clone() for p, g in opt.grads.items()}
+    assert opt.clip_(1.0) != opt.clip_(1.0)  # NaN
+    assert all(torch.equal(opt.grads[p][1:], kept[p][1:]) for p in kept)
+
+
+def test_the_moments_are_bfloat16_and_half_the_bytes():
+    m = _model()
+    opt = LowMemoryAdamW(m.parameters(), state_dtype=torch.bfloat16)
+    _loss(m, 0).backward()
+    opt.step()
+    st = [opt.state[p] for p in m.parameters()]
+    assert all(s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.bfloat16 for s in st)
+    assert sum(s["exp_avg"].nbytes for s in st) * 2 == sum(p.nbytes for p in m.parameters())
+
+
+def test_build_optimizer_picks_fused_adamw_for_float32_and_refuses_bfloat16_when_sharded():
+    params = list(_model().parameters())
+    opt = build_optimizer(params, 1e-3, (0.9, 0.99), 0.0)
+    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
+    low = build_optimizer(params, 1e-3, (0.9, 0.99), 0.0, state_dtype="bfloat16")
+    assert isinstance(low, LowMemoryAdamW) and not low.holds_grads
+    with pytest.raises(ValueError, match="fsdp2"):
+        build_optimizer(params, 1e-3, (0.9, 0.99), 0.0, grad_dtype="bfloat16", sharded=True)
+    with pytest.raises(ValueError, match="float32"):
+        LowMemoryAdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
+
+
+def test_a_trainer_with_bfloat16_state_and_gradients_trains_saves_and_resumes(tmp_path, tiny_model_dir):
+    from test_rl_trainer_parts import MemorySource, _cfg
+
+    from swarmrl.rl.config import OptimConfig
+    from swarmrl.rl.trainer import Trainer
+
+    low = OptimConfig(lr=1e-3, state_dtype="bfloat16", grad_dtype="bfloat16", activation_checkpointing=True)
+    t = Trainer(_cfg(tmp_path, tiny_model_dir, 2, optim=low), source=MemorySource(2), publishers=[])
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    assert t.run_loop() == 2
+    assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())  # it trained
+    assert all(p.grad is None for p in t.model.parameters()) and not t.opt.grads  # nothing held after a step
+    saved = t.opt.state_dict()["state"]
+    assert all(s["exp_avg_sq"].dtype == torch.bfloat16 for s in saved.values())
+
+    again = Trainer(_cfg(tmp_path, tiny_model_dir, 3, optim=low), source=MemorySource(3), publishers=[])
+    assert again.resumed and again.step == 2
+    back = again.opt.state_dict()["state"]
+    assert back.keys() == saved.keys()
+    assert all(back[k][m].dtype == torch.bfloat16 and torch.equal(back[k][m], saved[k][m])
+               for k in saved for m in ("exp_avg", "exp_avg_sq"))
+
+
+def test_a_checkpoint_of_another_state_dtype_loads_into_this_one():
+    m = _model()
+    full = LowMemoryAdamW(m.parameters(), state_dtype=torch.float32)
+    _loss(m, 0).backward()
+    full.step()
+    low = LowMemoryAdamW(m.parameters(), state_dtype=torch.bfloat16)
+    low.load_state_dict(full.state_dict())
+    for p in m.parameters():
+        assert low.state[p]["exp_avg"].dtype == torch.bfloat16
+        torch.testing.assert_close(low.state[p]["exp_avg"].float(), full.state[p]["exp_avg"], rtol=1e-2, atol=1e-6)
