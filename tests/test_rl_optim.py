@@ -157,3 +157,24 @@ def test_a_checkpoint_of_another_state_dtype_loads_into_this_one():
     for p in m.parameters():
         assert low.state[p]["exp_avg"].dtype == torch.bfloat16
         torch.testing.assert_close(low.state[p]["exp_avg"].float(), full.state[p]["exp_avg"], rtol=1e-2, atol=1e-6)
+
+
+def test_peak_rss_is_this_programs_own_not_a_large_parents():
+    """A process started (fork, exec) by a parent holding ~300 MB reports its own peak, where ru_maxrss reports
+    at least the parent's size (Linux carries it across exec): what inflated trainers started by a benchmark."""
+    import subprocess
+    import sys
+
+    from swarmrl.utils.memory import peak_rss_mb
+
+    assert 10 < peak_rss_mb() < 100_000
+    child = ("import resource; from swarmrl.utils.memory import peak_rss_mb; "
+             "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    code = ("import subprocess, sys\n"
+            "big = bytearray(300 * 2**20)\n"
+            "for i in range(0, len(big), 4096): big[i] = 1\n"
+            f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True,"
+            " check=True).stdout)\n")
+    own, inherited = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                               check=True).stdout.split())
+    assert own < 200 < inherited

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import time
 from dataclasses import dataclass, field
 
@@ -59,7 +58,7 @@ from swarmrl.rl.train_step import accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
 from swarmrl.rundir import EvalRecord, StepRecord, read_trainer_log
 from swarmrl.toploc.calibration import copy_calibration
-from swarmrl.utils.memory import release_before_embedding_backward, release_freed_memory
+from swarmrl.utils.memory import peak_rss_mb, release_before_embedding_backward, release_freed_memory
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
 
@@ -315,7 +314,7 @@ class Trainer:
                           lag_mean=sum(lags) / len(lags), lag_max=max(lags),
                           completion_len=sum(len(r.completion_ids) for r in rows) / len(rows),
                           files=batch.files, **batch.stats, **info,
-                          peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+                          peak_rss_mb=peak_rss_mb())
 
     # ---- loop --------------------------------------------------------------------------------
     def run_loop(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import resource
 
 
 @functools.cache
@@ -51,3 +52,17 @@ def release_before_embedding_backward(model) -> object | None:  # noqa: ANN001
             out.register_hook(on_grad)
 
     return emb.register_forward_hook(on_forward)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident size in MB since it started its program: ``VmHWM`` from ``/proc/self/status``.
+    ``getrusage``'s ``ru_maxrss`` is not that: Linux carries it across ``execve``, so a process started by a large
+    parent (fork, then exec) reports at least the parent's size at the fork. Elsewhere, ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
