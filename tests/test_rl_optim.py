@@ -120,6 +120,8 @@ def test_build_optimizer_picks_fused_adamw_for_float32_and_refuses_bfloat16_when
     assert isinstance(low, LowMemoryAdamW) and not low.holds_grads
     with pytest.raises(ValueError, match="fsdp2"):
         build_optimizer(params, 1e-3, (0.9, 0.99), 0.0, grad_dtype="bfloat16", sharded=True)
+    with pytest.raises(ValueError, match="one trainer process"):
+        build_optimizer(params, 1e-3, (0.9, 0.99), 0.0, grad_dtype="bfloat16", world=2)
     with pytest.raises(ValueError, match="float32"):
         LowMemoryAdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
 

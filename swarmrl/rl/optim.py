@@ -160,9 +160,13 @@ class LowMemoryAdamW(torch.optim.Optimizer):
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float],
                     weight_decay: float, state_dtype: str = "float32", grad_dtype: str = "float32",
-                    sharded: bool = False) -> torch.optim.Optimizer:
+                    sharded: bool = False, world: int = 1) -> torch.optim.Optimizer:
     """The trainer's AdamW (see the module docstring). ``sharded``: FSDP2's DTensor parameters, which only
-    torch's AdamW steps (bfloat16 moments or gradients are refused there with a clear error)."""
+    torch's AdamW steps (bfloat16 moments or gradients are refused there with a clear error); ``world``: trainer
+    processes (bfloat16 gradients, held off ``param.grad``, are refused with more than one)."""
+    if grad_dtype != "float32" and world > 1:
+        raise ValueError("optim.grad_dtype = 'bfloat16' holds the gradients outside the parameters, where the "
+                         "ranks' all-reduce does not see them: use it with one trainer process")
     params = list(params)
     if state_dtype == "float32" and grad_dtype == "float32":
         fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)

@@ -143,11 +143,8 @@ class Trainer:
             self.ref_model.eval().requires_grad_(False)
         o = cfg.optim
         params = self.lora.trainable() if self.lora is not None else self.model.parameters()
-        if o.grad_dtype != "float32" and self.world > 1:
-            raise ValueError("optim.grad_dtype = 'bfloat16' holds the gradients outside the parameters, where the "
-                             "ranks' all-reduce does not see them: use it with one trainer process")
         self.opt = build_optimizer(params, o.lr, o.betas, o.weight_decay, state_dtype=o.state_dtype,
-                                   grad_dtype=o.grad_dtype, sharded=cfg.trainer.parallel == "fsdp2")
+                                   grad_dtype=o.grad_dtype, sharded=cfg.trainer.parallel == "fsdp2", world=self.world)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, o.warmup_steps)))
         self.state = TrainerState(self.model, self.opt, self.sched)
         self.resumed = latest is not None

@@ -1,4 +1,4 @@
-"""Handing freed heap memory back to the system.
+"""Handing freed heap memory back to the system, and measuring a process's own peak (``peak_rss_mb``).
 
 glibc keeps what ``free`` returns inside its heap for reuse; after a training step has freed its activations and
 gradients, hundreds of MB sit there, resident but unused, and the next step's allocations do not always fit into
