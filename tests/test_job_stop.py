@@ -82,7 +82,10 @@ def kill_all(procs: dict[int, int]) -> None:
 # A launcher in miniature: a relay spawned by the supervisor and one forked from the zygote (relays serve until
 # signalled and start in a second), stopped as ``launch`` stops its roles.
 _MINI_LAUNCHER = """
-import sys, time
+import signal, sys, time
+# Ctrl-C's exception even if this process was started with SIGINT ignored (what a background job of a
+# non-interactive shell inherits, pytest's children included): the test is about the cleanup, not the shell
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from swarmrl.job.derive import RoleSpec
 from swarmrl.job.launch import stop_on_sigterm
