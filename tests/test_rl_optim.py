@@ -89,17 +89,49 @@ def test_bfloat16_gradients_live_off_the_parameters_and_are_summed_over_micro_ba
         assert float((opt.grads[p].float() - q.grad).abs().max()) <= 1e-2 * float(q.grad.abs().max())
     assert opt.grad_norm() == pytest.approx(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9)), rel=1e-2)
     opt.zero_grad()
-    assert not opt.grads
+    assert not opt.grads and float(opt.grad_norm()) == 0.0
+    _loss(m, 3).backward()  # the next step's: the norm is this step's own
+    ref.zero_grad()
+    _loss(ref, 3).backward()
+    assert opt.grad_norm() == pytest.approx(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1e9)), rel=1e-2)
 
 
 def test_a_nonfinite_gradient_is_reported_and_not_scaled():
-    m = _model()
-    opt = LowMemoryAdamW(m.parameters(), grad_dtype=torch.bfloat16)
-    _loss(m, 1).backward()
-    next(iter(opt.grads.values()))[0] = float("nan")
-    kept = {p: g.clone() for p, g in opt.grads.items()}
-    assert opt.clip_(1.0) != opt.clip_(1.0)  # NaN
-    assert all(torch.equal(opt.grads[p][1:], kept[p][1:]) for p in kept)
+    def stepped(clip: bool) -> tuple[torch.nn.Module, float | None]:
+        m = _model()
+        opt = LowMemoryAdamW(m.parameters(), lr=1e-2, grad_dtype=torch.bfloat16)
+        (_loss(m, 1) + m[2].bias[0] * float("nan")).backward()  # one gradient element is NaN, the rest large
+        norm = opt.clip_(1.0) if clip else None
+        opt.step()
+        return m, norm
+
+    clipped, norm = stepped(True)
+    plain, _ = stepped(False)
+    assert norm != norm  # NaN, reported
+    for p, q in zip(clipped.parameters(), plain.parameters()):  # and no scale applied to the others
+        torch.testing.assert_close(p, q, rtol=0, atol=0, equal_nan=True)
+    assert _moved(clipped) > 1e-3
+
+
+def test_a_clip_is_applied_by_the_step_as_if_the_gradients_were_scaled():
+    def stepped(scale_first: bool) -> tuple[torch.nn.Module, LowMemoryAdamW]:
+        m = _model()
+        opt = LowMemoryAdamW(m.parameters(), lr=1e-2, state_dtype=torch.float32, grad_dtype=torch.bfloat16)
+        _loss(m, 1).backward()
+        if scale_first:  # what torch's clip does: the gradients themselves scaled
+            norm = float(opt.grad_norm())
+            for g in opt.grads.values():
+                g.mul_(0.5 / (norm + 1e-6))
+        else:
+            assert opt.clip_(0.5) > 5  # the step will scale by less than a tenth
+        opt.step()
+        return m, opt
+
+    (ref, ref_opt), (ours, opt) = stepped(True), stepped(False)
+    assert _max_diff(ref, ours) < 1e-3 * _moved(ref)
+    for p, q in zip(ref.parameters(), ours.parameters()):  # the moments saw the scaled gradient (Adam's first
+        # update alone would not show a scale)
+        torch.testing.assert_close(opt.state[q]["exp_avg"], ref_opt.state[p]["exp_avg"], rtol=1e-2, atol=1e-7)
 
 
 def test_the_moments_are_bfloat16_and_half_the_bytes():
@@ -137,7 +169,7 @@ def test_a_trainer_with_bfloat16_state_and_gradients_trains_saves_and_resumes(tm
     before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
     assert t.run_loop() == 2
     assert any(not torch.equal(before[n], p) for n, p in t.model.named_parameters())  # it trained
-    assert all(p.grad is None for p in t.model.parameters()) and not t.opt.grads  # nothing held after a step
+    assert all(p.grad is None for p in t.model.parameters()) and not t.opt.grads  # no gradient held after a step
     saved = t.opt.state_dict()["state"]
     assert all(s["exp_avg_sq"].dtype == torch.bfloat16 for s in saved.values())
 

@@ -18,7 +18,7 @@ AdamW, one torch thread. Prints one JSON line: each variant's peak RSS (the proc
 and the optimizer state included) and median update seconds (the first update left out), and the ratios.
 
     python benchmarks/rl/memory.py --model models/smollm2 --repeats 2
-    python benchmarks/rl/memory.py --optimizer-only       # the optimizer step alone, three AdamWs
+    python benchmarks/rl/memory.py --optimizer-only       # the optimizer's work alone (clip and step), four AdamWs
 """
 
 from __future__ import annotations
@@ -90,32 +90,43 @@ def one(model: str, variant: str, steps: int, prompt_len: int, completion_len: i
 
 
 def optimizer_only(model: str, repeats: int) -> dict:
-    """The optimizer step alone on the model's parameter shapes (random gradients): torch's foreach AdamW (the
-    baseline), its fused one and LowMemoryAdamW with bfloat16 moments; the fastest of ``repeats`` steps after a
+    """The optimizer's work in an update on the model's parameter shapes (random gradients, clipped as every
+    SmolLM2 step is): the global-norm clip and the step, and for bfloat16 gradients the hooks that take them off
+    ``param.grad`` as well. torch's foreach AdamW (the baseline), its fused one, LowMemoryAdamW with bfloat16
+    moments, and with bfloat16 moments and gradients (configs/smollm2.toml); the fastest of ``repeats`` after a
     first that allocates the state."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from swarmrl.rl.optim import LowMemoryAdamW
+    from swarmrl.rl.optim import LowMemoryAdamW, clip_gradients
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     shapes = [p.shape for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters()]
+    grads = [torch.randn(s) * 1e-3 for s in shapes]
     makers = {"foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-5, foreach=True),
               "fused": lambda ps: torch.optim.AdamW(ps, lr=1e-5, fused=True),
-              "bf16_moments": lambda ps: LowMemoryAdamW(ps, lr=1e-5, state_dtype=torch.bfloat16)}
+              "bf16_moments": lambda ps: LowMemoryAdamW(ps, lr=1e-5, state_dtype=torch.bfloat16),
+              "bf16_moments_grads": lambda ps: LowMemoryAdamW(ps, lr=1e-5, state_dtype=torch.bfloat16,
+                                                              grad_dtype=torch.bfloat16)}
     line: dict = {"model": model, "parameters": sum(s.numel() for s in shapes), "baseline": "foreach"}
     for name, make in makers.items():
         params = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
-        for p in params:
-            p.grad = torch.randn_like(p) * 1e-3
         opt = make(params)
-        opt.step()
+        hooked = isinstance(opt, LowMemoryAdamW) and opt.holds_grads
         times = []
-        for _ in range(repeats):
+        for k in range(repeats + 1):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
             t0 = time.perf_counter()
+            if hooked:  # what backward's hooks do as each gradient is accumulated
+                for p in params:
+                    opt._take_grad(p)
+            clip_gradients(params, opt, 1e-4)
             opt.step()
-            times.append(time.perf_counter() - t0)
+            opt.zero_grad(set_to_none=True)
+            if k:
+                times.append(time.perf_counter() - t0)
         line[f"{name}_step_s"] = round(min(times), 3)
         del opt, params
     for name in makers:
@@ -135,7 +146,8 @@ def main() -> None:
                     help="comma-separated, the first is the baseline of the ratios")
     ap.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # one measurement
     ap.add_argument("--optimizer-only", action="store_true",
-                    help="time the optimizer step alone (foreach, fused, bfloat16 moments) and exit")
+                    help="time the optimizer's work alone (clip and step; foreach, fused, bfloat16 moments, bfloat16 "
+                         "moments and gradients) and exit")
     a = ap.parse_args()
     if a.optimizer_only:
         print(json.dumps(optimizer_only(a.model, max(3, a.repeats))))

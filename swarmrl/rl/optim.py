@@ -8,10 +8,11 @@ two moments (8): on SmolLM2-135M that is 2.15 GB before any activation. ``build_
   denominator; ``benchmarks/rl/memory.py`` measures both);
 - ``LowMemoryAdamW`` when ``optim.state_dtype`` or ``optim.grad_dtype`` is ``bfloat16``: the same update, with the
   moments (``state_dtype``) and / or the gradients between the backward pass and the step (``grad_dtype``) held in
-  bfloat16, 2 bytes each instead of 4. Its arithmetic is float32, ``CHUNK`` elements at a time, so its temporaries
-  stay in the CPU's cache. bfloat16 moments are what DeepSeek-V3 trained with (its technical report, on
-  low-precision storage: no observable degradation); the gradients are rounded once, when their last micro-batch
-  is accumulated, and the clipping norm is computed from them in float32.
+  bfloat16, 2 bytes each instead of 4. Its arithmetic is torch's fused AdamW kernel on float32 slices of ``CHUNK``
+  elements, which stay in the CPU's cache (the clip's scale applied to each slice on the way in). bfloat16
+  moments are what DeepSeek-V3 trained with (its technical report, on low-precision storage: no observable
+  degradation); the gradients are rounded once, when their last micro-batch is accumulated, and the clipping norm
+  is taken from them in float32 before that rounding.
 
 Why not an 8-bit optimizer from a library: in a probe on SmolLM2-135M (one thread, no checkpointing)
 bitsandbytes 0.50's CPU AdamW8bit took ~3.5 s a step and torchao 0.18's AdamW8bit ~5.4 s (after a 45 s
@@ -29,17 +30,22 @@ from collections.abc import Iterable
 import torch
 
 CHUNK = 1 << 16  # elements per slice of LowMemoryAdamW's float32 arithmetic (256 KB a temporary: they stay in
-# the CPU's cache; benchmarks/rl/memory.py --optimizer-only times it against torch's AdamW)
+# the CPU's cache; 16K and 256K-1M slices were slower on SmolLM2's step; benchmarks/rl/memory.py --optimizer-only
+# times it against torch's AdamW)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class LowMemoryAdamW(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay, bias-corrected moments: ``torch.optim.AdamW``'s update) with its moments in
-    ``state_dtype`` and, when ``grad_dtype`` is bfloat16, the gradients moved off ``param.grad`` into bfloat16
-    buffers as soon as backward has accumulated them (a hook per parameter), so the float32 gradients of the whole
-    model never exist at once. Those buffers are what ``step`` reads, ``clip_`` scales and ``zero_grad`` drops;
-    a ``param.grad`` that is set (a state loader's zero step) is used too."""
+    """AdamW (decoupled weight decay, bias-corrected moments: ``torch.optim.AdamW``'s update, made by torch's own
+    fused kernel) with its moments in ``state_dtype`` and, when ``grad_dtype`` is bfloat16, the gradients moved off
+    ``param.grad`` into bfloat16 buffers as soon as backward has accumulated them (a hook per parameter), so the
+    float32 gradients of the whole model never exist at once. Those buffers (``grads``) are what ``step`` reads
+    and ``zero_grad`` drops (kept from one step to the next they would be resident through the next forward pass,
+    where the activations peak: +0.2 GB on SmolLM2). The hook also keeps each gradient's squared norm, taken in
+    float32 before rounding, so ``grad_norm`` reads no buffer again, and ``clip_`` leaves its scale for ``step`` to
+    apply to each slice it has in float32 anyway. A ``param.grad`` that is set (a state loader's zero step) is
+    used too."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
@@ -47,6 +53,8 @@ class LowMemoryAdamW(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.state_dtype, self.grad_dtype = state_dtype, grad_dtype
         self.grads: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._sq: dict[torch.nn.Parameter, float] = {}  # squared norm of each gradient in ``grads``
+        self._scale = 1.0  # left by clip_ for step
         self._hooks = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -78,51 +86,57 @@ class LowMemoryAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _take_grad(self, p: torch.nn.Parameter) -> None:
-        buf = self.grads.get(p)
-        if buf is None:
-            self.grads[p] = p.grad.to(self.grad_dtype)
-        else:  # a later micro-batch: summed in float32, rounded once
-            buf.copy_(buf.float().add_(p.grad))
+        if p in self.grads:  # a later micro-batch: summed in float32, rounded once
+            total = self.grads[p].float().add_(p.grad)
+            self.grads[p].copy_(total)
+        else:
+            total = p.grad
+            self.grads[p] = total.to(self.grad_dtype)
+        # a Python float: 0-d tensors kept through backward sit among the freed activations in the heap and kept
+        # ~0.1 GB of it from being handed back (SmolLM2's peak, benchmarks/rl/memory.py)
+        self._sq[p] = float(torch.linalg.vector_norm(total)) ** 2
         p.grad = None
 
     def gradient(self, p: torch.nn.Parameter) -> torch.Tensor | None:
+        """``p``'s gradient as held (before the scale ``clip_`` leaves for ``step``)."""
         return self.grads.get(p, p.grad)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.grads.clear()
+        self._sq.clear()
+        self._scale = 1.0
         super().zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()
     def grad_norm(self) -> torch.Tensor:
-        """The L2 norm over every gradient, computed in float32."""
+        """The L2 norm over every gradient, in float32 (as held, before a pending clip)."""
         sq = torch.zeros((), dtype=torch.float32)
         for group in self.param_groups:
             for p in group["params"]:
-                g = self.gradient(p)
-                if g is not None:
+                if p in self._sq:
+                    sq += self._sq[p]
+                elif (g := self.gradient(p)) is not None:
                     sq += torch.linalg.vector_norm(g, dtype=torch.float32).square()
         return sq.sqrt()
 
     @torch.no_grad()
     def clip_(self, max_norm: float) -> float:
-        """Scale every gradient so their global norm is at most ``max_norm``; returns the norm before (the
-        contract of ``torch.nn.utils.clip_grad_norm_``)."""
+        """Clip the global norm to at most ``max_norm``: ``step`` scales every gradient as it reads it (the
+        contract of ``torch.nn.utils.clip_grad_norm_`` for the update; no pass of its own over the gradients).
+        Returns the norm before; a non-finite norm scales nothing."""
         norm = float(self.grad_norm())
-        if math.isfinite(norm) and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for group in self.param_groups:
-                for p in group["params"]:
-                    g = self.gradient(p)
-                    if g is not None:
-                        g.mul_(scale)
+        self._scale = max_norm / (norm + 1e-6) if math.isfinite(norm) and norm > max_norm else 1.0
         return norm
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001, ANN201 (torch's signature)
         loss = closure() if closure is not None else None
+        scale = self._scale
+        bufs = [torch.empty(CHUNK, dtype=torch.float32) for _ in range(3)]  # gradient, moments: float32 slices
         for group in self.param_groups:
             b1, b2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            hyper = {"lr": group["lr"], "beta1": b1, "beta2": b2, "weight_decay": group["weight_decay"],
+                     "eps": group["eps"], "amsgrad": False, "maximize": False}
             for p in group["params"]:
                 g = self.gradient(p)
                 if g is None:
@@ -134,27 +148,20 @@ class LowMemoryAdamW(torch.optim.Optimizer):
                     st["exp_avg_sq"] = torch.zeros_like(p, dtype=self.state_dtype,
                                                         memory_format=torch.preserve_format)
                 st["step"] += 1
-                t = float(st["step"])
-                step_size = lr / (1 - b1 ** t)
-                root_bc2 = math.sqrt(1 - b2 ** t)
-                flat = (x.view(-1) for x in (p, g, st["exp_avg"], st["exp_avg_sq"]))
-                pf, gf, mf, vf = flat
+                steps = [st["step"]]
+                pf, gf, mf, vf = (x.view(-1) for x in (p, g, st["exp_avg"], st["exp_avg_sq"]))
                 for i in range(0, pf.numel(), CHUNK):
                     s = slice(i, i + CHUNK)
-                    gc = gf[s].float()
-                    m = mf[s].float().lerp_(gc, 1 - b1)  # a copy when the state is bfloat16, in place when float32
-                    v = vf[s].float().mul_(b2).addcmul_(gc, gc, value=1 - b2)
-                    if m.data_ptr() != mf[s].data_ptr():
-                        mf[s].copy_(m)
-                        vf[s].copy_(v)
-                        denom = v.sqrt_()
-                    else:
-                        denom = v.sqrt()
-                    # m / (sqrt(v) / c + eps) = c * m / (sqrt(v) + c * eps): one pass fewer than torch's form
-                    denom.add_(eps * root_bc2)
-                    if wd:
-                        pf[s].mul_(1 - lr * wd)
-                    pf[s].addcdiv_(m, denom, value=-step_size * root_bc2)
+                    n = pf[s].numel()
+                    gc, mc, vc = (x[s] if x.dtype == torch.float32 else b[:n].copy_(x[s])
+                                  for x, b in zip((gf, mf, vf), bufs))
+                    if scale != 1.0:
+                        gc = (gc if gc.data_ptr() != gf[s].data_ptr() else bufs[0][:n].copy_(gc)).mul_(scale)
+                    # torch.optim.AdamW(fused=True)'s own kernel, on float32 slices that stay in the CPU's cache
+                    torch._fused_adamw_([pf[s]], [gc], [mc], [vc], [], steps, **hyper)
+                    if mc.data_ptr() != mf[s].data_ptr():
+                        mf[s].copy_(mc)
+                        vf[s].copy_(vc)
         return loss
 
 
@@ -170,12 +177,14 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tupl
     params = list(params)
     if state_dtype == "float32" and grad_dtype == "float32":
         fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
-    if sharded:
+        opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
+    elif sharded:
         raise ValueError("optim.state_dtype / optim.grad_dtype bfloat16 is for one whole copy of the model: "
                          "under trainer.parallel = 'fsdp2' the optimizer state is already sharded; use float32")
-    return LowMemoryAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=DTYPES[state_dtype],
-                          grad_dtype=DTYPES[grad_dtype])
+    else:
+        opt = LowMemoryAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=DTYPES[state_dtype],
+                             grad_dtype=DTYPES[grad_dtype])
+    return opt
 
 
 def clip_gradients(parameters: Iterable[torch.nn.Parameter], opt: torch.optim.Optimizer, max_norm: float) -> float:
