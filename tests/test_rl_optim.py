@@ -158,6 +158,23 @@ def test_build_optimizer_picks_fused_adamw_for_float32_and_refuses_bfloat16_when
         LowMemoryAdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_step_is_seen_by_what_caches_work_on_the_weights(tiny_model_dir, dtype):
+    """The fused kernel writes the weights without bumping their version counters: the trainer's in-process
+    evaluations sampled from the static decoder's copies of the weights before the first step (the main job's
+    held-out curve stayed flat while the final evaluation, from the saved weights, had learned)."""
+    from swarmrl.inference.static_decoder import StaticDecoder
+    from swarmrl.models.io import load_model
+
+    model = load_model(tiny_model_dir)
+    opt = build_optimizer(model.parameters(), 1e-2, (0.9, 0.99), 0.0, state_dtype=dtype, grad_dtype=dtype)
+    before = StaticDecoder.for_model(model)
+    assert StaticDecoder.for_model(model) is before  # unchanged weights: the same copies
+    model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits.float().square().mean().backward()
+    opt.step()
+    assert StaticDecoder.for_model(model) is not before
+
+
 def test_a_trainer_with_bfloat16_state_and_gradients_trains_saves_and_resumes(tmp_path, tiny_model_dir):
     from test_rl_trainer_parts import MemorySource, _cfg
 

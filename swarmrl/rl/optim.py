@@ -184,7 +184,16 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tupl
     else:
         opt = LowMemoryAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=DTYPES[state_dtype],
                              grad_dtype=DTYPES[grad_dtype])
+    opt.register_step_post_hook(_mark_updated)
     return opt
+
+
+def _mark_updated(opt: torch.optim.Optimizer, _args: tuple, _kwargs: dict) -> None:
+    """Count the step as an in-place change of every parameter. The fused AdamW kernel writes the weights without
+    bumping their version counters (torch 2.13), and what caches work derived from the weights keys it on them:
+    the static decoder's weight copies (``swarmrl.inference.static_decoder``) would otherwise sample the trainer's
+    in-process evaluations from the weights before the first step."""
+    torch.autograd.graph.increment_version([p for g in opt.param_groups for p in g["params"]])
 
 
 def clip_gradients(parameters: Iterable[torch.nn.Parameter], opt: torch.optim.Optimizer, max_norm: float) -> float:
