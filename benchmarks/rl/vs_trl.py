@@ -17,12 +17,15 @@ Reported (a table on stderr, one JSON line on stdout, ``<out>/results.json``): e
 held-out accuracy at the end of the budget (TRL's, or the first system's when ``trl`` is not run, e.g. LoRA against
 full fine-tuning); each system's time to reach it (linear between snapshots) and its ratio to the budget; each
 system's held-out gain at the budget and its ratio to the reference's; standard errors (binomial,
-sqrt(p(1-p)/n); a gain's error combines its two ends).
+sqrt(p(1-p)/n); a gain's error combines its two ends). With ``--seeds`` every system runs once per seed (seed by
+seed, the systems in turn) and a system's curve is its seeds' mean at the snapshot marks and the budget; each seed's
+end point is listed too, with the standard error of the mean gain from the seeds' spread (``gain_seed_se``: the
+runs' own variance, which the binomial error of the evaluation leaves out).
 
     python benchmarks/rl/vs_trl.py --config configs/smollm2.toml --minutes 15 \\
         --set 'rl.contract.task.params={digits=2, prompt="What is {expr}? Answer with just the number.", answer="last_number"}' \\
         --set rl.sampling.max_new_tokens=16 --set rl.eval.max_new_tokens=16
-    python benchmarks/rl/vs_trl.py --config configs/run.toml --minutes 3 --systems trl,local
+    python benchmarks/rl/vs_trl.py --config configs/run.toml --minutes 3 --systems trl,local --seeds 0,1
     python benchmarks/rl/vs_trl.py --config configs/smollm2_lora.toml --minutes 10 \
         --systems 'full=swarm:rl.lora.enabled=false;rl.optim.lr=1e-5,lora=swarm'
 """
@@ -34,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -186,6 +190,8 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=512)
     ap.add_argument("--trl-python", default=str(REPO / ".venv-trl/bin/python"))
     ap.add_argument("--trl-threads", type=int, default=0, help="torch threads for TRL (0: torch's default)")
+    ap.add_argument("--seeds", default="", help="e.g. 0,1: every system once per seed (rl.seed, TRL's seed too); "
+                                                "curves, gains and times to target are the seeds' mean")
     ap.add_argument("--out", default="runs/vs_trl")
     a = ap.parse_args()
 
@@ -196,46 +202,69 @@ def main() -> None:
     budget = a.minutes * 60.0
     marks = [round(budget * k / a.marks, 1) for k in range(1, a.marks)]
     out = Path(a.out)
-    systems = a.systems.split(",")
+    seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else [cfg.rl.seed]
     runs: dict[str, dict] = json.loads((out / "runs.json").read_text()) if a.resume else {}
     specs = {}
-    for tok in systems:
+    for tok in a.systems.split(","):
         name, _, rest = tok.partition("=")
         mode, _, extra = rest.partition(":")
         specs[name] = (mode or name, [x for x in extra.split(";") if x])
     systems = list(specs)
-    for s, (mode, extra) in specs.items():
-        if s in runs:
-            continue
-        _say(f"== {s}: {a.minutes} min")
-        runs[s] = (run_trl(cfg, marks, a.minutes, out / s, a.trl_python, a.trl_threads) if mode == "trl"
-                   else run_ours(s, mode, Path(a.config), a.set + extra, marks, a.minutes, out / s))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "runs.json").write_text(json.dumps(runs, indent=1))
+
+    def key(s: str, seed: int) -> str:  # a run's name: the system's alone when there is one seed
+        return s if len(seeds) == 1 else f"{s}@{seed}"
+
+    for seed in seeds:  # seed by seed, each system in turn: the machine drifts across the sitting, not the systems
+        for s, (mode, extra) in specs.items():
+            k = key(s, seed)
+            if k in runs:
+                continue
+            sets = a.set + extra + ([f"rl.seed={seed}"] if a.seeds else [])
+            _say(f"== {k}: {a.minutes} min")
+            runs[k] = (run_trl(load_config(RunConfig, Path(a.config), sets), marks, a.minutes, out / k, a.trl_python,
+                               a.trl_threads) if mode == "trl"
+                       else run_ours(k, mode, Path(a.config), sets, marks, a.minutes, out / k))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "runs.json").write_text(json.dumps(runs, indent=1))
     _say(f"== evaluating every snapshot on {a.eval_n} held-out items")
     acc0 = evaluate_dir(cfg, cfg.rl.model, a.eval_n)
-    curves: dict[str, list[tuple[float, float]]] = {}
+    seed_curves: dict[str, list[list[tuple[float, float]]]] = {}
     for s in systems:
-        r = runs[s]
-        curves[s] = [(0.0, acc0)]
-        for sn in r["snapshots"]:
-            sn["accuracy"] = evaluate_dir(cfg, sn["dir"], a.eval_n)
-            curves[s].append((sn["wall_s"], sn["accuracy"]))
-            _say(f"{s} t={sn['wall_s']:.0f}s step {sn['step']}: {sn['accuracy']:.3f}")
-    n = a.eval_n
+        seed_curves[s] = []
+        for seed in seeds:
+            r = runs[key(s, seed)]
+            c = [(0.0, acc0)]
+            for sn in r["snapshots"]:
+                sn["accuracy"] = evaluate_dir(cfg, sn["dir"], a.eval_n)
+                c.append((sn["wall_s"], sn["accuracy"]))
+                _say(f"{key(s, seed)} t={sn['wall_s']:.0f}s step {sn['step']}: {sn['accuracy']:.3f}")
+            seed_curves[s].append(c)
+    grid = [0.0, *marks, budget]  # several seeds: their mean, at the marks and the budget
+    curves = {s: cs[0] if len(cs) == 1 else [(t, sum(interpolate(c, t) for c in cs) / len(cs)) for t in grid]
+              for s, cs in seed_curves.items()}
+    n, k_seeds = a.eval_n, len(seeds)
     ref = "trl" if "trl" in systems else systems[0]  # the reference: its accuracy at the budget is the target
     target = interpolate(curves[ref], budget)
-    res: dict = {"config": a.config, "sets": a.set, "minutes": a.minutes, "eval_n": n, "initial": acc0,
-                 "initial_se": round(se(acc0, n), 4), "reference": ref, "target": round(target, 4)}
+    res: dict = {"config": a.config, "sets": a.set, "minutes": a.minutes, "eval_n": n, "seeds": seeds,
+                 "initial": acc0, "initial_se": round(se(acc0, n), 4), "reference": ref, "target": round(target, 4)}
     for s in systems:
         at = interpolate(curves[s], budget)
+        ends = [interpolate(c, budget) for c in seed_curves[s]]
+        at_se = math.sqrt(sum(se(x, n) ** 2 for x in ends)) / k_seeds  # binomial, of the mean over the seeds
         tt = time_to(curves[s], target)
+        rs = [runs[key(s, seed)] for seed in seeds]
         res[s] = {"curve": [(round(t, 1), round(acc, 4)) for t, acc in curves[s]], "at_budget": round(at, 4),
-                  "at_budget_se": round(se(at, n), 4), "gain": round(at - acc0, 4),
-                  "gain_se": round(math.hypot(se(at, n), se(acc0, n)), 4),
+                  "at_budget_se": round(at_se, 4), "gain": round(at - acc0, 4),
+                  "gain_se": round(math.hypot(at_se, se(acc0, n)), 4),
                   "time_to_target_s": round(tt, 1) if tt is not None else None,
                   "time_to_target_over_budget": round(tt / budget, 3) if tt is not None else None,
-                  **{k: v for k, v in runs[s].items() if k not in ("snapshots", "system", "dir")}}
+                  **{k: v for k, v in rs[0].items() if k not in ("snapshots", "system", "dir")}}  # several
+        # seeds: the run fields (peak RSS, waiting) are the first seed's, the steps their mean (below)
+        if k_seeds > 1:  # the seeds' spread: a standard error of the mean gain that counts the runs' variance
+            res[s]["gain_seed_se"] = round(statistics.stdev(ends) / math.sqrt(k_seeds), 4)
+            res[s]["steps"] = round(sum(r["steps"] for r in rs) / k_seeds, 1)
+            res[s]["per_seed"] = [{"seed": seed, "steps": r["steps"], "at_budget": round(e, 4),
+                                   "gain": round(e - acc0, 4)} for seed, r, e in zip(seeds, rs, ends)]
     for s in systems:
         if s != ref:
             g = res[ref]["gain"]
@@ -247,7 +276,9 @@ def main() -> None:
         r = res[s]
         tt = r["time_to_target_s"]
         _say(f"{s:>6} {r['steps']:>6} {r['at_budget']:>8.3f}+-{r['at_budget_se']:.3f} {r['gain']:>+8.3f}+-{r['gain_se']:.3f}"
-             f" {('%.0f s' % tt) if tt is not None else 'not reached':>15} {r['time_to_target_over_budget'] or '':>9}")
+             f" {('%.0f s' % tt) if tt is not None else 'not reached':>15} {r['time_to_target_over_budget'] or '':>9}"
+             + (f"  seeds: gains {', '.join('%+.3f' % x['gain'] for x in r['per_seed'])}, "
+                f"their standard error {r['gain_seed_se']:.3f}" if "per_seed" in r else ""))
     print(json.dumps(res))
 
 
