@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ T0 = time.monotonic()
 
 
 def main() -> None:
+    from swarmrl.utils.memory import peak_rss_mb
     from swarmrl.utils.procs import adopt_parent_death
 
     adopt_parent_death()  # vs_trl.py started this process: it dies with it
@@ -93,7 +93,7 @@ def main() -> None:
     tok.save_pretrained(d)
     snaps.append({"mark_s": None, "wall_s": round(now, 2), "step": trainer.state.global_step, "dir": str(d)})
     print(json.dumps({"system": "trl", "steps": trainer.state.global_step, "wall_s": round(now, 2), "snapshots": snaps,
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+                      "peak_rss_mb": peak_rss_mb()}))
 
 
 if __name__ == "__main__":

@@ -133,6 +133,7 @@ class LowMemoryAdamW(torch.optim.Optimizer):
         loss = closure() if closure is not None else None
         scale = self._scale
         bufs = [torch.empty(CHUNK, dtype=torch.float32) for _ in range(3)]  # gradient, moments: float32 slices
+        stepped = []
         for group in self.param_groups:
             b1, b2 = group["betas"]
             hyper = {"lr": group["lr"], "beta1": b1, "beta2": b2, "weight_decay": group["weight_decay"],
@@ -162,6 +163,8 @@ class LowMemoryAdamW(torch.optim.Optimizer):
                     if mc.data_ptr() != mf[s].data_ptr():
                         mf[s].copy_(mc)
                         vf[s].copy_(vc)
+                stepped.append(p)
+        mark_updated(stepped)
         return loss
 
 
@@ -178,22 +181,24 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tupl
     if state_dtype == "float32" and grad_dtype == "float32":
         fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
         opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
-    elif sharded:
+        if fused:
+            opt.register_step_post_hook(
+                lambda o, _args, _kwargs: mark_updated([p for g in o.param_groups for p in g["params"]]))
+        return opt
+    if sharded:
         raise ValueError("optim.state_dtype / optim.grad_dtype bfloat16 is for one whole copy of the model: "
                          "under trainer.parallel = 'fsdp2' the optimizer state is already sharded; use float32")
-    else:
-        opt = LowMemoryAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=DTYPES[state_dtype],
-                             grad_dtype=DTYPES[grad_dtype])
-    opt.register_step_post_hook(_mark_updated)
-    return opt
+    return LowMemoryAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, state_dtype=DTYPES[state_dtype],
+                          grad_dtype=DTYPES[grad_dtype])
 
 
-def _mark_updated(opt: torch.optim.Optimizer, _args: tuple, _kwargs: dict) -> None:
-    """Count the step as an in-place change of every parameter. The fused AdamW kernel writes the weights without
+def mark_updated(params: list[torch.nn.Parameter]) -> None:
+    """Count a fused step as an in-place change of ``params``. The fused AdamW kernel writes the weights without
     bumping their version counters (torch 2.13), and what caches work derived from the weights keys it on them:
     the static decoder's weight copies (``swarmrl.inference.static_decoder``) would otherwise sample the trainer's
-    in-process evaluations from the weights before the first step."""
-    torch.autograd.graph.increment_version([p for g in opt.param_groups for p in g["params"]])
+    in-process evaluations from the weights before the first step. ``LowMemoryAdamW.step`` calls it; torch's
+    fused AdamW gets it as a step hook from ``build_optimizer``."""
+    torch.autograd.graph.increment_version(params)
 
 
 def clip_gradients(parameters: Iterable[torch.nn.Parameter], opt: torch.optim.Optimizer, max_norm: float) -> float:
