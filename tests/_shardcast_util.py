@@ -7,7 +7,7 @@ import os
 import socket
 from pathlib import Path
 
-from swarmrl.shardcast.client import hash_file
+from swarmrl.shardcast.client.fetch import hash_file
 
 
 def make_file(path: Path, size: int, seed: int = 0) -> Path:

@@ -99,7 +99,7 @@ def test_fetch_loads_only_what_it_uses(tmp_path: Path) -> None:
     """`shardcast fetch`, piped (the benchmark's case): no rich (the result is one plain line), no other command's
     config models or server code, no key-file (PEM) support; the result line is whole, not wrapped."""
     from swarmrl.shardcast import Origin
-    from swarmrl.shardcast.client import hash_file
+    from swarmrl.shardcast.client.fetch import hash_file
     from swarmrl.shardcast.signing import keygen
 
     pub = keygen(tmp_path / "origin.key")
@@ -109,7 +109,7 @@ def test_fetch_loads_only_what_it_uses(tmp_path: Path) -> None:
     o.publish_sync(src, 4)
     url = o.serve()
     unused = ["rich", "swarmrl.shardcast.config", "swarmrl.utils.serving", "cryptography.hazmat.primitives.serialization",
-              "swarmrl.shardcast.server", "swarmrl.shardcast.relay", "swarmrl.shardcast.origin",
+              "swarmrl.shardcast.server.shard_server", "swarmrl.shardcast.server.relay", "swarmrl.shardcast.server.origin",
               # the other command modules: only the one naming the command line's first word is registered
               "swarmrl.cli.rl", "swarmrl.cli.toploc", "swarmrl.cli.protocol", "swarmrl.cli.diloco",
               "swarmrl.cli.models", "swarmrl.cli.train"]

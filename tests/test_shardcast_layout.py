@@ -147,7 +147,7 @@ def test_origin_publishes_again_a_version_whose_publication_crashed(tmp_path):
     a crash after the rename but before distribution.txt is repaired at start."""
     from swarmrl.shardcast import Origin
     from swarmrl.shardcast.layout import DISTRIBUTION_NAME, parse_distribution
-    from swarmrl.shardcast.origin import STATE_NAME
+    from swarmrl.shardcast.server.origin import STATE_NAME
 
     ckpt = tmp_path / "model.bin"
     ckpt.write_bytes(bytes(range(256)) * 12)

@@ -1,4 +1,4 @@
-"""SHARDCAST client data path: buffers lent to writer threads (rawget), writes and hashes off the event loop
+"""SHARDCAST client data path: buffers lent to writer threads (http_get), writes and hashes off the event loop
 (download), and the whole-file hash fed from those buffers where it stands (real servers on 127.0.0.1)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from _shardcast_util import make_file, same_file
 from aiohttp import web
 
 from swarmrl.shardcast import FetchError, Origin, fetch_async
-from swarmrl.shardcast import download as dl
+from swarmrl.shardcast.client import download as dl
+from swarmrl.shardcast.client.http_get import BUFFERS, RawPool
+from swarmrl.shardcast.client.pool import ServerPool, discover, get_manifest, new_session
+from swarmrl.shardcast.client.wholehash import InOrderHasher
 from swarmrl.shardcast.layout import Manifest, ShardInfo
-from swarmrl.shardcast.pool import ServerPool, discover, get_manifest, new_session
-from swarmrl.shardcast.rawget import BUFFERS, RawPool
-from swarmrl.shardcast.wholehash import InOrderHasher
 
 SHARD = 1 << 20
 
@@ -269,9 +269,9 @@ def test_the_output_is_reserved_up_front_or_extended_where_it_cannot_be(tmp_path
 
 
 def test_body_buffers_are_reused_across_requests_and_the_spares_stay_bounded():
-    from swarmrl.shardcast import rawget
+    from swarmrl.shardcast.client import http_get
 
-    body = random.Random(11).randbytes(3 * rawget.BUFFER + 999)
+    body = random.Random(11).randbytes(3 * http_get.BUFFER + 999)
 
     async def main() -> None:
         runner, url = await _body_server(body)
@@ -287,10 +287,10 @@ def test_body_buffers_are_reused_across_requests_and_the_spares_stay_bounded():
 
                 await pool.get(url, {}, lambda resp: len(body), on_data)
                 assert b"".join(got) == body
-                assert len(rawget._spare) <= rawget.SPARE
+                assert len(http_get._spare) <= http_get.SPARE
         pool.close()
         await runner.cleanup()
         # two buffers per request at most, and the later requests took the first one's buffers back
-        assert len({id(o) for o in seen}) <= rawget.BUFFERS
+        assert len({id(o) for o in seen}) <= http_get.BUFFERS
 
     asyncio.run(main())

@@ -31,7 +31,7 @@ from swarmrl.models import ModelInitConfig, init_model, load_model, load_tokeniz
 from swarmrl.rl.config import LoraSection
 from swarmrl.rl.lora import LoraPolicy
 from swarmrl.shardcast import Origin, fetch
-from swarmrl.shardcast.relay import Relay
+from swarmrl.shardcast.server.relay import Relay
 
 
 def version_files(model_dir: Path, out: Path) -> dict[str, Path]:

@@ -71,7 +71,7 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
         _private_key(key)
     import asyncio  # noqa: PLC0415  # lazy: startup
 
-    from swarmrl.shardcast.server import ShardServer  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.server.shard_server import ShardServer  # noqa: PLC0415  # lazy: startup
     from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
@@ -111,7 +111,7 @@ def publish_cmd(file: Annotated[Path, typer.Argument(help="Checkpoint file (e.g.
         fail(f"checkpoint file not found: {file} (give the path of an existing file to publish)")
     if cfg.key and Path(cfg.key).exists():
         _private_key(Path(cfg.key))
-    from swarmrl.shardcast.origin import Origin  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.server.origin import Origin  # noqa: PLC0415  # lazy: startup
 
     origin = Origin(cfg.dir, key=cfg.key, keep=cfg.keep, shard_size=cfg.shard_size)
     try:
@@ -141,7 +141,7 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
     check_port(cfg.host, cfg.port)
     import asyncio  # noqa: PLC0415  # lazy: startup
 
-    from swarmrl.shardcast.relay import Relay  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.server.relay import Relay  # noqa: PLC0415  # lazy: startup
     from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
@@ -174,7 +174,7 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
                                                      "that same untrusted server is checked.")] = False,
               config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False) -> None:
     """Fetch and verify one version into --out. Server URLs may be host:port (http:// is assumed)."""
-    from swarmrl.shardcast.fetch_config import FetchConfig  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.client.config import FetchConfig  # noqa: PLC0415  # lazy: startup
 
     if version is not None and not (version.isdigit() or version == "latest"):
         fail(f"--version {version!r}: expected a version number (e.g. 12, no 'v') or 'latest'")
@@ -186,7 +186,7 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
     if cfg.insecure:
         typer.echo("WARNING: --insecure: a version without a signed manifest (SHARDCAST 0.3.x server) is accepted "
                    "on its whole-file checksum alone, which the same untrusted server supplies.", err=True)
-    from swarmrl.shardcast.client import FetchError, fetch  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.client.fetch import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
     kwargs = {"version": cfg.version, "parallel": cfg.parallel, "max_attempts": cfg.max_attempts,
               "max_server_failures": cfg.max_server_failures, "wait_s": cfg.wait_s, "verify_whole": cfg.verify_whole,

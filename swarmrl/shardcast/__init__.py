@@ -27,11 +27,11 @@ from swarmrl.utils.lazy import lazy_exports
 # Attributes load on first use: importing the package (e.g. for ``swarmrl.shardcast.config``) must not
 # pull in aiohttp.
 _EXPORTS = {
-    "Origin": "swarmrl.shardcast.origin", "PublishResult": "swarmrl.shardcast.origin",
-    "Relay": "swarmrl.shardcast.relay",
-    "fetch": "swarmrl.shardcast.client", "fetch_async": "swarmrl.shardcast.client",
-    "FetchResult": "swarmrl.shardcast.client", "FetchError": "swarmrl.shardcast.client",
-    "ShardServer": "swarmrl.shardcast.server", "BackgroundLoop": "swarmrl.shardcast.server",
+    "Origin": "swarmrl.shardcast.server.origin", "PublishResult": "swarmrl.shardcast.server.origin",
+    "Relay": "swarmrl.shardcast.server.relay",
+    "fetch": "swarmrl.shardcast.client.fetch", "fetch_async": "swarmrl.shardcast.client.fetch",
+    "FetchResult": "swarmrl.shardcast.client.fetch", "FetchError": "swarmrl.shardcast.client.fetch",
+    "ShardServer": "swarmrl.shardcast.server.shard_server", "BackgroundLoop": "swarmrl.shardcast.server.shard_server",
     "Manifest": "swarmrl.shardcast.layout", "LayoutError": "swarmrl.shardcast.layout",
     "DEFAULT_SHARD_SIZE": "swarmrl.shardcast.layout",
     "SignatureError": "swarmrl.shardcast.signing", "keygen": "swarmrl.shardcast.signing",

@@ -1,5 +1,5 @@
 """Settings of the shardcast commands (StrictModel: unknown keys are errors). ``FetchConfig`` lives in
-``fetch_config`` (re-exported here), so `swarmrl shardcast fetch` builds only its own model at start-up."""
+``client.config`` (re-exported here), so `swarmrl shardcast fetch` builds only its own model at start-up."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Optional
 from pydantic import Field, field_validator
 
 from swarmrl.config import StrictModel
-from swarmrl.shardcast.fetch_config import FetchConfig
+from swarmrl.shardcast.client.config import FetchConfig
 from swarmrl.shardcast.layout import DEFAULT_SHARD_SIZE
 from swarmrl.shardcast.urls import normalize_urls
 from swarmrl.utils.serving import ConnLimits
 
 __all__ = ["OriginConfig", "PublishConfig", "RelayConfig", "FetchConfig", "SHARDCAST_LIMITS", "ServerLimits"]
 
-# Connection limits of SHARDCAST servers (swarmrl.utils.serving, swarmrl.shardcast.guard). Downstream relays fetch
+# Connection limits of SHARDCAST servers (swarmrl.utils.serving, swarmrl.shardcast.server.guard). Downstream relays fetch
 # with up to 64 parallel connections and aiohttp clients keep idle connections 15 s, so a SHARDCAST server allows
 # more per address than the orchestrator and closes idle ones only after a client would have.
 SHARDCAST_LIMITS = ConnLimits(max_connections_per_ip=128, idle_timeout_s=30.0)

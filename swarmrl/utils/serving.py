@@ -8,7 +8,7 @@ Against slowloris (many connections that send half a request and wait) and plain
   (``trust``: a signed, authenticated call on the orchestrator; a successful GET on SHARDCAST), so an
   attacker filling every other slot from many addresses still leaves room for registered nodes;
 * deadlines (enforced by the server adapters, ``swarmrl.protocol.orchestrator.guard`` and
-  ``swarmrl.shardcast.guard``): a request head must arrive within ``header_timeout_s`` of the connection
+  ``swarmrl.shardcast.server.guard``): a request head must arrive within ``header_timeout_s`` of the connection
   being idle, its body within ``body_timeout_s``, and an idle keep-alive connection is closed after
   ``idle_timeout_s``.
 

@@ -14,16 +14,9 @@ import pytest
 from _shardcast_util import make_file, same_file
 from aiohttp import web
 
-import swarmrl.shardcast
+import swarmrl.shardcast.client.download as download_mod  # the constants it tunes
 from swarmrl.shardcast import FetchError, Origin, fetch_async
 from swarmrl.shardcast.layout import MANIFEST_NAME, shard_name
-
-# where the shard download lives (swarmrl.shardcast.client before the client was split: lets this file run
-# against the old code, whose constants it tunes the same way)
-if (Path(swarmrl.shardcast.__file__).parent / "download.py").is_file():
-    import swarmrl.shardcast.download as download_mod
-else:
-    import swarmrl.shardcast.client as download_mod
 
 SHARD = 64 * 1024
 SIZE = 6 * SHARD + 99

@@ -24,7 +24,7 @@ from typing import Any
 
 import blake3
 
-from swarmrl.shardcast.client import (
+from swarmrl.shardcast.client.fetch import (
     FetchError,
     ServerPool,
     download_shards,
@@ -32,6 +32,7 @@ from swarmrl.shardcast.client import (
     new_session,
     server_versions,
 )
+from swarmrl.shardcast.client.http_get import RawPool
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
     MANIFEST_NAME,
@@ -42,9 +43,8 @@ from swarmrl.shardcast.layout import (
     parse_distribution,
     shard_name,
 )
-from swarmrl.shardcast.metrics import RelayMetrics
-from swarmrl.shardcast.rawget import RawPool
-from swarmrl.shardcast.server import ShardServer
+from swarmrl.shardcast.server.metrics import RelayMetrics
+from swarmrl.shardcast.server.shard_server import ShardServer
 from swarmrl.shardcast.signing import load_public_key, verify_manifest
 from swarmrl.shardcast.urls import normalize_url
 from swarmrl.utils.metrics import MetricsWriter
@@ -52,7 +52,7 @@ from swarmrl.utils.serving import ConnLimits
 
 __all__ = ["Relay"]
 
-log = logging.getLogger("swarmrl.shardcast.relay")
+log = logging.getLogger("swarmrl.shardcast.server.relay")
 
 
 class _RelaySink:

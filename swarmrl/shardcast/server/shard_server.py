@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from swarmrl.shardcast import guard
 from swarmrl.shardcast.config import SHARDCAST_LIMITS
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
@@ -41,8 +40,9 @@ from swarmrl.shardcast.layout import (
     parse_distribution,
     shard_name,
 )
-from swarmrl.shardcast.metrics import ServerMetrics
-from swarmrl.shardcast.streaming import Growing, Pacer
+from swarmrl.shardcast.server import guard
+from swarmrl.shardcast.server.metrics import ServerMetrics
+from swarmrl.shardcast.server.streaming import Growing, Pacer
 from swarmrl.utils.serving import ConnectionGuard, ConnLimits, raise_nofile_limit
 
 __all__ = ["ShardServer", "BackgroundLoop", "ensure_probe_file"]
@@ -77,7 +77,7 @@ class ShardServer:
     another process (``swarmrl shardcast publish``) is picked up within ``watch_s``.
 
     Connections are capped per address and in all, with read deadlines (``limits``, default
-    ``config.SHARDCAST_LIMITS``; see ``swarmrl.shardcast.guard``).
+    ``config.SHARDCAST_LIMITS``; see ``swarmrl.shardcast.server.guard``).
     """
 
     def __init__(self, root: str | Path, *, hold_s: float = 20.0, watch_s: float = 0.2,

@@ -45,7 +45,7 @@ from swarmrl.shardcast.layout import (
     parse_distribution,
     shard_name,
 )
-from swarmrl.shardcast.server import BackgroundLoop, ShardServer, ensure_probe_file
+from swarmrl.shardcast.server.shard_server import BackgroundLoop, ShardServer, ensure_probe_file
 from swarmrl.shardcast.signing import (
     generate_key,
     load_private_key,

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarmrl.shardcast.client.http_get import HTTPStatus, RawPool
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
     MANIFEST_NAME,
@@ -20,7 +21,6 @@ from swarmrl.shardcast.layout import (
     Manifest,
     parse_distribution,
 )
-from swarmrl.shardcast.rawget import HTTPStatus, RawPool
 from swarmrl.shardcast.signing import SignatureError, verify_manifest
 from swarmrl.shardcast.urls import normalize_url
 

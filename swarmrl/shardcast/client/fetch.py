@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarmrl.shardcast.download import (  # noqa: F401  (re-exported)
+from swarmrl.shardcast.client.download import (  # noqa: F401  (re-exported)
     DEFAULT_MIN_BPS,
     STALL_S,
     STALL_WINDOW_S,
@@ -44,8 +44,7 @@ from swarmrl.shardcast.download import (  # noqa: F401  (re-exported)
     Stalled,
     download_shards,
 )
-from swarmrl.shardcast.layout import Manifest, atomic_write
-from swarmrl.shardcast.pool import (  # noqa: F401  (re-exported)
+from swarmrl.shardcast.client.pool import (  # noqa: F401  (re-exported)
     FetchError,
     ManifestNotVerified,
     ServerPool,
@@ -56,8 +55,9 @@ from swarmrl.shardcast.pool import (  # noqa: F401  (re-exported)
     new_session,
     server_versions,
 )
+from swarmrl.shardcast.client.wholehash import InOrderHasher, hash_file
+from swarmrl.shardcast.layout import Manifest, atomic_write
 from swarmrl.shardcast.signing import load_public_key
-from swarmrl.shardcast.wholehash import InOrderHasher, hash_file
 
 __all__ = ["FetchError", "FetchResult", "ManifestNotVerified", "ServerPool", "fetch", "fetch_async", "discover", "get_manifest",
            "download_shards", "ShardSink", "FileSink", "hash_file"]
@@ -93,12 +93,12 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
     server advertises whose signed manifest verifies, and >= ``min_version``). ``wait_s``: keep
     polling that long for the version to appear. ``on_shard(done, total)``: progress callback.
     ``parallel``: shard downloads in flight (default two per server, at most 8).
-    Progress deadline per shard request (``swarmrl.shardcast.download``): headers within ``read_timeout``,
+    Progress deadline per shard request (``swarmrl.shardcast.client.download``): headers within ``read_timeout``,
     then no gap of ``stall_s`` without a byte and at least ``min_bps`` over ``window_s``, else that server
     is dropped for the shard (and out of this fetch when another server has the version).
     ``insecure``: when no server offers a signed manifest for the version (a plain SHARDCAST 0.3.x server), or
     ``origin_pubkey`` is None, fetch it anyway, checked only against the whole-file checksum the same untrusted
-    server lists (``legacy``); a warning goes to stderr. A manifest that is offered but does not verify is still
+    server lists (``unsigned``); a warning goes to stderr. A manifest that is offered but does not verify is still
     an error."""
     t0 = time.perf_counter()
     if origin_pubkey is None and not insecure:
@@ -261,7 +261,7 @@ async def _fetch_unsigned(session: Any, pool: ServerPool, out: Path, want: int |
                           parallel: int, max_attempts: int, read_timeout: float, stall_s: float | None,
                           min_bps: float | None, window_s: float | None, t0: float, deadline: float
                           ) -> FetchResult:
-    from swarmrl.shardcast.legacy import INSECURE_WARNING, fetch_unsigned  # noqa: PLC0415  # rarely used
+    from swarmrl.shardcast.client.unsigned import INSECURE_WARNING, fetch_unsigned  # noqa: PLC0415  # rarely used
 
     res = await fetch_unsigned(session, pool, out, want=want, min_version=min_version, parallel=parallel,
                                max_attempts=max_attempts, read_timeout=read_timeout, stall_s=stall_s,

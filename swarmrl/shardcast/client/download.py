@@ -1,6 +1,6 @@
 """SHARDCAST client, shards: fetching each shard from the best server with resume, per-shard BLAKE3
 checks and exclusion of bad servers (``download_shards``) and the sinks shards are written to (the whole-file
-hash that follows the download is in ``swarmrl.shardcast.wholehash``).
+hash that follows the download is in ``swarmrl.shardcast.client.wholehash``).
 
 Progress deadline: a server must answer a shard request within ``head_s`` (the read timeout, longer than a
 relay's pipelining hold), then keep bytes coming: no byte for ``stall_s`` seconds, or fewer than ``min_bps``
@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import blake3
 
+from swarmrl.shardcast.client.http_get import BadResponse, HTTPStatus, RawPool, RawResponse
+from swarmrl.shardcast.client.pool import FetchError, ServerPool, ServerState, discover
 from swarmrl.shardcast.layout import Manifest, shard_relpath
-from swarmrl.shardcast.pool import FetchError, ServerPool, ServerState, discover
-from swarmrl.shardcast.rawget import BadResponse, HTTPStatus, RawPool, RawResponse
 
 STALL_WINDOW_S = 10.0  # window_s: the window the minimum rate is measured over
 DEFAULT_MIN_BPS = 32 * 1024  # min_bps

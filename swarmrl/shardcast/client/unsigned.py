@@ -22,13 +22,15 @@ from pathlib import Path
 
 import blake3
 
-from swarmrl.shardcast.download import (
+from swarmrl.shardcast.client.download import (
     DEFAULT_MIN_BPS,
     STALL_S,
     STALL_WINDOW_S,
     Stalled,
     _Deadline,
 )
+from swarmrl.shardcast.client.http_get import BadResponse, HTTPStatus, RawPool, RawResponse
+from swarmrl.shardcast.client.pool import FetchError, ServerPool, ServerState
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
     MAX_DISTRIBUTION_BYTES,
@@ -36,8 +38,6 @@ from swarmrl.shardcast.layout import (
     parse_distribution,
     shard_relpath,
 )
-from swarmrl.shardcast.pool import FetchError, ServerPool, ServerState
-from swarmrl.shardcast.rawget import BadResponse, HTTPStatus, RawPool, RawResponse
 
 __all__ = ["UnsignedResult", "fetch_unsigned", "MAX_SHARD_BYTES", "MAX_TOTAL_BYTES"]
 
