@@ -76,16 +76,16 @@ def test_local_plan_and_modes_do_not_leak():
     fixed = derive_local(cfg, ROOT, origin_port=4567)
     assert fixed.rl.shardcast.origin_port == 4567 and fixed.rl.model_copy(update={"shardcast": cfg.rl.shardcast}) == cfg.rl
     assert [r.name for r in plan.roles] == ["trainer", "w0", "w1", "w2"]
-    assert {r.budget for r in plan.roles[1:]} == {"workers"} and plan.roles[1].max_restarts == 7
+    assert {r.restart_group for r in plan.roles[1:]} == {"workers"} and plan.roles[1].max_restarts == 7
     assert plan.orchestrator is None and list(plan.files) == ["rl.toml"]
     relays, urls = relay_roles(2, ROOT, "http://127.0.0.1:1", "ab" * 32, [11, 12], restart="never")
     assert urls == ["http://127.0.0.1:11", "http://127.0.0.1:12"] and all(r.restart == "never" for r in relays)
     assert relays[1].argv[relays[1].argv.index("--upstream") + 1] == "http://127.0.0.1:1"
 
 
-def test_supervisor_restarts_within_budget_then_fails(tmp_path):
-    """Real processes (``swarmrl tasks`` exits at once): an ``always`` role is restarted until its budget is
-    spent, a ``never`` role is left alone; a node (``unless_refused``) is not restarted after exit code 3
+def test_supervisor_restarts_up_to_max_restarts_then_fails(tmp_path):
+    """Real processes (``swarmrl tasks`` exits at once): an ``always`` role is restarted until its ``max_restarts``
+    are used, a ``never`` role is left alone; a node (``unless_refused``) is not restarted after exit code 3
     (ejected or refused) or a signal from outside, but is after any other exit."""
     sup = Supervisor(tmp_path / "logs", progress=lambda m: None)
     sup.start(RoleSpec("flappy", ["tasks"], restart="always", max_restarts=2))

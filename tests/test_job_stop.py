@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]

@@ -339,7 +339,7 @@ def test_an_edited_environment_turn_or_a_forged_reward_does_not_replay(honest):
 def test_the_multiturn_adversaries_uploads_are_rejected_by_the_replay(honest, kind):
     """The swarm's cheating nodes for tool tasks: every row tampered (an environment turn spliced into a row that
     has none) and honestly re-scored; the replay, before any model check, names what is wrong."""
-    from swarmrl.swarm.adversaries import ADVERSARIES
+    from swarmrl.attacks.adversaries import ADVERSARIES
 
     model, tok, rows, item, _ = honest
     node = object.__new__(ADVERSARIES[kind])  # the tamper step alone: no orchestrator, no policy
@@ -389,7 +389,7 @@ def test_a_short_local_run_of_the_calc_config_finishes(tmp_path, tiny_model_dir)
     from swarmrl.config import load_config
     from swarmrl.job import RunConfig
     from swarmrl.job.launch import launch
-    from swarmrl.rl.store import RunDir
+    from swarmrl.rundir.writer import RunDir
 
     cfg = load_config(RunConfig, "configs/calc.toml", [
         f'rl.run_dir="{tmp_path / "run"}"', f'rl.model="{tiny_model_dir}"', "rl.steps=2", "rl.prompts_per_step=2",

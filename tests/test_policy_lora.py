@@ -27,7 +27,7 @@ from swarmrl.protocol.schemas import AssignmentSpec, PendingSubmission, Submissi
 from swarmrl.protocol.validator import Validator
 from swarmrl.rl.config import LoraSection
 from swarmrl.rl.lora import LoraPolicy
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.shardcast import Origin
 
 torch.set_num_threads(1)
@@ -156,7 +156,7 @@ def _pending(a: AssignmentSpec, n: int) -> PendingSubmission:
 
 
 def _rows(model: torch.nn.Module, tok, seed: int) -> list[Rollout]:  # noqa: ANN001
-    from swarmrl.toploc import proofs_for_sample
+    from swarmrl.toploc import build_proofs
 
     prompts = [tok.encode(p, add_special_tokens=False) for p in ("1+2=", "3+4=", "5+1=", "2+2=")]
     out = generate(model, prompts, SamplingParams(max_new_tokens=10, temperature=1.0), tok.eos_token_id,
@@ -164,7 +164,7 @@ def _rows(model: torch.nn.Module, tok, seed: int) -> list[Rollout]:  # noqa: ANN
     return [Rollout(worker_id="n" * 16, step=1, policy_version=1, task_id=f"t{i}", env="add", group_id=f"g{i}",
                     prompt_ids=p, completion_ids=c, logprobs=lp, reward=0.0, task_reward=0.0, length_penalty=0.0,
                     advantage=0.0, target_length=None, temperature=1.0, finished=fin, seed=0,
-                    proofs=proofs_for_sample(h))
+                    proofs=build_proofs(h))
             for i, (p, c, lp, fin, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs,
                                                        out.finished, out.hidden))]
 

@@ -20,7 +20,7 @@ from swarmrl.protocol.config import ValidatorConfig  # noqa: E402
 from swarmrl.protocol.signing import generate_key  # noqa: E402
 from swarmrl.protocol.validator import Validator  # noqa: E402
 from swarmrl.rollouts.wire import write_rollouts  # noqa: E402
-from swarmrl.toploc import proofs_for_sample  # noqa: E402
+from swarmrl.toploc import build_proofs  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -45,7 +45,7 @@ def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
                             env=a.contract.task.name, group_id=f"g{i // a.contract.group_size}", prompt_ids=p, completion_ids=c, logprobs=lp,
                             reward=r - pen, task_reward=r, length_penalty=pen, advantage=0.0, target_length=a.target_length,
-                            temperature=1.0, finished=fin, seed=a.seed, proofs=proofs_for_sample(h)))
+                            temperature=1.0, finished=fin, seed=a.seed, proofs=build_proofs(h)))
     return rows
 
 

@@ -16,11 +16,11 @@ from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.rl.config import KIND_DEFAULTS, EvalSection, LossConfig, RLConfig
 from swarmrl.rl.loss import policy_loss
 from swarmrl.rl.objective import Objective
-from swarmrl.rl.store import RunDir
 from swarmrl.rl.trainer import Trainer
 from swarmrl.rl.worker import rollout_batch
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import read_trainer_log
+from swarmrl.rundir.writer import RunDir
 
 KINDS = list(KIND_DEFAULTS)
 

@@ -7,8 +7,8 @@ from test_rl_rollouts import row
 
 from swarmrl.contract import AsyncWindow
 from swarmrl.rl.readahead import ReadAhead
-from swarmrl.rl.store import RunDir
 from swarmrl.rollouts.wire import RolloutError, write_rollouts
+from swarmrl.rundir.writer import RunDir
 
 
 def _until(cond, timeout: float = 30.0) -> None:

@@ -12,7 +12,7 @@ from swarmrl.config import dump_config
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, RLConfig, WorkerSection
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.metrics import read_metrics
 from tests.swarm_support import _wait
 

@@ -45,7 +45,7 @@ def test_relays_wait_for_the_new_trainers_origin_not_a_stale_one(tmp_path):
     import time
 
     from swarmrl.job.launch import wait_for_origin
-    from swarmrl.rl.store import RunDir
+    from swarmrl.rundir.writer import RunDir
 
     run = RunDir(tmp_path / "run")
     run.announce_origin("http://127.0.0.1:1", "00" * 32)  # from the last run

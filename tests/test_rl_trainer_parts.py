@@ -13,10 +13,10 @@ from attacks._honest import row
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, RLConfig
-from swarmrl.rl.store import RunDir
 from swarmrl.rl.trainer import Trainer
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import read_trainer_log
+from swarmrl.rundir.writer import RunDir
 
 torch.set_num_threads(1)
 

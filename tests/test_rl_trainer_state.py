@@ -11,9 +11,9 @@ from attacks._honest import row
 
 from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
-from swarmrl.policy.store import PolicyDir
 from swarmrl.rl.config import EvalSection, RLConfig
-from swarmrl.toploc.calibration import CALIBRATION_FILE
+from swarmrl.rundir.policy_versions import PolicyDir
+from swarmrl.toploc.thresholds_file import CALIBRATION_FILE
 
 torch.set_num_threads(1)
 

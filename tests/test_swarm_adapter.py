@@ -7,7 +7,7 @@ import types
 
 from swarmrl.contract import RLContract
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.swarm.adapter import AdapterConfig, TrainerAdapter
 
 

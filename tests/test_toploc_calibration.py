@@ -21,15 +21,15 @@ from swarmrl.protocol.checks import toploc_check
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.validator import Validator, config_problems, judge
 from swarmrl.rollouts.wire import write_rollouts
-from swarmrl.toploc.calibration import (
+from swarmrl.toploc.proof import build_proofs
+from swarmrl.toploc.recommend import recommend
+from swarmrl.toploc.thresholds_file import (
     CALIBRATION_FILE,
     MAX_CALIBRATION_BYTES,
     CalibrationError,
     read_calibration,
     toploc_settings,
 )
-from swarmrl.toploc.proof import build_proofs
-from swarmrl.toploc.recommend import recommend
 
 torch.set_num_threads(1)
 STRICT = {"max_exp_mismatches": 0, "max_mant_err_mean": 0.0, "max_mant_err_median": 0.0}

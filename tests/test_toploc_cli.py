@@ -13,7 +13,7 @@ from swarmrl.contract import Rollout
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import ModelInitConfig, init_model
 from swarmrl.rollouts.wire import write_rollouts
-from swarmrl.toploc import proofs_for_sample
+from swarmrl.toploc import build_proofs
 
 torch.set_num_threads(1)
 
@@ -53,7 +53,7 @@ def test_verify_rollout_file(model_dir, tmp_path):
     out = generate(model, prompts, SamplingParams(max_new_tokens=40), tok.eos_token_id, tok.pad_token_id,
                    capture_hidden=True, generator=torch.Generator().manual_seed(0))
     rows = [Rollout("w", 0, 0, f"t{i}", "mul_add", "g", p, c, lp, 0.0, 0.0, 0.0, 0.0, None, 1.0, f, 0,
-                    proofs_for_sample(h))
+                    build_proofs(h))
             for i, (p, c, lp, f, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
                                                      out.hidden))]
     good = write_rollouts(rows, tmp_path / "good.parquet")

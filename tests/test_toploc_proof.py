@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 
 def test_spec_vector_1_bytes_and_base64():
     h = torch.tensor([[0.5, -3.0, 1.0, 2.0, -0.25, 8.0]], dtype=torch.bfloat16)
-    (proof,) = build_proofs(h, chunk=1, k=3)
+    (proof,) = build_proofs(h, ProofGeometry(chunk=1, k=3))
     assert proof.hex() == "ffd930ff7f191028"
     assert proof_to_b64(proof) == "/9kw/38ZECg="
     assert proof_from_b64("/9kw/38ZECg=", k=3) == proof
@@ -34,7 +34,7 @@ def test_spec_vector_1_bytes_and_base64():
 def test_spec_vector_2_modulus_collision():
     z = torch.zeros(65500, dtype=torch.bfloat16)
     z[0], z[3], z[65497] = 4.0, 1.0, 8.0
-    (proof,) = build_proofs(z[None], chunk=1, k=3)
+    (proof,) = build_proofs(z[None], ProofGeometry(chunk=1, k=3))
     assert proof.hex() == "ffd840805633aa26"
     assert proof_to_b64(proof) == "/9hAgFYzqiY="
     # honest verification must reduce indices mod m (here m = 65496 < 65497)
@@ -44,7 +44,7 @@ def test_spec_vector_2_modulus_collision():
 
 def test_spec_verification_example():
     h = torch.tensor([[0.5, -3.0, 1.0, 2.0, -0.25, 8.0]], dtype=torch.bfloat16)
-    proofs = build_proofs(h, chunk=1, k=3)
+    proofs = build_proofs(h, ProofGeometry(chunk=1, k=3))
     h2 = torch.tensor([[0.5, -3.015625, 1.0, 2.0, -0.25, 8.0625]], dtype=torch.bfloat16)
     (c,) = verify_proofs(h2, proofs, ProofGeometry(chunk=1, k=3))
     assert c.exp_mismatches == 0
@@ -152,7 +152,7 @@ def test_small_noise_passes_other_states_fail():
 
 def test_thresholds_are_configurable():
     h = torch.tensor([[0.5, -3.0, 1.0, 2.0, -0.25, 8.0]], dtype=torch.bfloat16)
-    proofs = build_proofs(h, chunk=1, k=3)
+    proofs = build_proofs(h, ProofGeometry(chunk=1, k=3))
     h2 = torch.tensor([[0.5, -3.015625, 1.0, 2.0, -0.25, 8.0625]], dtype=torch.bfloat16)
     (c,) = verify_proofs(h2, proofs, ProofGeometry(chunk=1, k=3), thresholds=Thresholds(max_mant_err_median=0))
     assert not c.passed and "median" in c.reason
@@ -242,7 +242,7 @@ def test_batched_proofs_are_byte_identical_to_per_tensor():
     got = build_proofs_many(hs)
     assert got == want
     assert [len(p) for p in got] == [1, 0, 1, 1, 3, 2, 1, 1, 1]
-    assert build_proofs_many(hs, chunk=4, k=3) == [build_proofs(h, chunk=4, k=3) if h.shape[0] else [] for h in hs]
+    assert build_proofs_many(hs, ProofGeometry(chunk=4, k=3)) == [build_proofs(h, ProofGeometry(chunk=4, k=3)) if h.shape[0] else [] for h in hs]
 
 
 @pytest.mark.parametrize("k", [1, 2, 15, 16, 17, 100, 128, 130])

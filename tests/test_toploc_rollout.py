@@ -9,7 +9,7 @@ import torch
 
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import ModelInitConfig, init_model
-from swarmrl.toploc import Thresholds, build_proofs, proofs_for_sample
+from swarmrl.toploc import Thresholds, build_proofs
 from swarmrl.toploc.calibrate import change_token, perturb_weights, quantize_int8, reinit_model
 from swarmrl.toploc.rollout import recompute, verify_rollout, verify_rollouts
 from swarmrl.toploc.sampling_check import SamplingClaim, SamplingThresholds
@@ -38,7 +38,7 @@ def _sample(model, tok, prompts, seed=0):
 def _items(out, tok, prompts=None, completions=None, proofs=None):
     prompts = prompts or out.prompt_ids
     completions = completions or out.completion_ids
-    proofs = proofs or [proofs_for_sample(h) for h in out.hidden]
+    proofs = proofs or [build_proofs(h) for h in out.hidden]
     return [(p, c, pr, SamplingClaim(eos_id=tok.eos_token_id, temperature=1.0, logprobs=lp, finished=f,
                                      max_new_tokens=MAX_NEW))
             for p, c, pr, lp, f in zip(prompts, completions, proofs, out.logprobs, out.finished)]

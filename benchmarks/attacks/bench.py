@@ -66,12 +66,12 @@ def slowloris(conns: int, beats: int, base: Path | None) -> dict:
 
 
 def swarm(steps: int) -> dict:
+    from swarmrl.attacks.config import ADVERSARY_KINDS
     from swarmrl.envs.config import TaskConfig
     from swarmrl.job import RunConfig, SwarmSection, WarmstartSection
     from swarmrl.job.launch import launch
     from swarmrl.models import ModelInitConfig, init_model
     from swarmrl.rl.config import EvalSection, RLConfig, ShardcastSection, WorkerSection
-    from swarmrl.swarm.config import ADVERSARY_KINDS
 
     tmp = Path(tempfile.mkdtemp(prefix="swarmrl-attacks-"))
     model = ROOT / "runs" / "warmstart" / "model"

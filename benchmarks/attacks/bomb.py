@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow.parquet as pq  # noqa: E402
 
+from swarmrl.attacks.bomb import write_bomb  # noqa: E402
 from swarmrl.rollouts.wire import metadata_decoded_bytes  # noqa: E402
-from swarmrl.swarm.bomb import write_bomb  # noqa: E402
 
 # each child prints one JSON line with its peak RSS (VmHWM: this process image only, not the parent it forked
 # from); a child that died without printing is measured by wait4 (ru_maxrss, which includes the fork's RSS)

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from swarmrl.swarm.slowloris import (  # noqa: E402
+from swarmrl.attacks.slowloris import (  # noqa: E402
     HALF_REQUEST,
     HoldReport,
     hold_idle_connections,

@@ -35,10 +35,10 @@ def one(model: str, variant: str, updates: int, keep: int, tmp: Path) -> dict:
 
     from swarmrl.contract import RLContract, Rollout
     from swarmrl.envs.config import TaskConfig
-    from swarmrl.policy.store import PolicyDir
     from swarmrl.rl.config import EvalSection, OptimConfig, RLConfig
     from swarmrl.rl.trainer import Trainer
     from swarmrl.rundir.layout import STATE_DIR
+    from swarmrl.rundir.policy_versions import PolicyDir
 
     torch.set_num_threads(1)
     drop = PolicyDir.drop_older_states

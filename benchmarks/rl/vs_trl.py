@@ -83,8 +83,8 @@ def run_ours(system: str, mode: str, config: Path, sets: list[str], marks: list[
     from swarmrl.config import load_config
     from swarmrl.job import RunConfig
     from swarmrl.job.launch import launch
-    from swarmrl.rl.store import RunDir
     from swarmrl.rundir import RunLayout, read_trainer_log
+    from swarmrl.rundir.writer import RunDir
 
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)

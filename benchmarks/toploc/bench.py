@@ -12,7 +12,7 @@ Columns, all measured in this run (ours and each baseline alternate rep by rep, 
   line says why. What each side does:
     build: ref ``build_proofs_bytes(list(states.split(chunk)), 1, k, skip_prefill=True)`` (per chunk: torch
     ``abs().topk``, the modulus search and Newton interpolation in C++, one Python call per chunk); ours
-    ``build_proofs(states, chunk, k)``.
+    ``build_proofs(states, ProofGeometry(chunk=chunk, k=k))``.
     verify: ref ``verify_proofs_bytes(states, proofs, chunk, k, skip_prefill=True)`` (its C++ path, one
     std::thread per core: parse the bytes, torch ``abs().topk`` per chunk, Horner evaluation, exponent /
     mantissa statistics); ours ``verify_proofs(states, proofs, chunk, k)``: the same work plus the hostile-input
@@ -48,6 +48,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from swarmrl.contract import ProofGeometry
 from swarmrl.toploc.proof import M_MAX, P, build_proofs, chunk_bits, encode_proof
 from swarmrl.toploc.verify import Thresholds, verify_proofs
 
@@ -175,7 +176,7 @@ def main() -> None:
     ref, ref_why = load_reference(a.ref_path)
     th = Thresholds()
 
-    build_fns: dict[str, Callable[[], object]] = {"ours": lambda: build_proofs(h, chunk, k)}
+    build_fns: dict[str, Callable[[], object]] = {"ours": lambda: build_proofs(h, ProofGeometry(chunk=chunk, k=k))}
     if ref is not None:
         chunks = list(h.split(chunk))
         build_fns["ref"] = lambda: ref.build_proofs_bytes(chunks, 1, k, skip_prefill=True)

@@ -86,7 +86,8 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
              ) -> None:
     """A swarm node: register with a measured throughput, heartbeat, and answer assignments (load the assigned
     policy version, generate the seeded tasks' rollouts, upload them signed)."""
-    from swarmrl.swarm.config import AdversaryConfig, SwarmNodeConfig  # noqa: PLC0415  # lazy: startup
+    from swarmrl.attacks.config import AdversaryConfig  # noqa: PLC0415  # lazy: startup
+    from swarmrl.swarm.config import SwarmNodeConfig  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(AdversaryConfig if adversary else SwarmNodeConfig, config, set_,
                   opt("orchestrator", orchestrator) + opt("key", key) + opt("rl_config", rl_config)
@@ -98,7 +99,7 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
     if adversary:
         if not cfg.rl_config:
             fail("--adversary needs --rl-config (a cheater answers assignments)")
-        from swarmrl.swarm.adversaries import make_adversary  # noqa: PLC0415  # lazy: startup
+        from swarmrl.attacks.adversaries import make_adversary  # noqa: PLC0415  # lazy: startup
 
         with backend_errors():
             code = make_adversary(cfg).run()

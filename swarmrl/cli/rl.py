@@ -173,8 +173,8 @@ def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
     --config takes a filter config or the run config of `swarmrl run` (configs/run.toml): then the run's initial
     model on the run's task, params and chat template, sampled as its workers sample (rl.sampling, rl.contract.group_size
     completions per task); options and --set still win."""
+    from swarmrl.filtering.offline import FilterConfig, run_filter  # noqa: PLC0415  # lazy: startup
     from swarmrl.job.commands import filter_settings  # noqa: PLC0415  # lazy: startup
-    from swarmrl.rl.filter import FilterConfig, run_filter  # noqa: PLC0415  # lazy: startup
 
     cfg = resolve(FilterConfig, config, set_, opt("model", model) + opt("task.name", task) + opt("out", out),
                   print_config, from_run=filter_settings)
@@ -184,7 +184,7 @@ def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
 
 def plot(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
     """Draw a run's curves to RUN_DIR/curves.png."""
-    from swarmrl.rl.plot import plot_run  # noqa: PLC0415  # lazy: startup
+    from swarmrl.plots.curves import plot_run  # noqa: PLC0415  # lazy: startup
 
     typer.echo(str(plot_run(run_dir)))
 

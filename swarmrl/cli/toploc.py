@@ -108,7 +108,7 @@ def verify(model: Annotated[Optional[Path], typer.Option("--model", "-m", help="
         rows = read_rollouts(cfg.rollouts)
     except RolloutError as e:
         fail(f"{e}", 1, prefix="rejected")
-    from swarmrl.toploc.calibration import CalibrationError, toploc_settings  # noqa: PLC0415  # lazy: startup
+    from swarmrl.toploc.thresholds_file import CalibrationError, toploc_settings  # noqa: PLC0415  # lazy: startup
 
     try:  # thresholds set in the config > the model dir's calibration file > defaults
         st = toploc_settings(cfg.model, {k: getattr(cfg.thresholds, k) for k in cfg.thresholds.model_fields_set},
@@ -167,7 +167,7 @@ def prove(hidden: Annotated[Path, typer.Option("--hidden", help="safetensors fil
     from swarmrl.toploc.proof import build_proofs, proof_to_b64  # noqa: PLC0415  # lazy: startup
 
     g = _geometry(chunk, k)
-    proofs = build_proofs(_load_hidden(hidden, key), chunk=g.chunk, k=g.k)
+    proofs = build_proofs(_load_hidden(hidden, key), g)
     out.write_text("".join(proof_to_b64(p) + "\n" for p in proofs), encoding="ascii")
     console.print(f"wrote {len(proofs)} proofs to {out}")
 

@@ -1,6 +1,6 @@
 """A task source restricted to a list of tasks kept by offline filtering (``swarmrl filter``).
 
-The list is a JSONL file of tasks of one base environment (written by ``swarmrl.rl.filter``).
+The list is a JSONL file of tasks of one base environment (written by ``swarmrl.filtering.offline``).
 Training samples only those tasks; verification and the held-out set stay the base
 environment's, so held-out accuracy remains comparable with unfiltered runs.
 """

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from swarmrl.attacks.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.config import StrictModel
 from swarmrl.rl.config import RLConfig
 from swarmrl.sft.config import SFTConfig
-from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig
 
 
 class WarmstartSection(StrictModel):
@@ -23,8 +23,8 @@ class SwarmSection(StrictModel):
     """Swarm mode: untrusted nodes behind an orchestrator and a validator."""
 
     nodes: int = Field(2, ge=0)  # honest nodes
-    adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.swarm.adversaries)
-    # settings handed to every cheating node (fields of swarm.config.AdversaryConfig that only cheats read, e.g. the
+    adversaries: list[str] = Field(default_factory=list)  # one cheating node per entry (see swarmrl.attacks.adversaries)
+    # settings handed to every cheating node (fields of attacks.config.AdversaryConfig that only cheats read, e.g. the
     # idle_connections node's idle_round_s, so its rounds fit a short run)
     adversary_set: dict[str, float | int | str] = Field(default_factory=dict)
     tasks_per_node: int = Field(0, ge=0)  # tasks per assignment (0: rl.workers.prompts_per_batch)

@@ -59,14 +59,14 @@ class RoleSpec:
 
     ``restart``: ``always`` (while the run is not done), ``never``, or ``unless_refused`` (a node: not after
     exit code 3, ejected or refused, nor after a signal from outside). Restarts count against
-    ``max_restarts`` per ``budget`` (roles sharing a budget share the count). A ``finishes`` role (the
+    ``max_restarts`` per ``restart_group`` (roles of one group share the count). A ``finishes`` role (the
     trainer) that exits with 0 has finished its work and is not restarted."""
 
     name: str
     argv: list[str]
     restart: Restart = "always"
     max_restarts: int = 5
-    budget: str = ""  # "" = the role's own name
+    restart_group: str = ""  # "" = the role's own name
     wait_up: bool = False  # after (re)start, wait until the orchestrator answers
     stop_wait_s: float = 0.0  # at the end: time to exit on its own before SIGTERM
     stop_term_s: float = 1.0  # then SIGKILL after this long
@@ -129,7 +129,7 @@ def derive_local(cfg: RunConfig, root: Path, origin_port: int = 0) -> Plan:
     rl = derive_rl(cfg, origin_port)
     rl_path = str(root / "rl.toml")
     roles = [_trainer(cfg, rl_path, 5.0)]
-    roles += [RoleSpec(f"w{i}", ["rl", "worker", "--config", rl_path, "--id", f"w{i}"], budget="workers",
+    roles += [RoleSpec(f"w{i}", ["rl", "worker", "--config", rl_path, "--id", f"w{i}"], restart_group="workers",
                        max_restarts=cfg.max_worker_restarts, stop_wait_s=10.0, stop_term_s=5.0)
               for i in range(rl.workers.num)]
     return Plan("local", root, rl, roles, files={"rl.toml": dump_config(rl)})

@@ -35,7 +35,7 @@ from swarmrl.job.warmstart import prepare_warmstart
 from swarmrl.job.zygote import Zygote, preload_modules
 from swarmrl.protocol.client import AuthorityClient
 from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex, save_private_key
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.procs import free_port
 
 

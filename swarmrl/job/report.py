@@ -15,9 +15,9 @@ import httpx
 from swarmrl.job.commands import eval_settings
 from swarmrl.job.config import RunConfig
 from swarmrl.models.adapter_file import ADAPTER_FILE
-from swarmrl.rl.store import RunDir
 from swarmrl.rundir import RunLayout, read_trainer_log
 from swarmrl.rundir.layout import STATE_DIR
+from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.metrics import read_metrics
 
 
@@ -171,7 +171,7 @@ def swarm_report(root: Path, url: str, members: dict[str, dict]) -> dict:
 def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None) -> dict:
     """Copy the final model out, draw the curves, evaluate initial and final model held-out, write the summary."""
     from swarmrl.eval.heldout import EvalConfig, evaluate_path  # noqa: PLC0415  # lazy: torch
-    from swarmrl.rl.plot import plot_run  # noqa: PLC0415  # lazy: matplotlib
+    from swarmrl.plots.curves import plot_run  # noqa: PLC0415  # lazy: matplotlib
 
     run = RunDir(root)
     final_dir = root / "final_model"

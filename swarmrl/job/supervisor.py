@@ -18,7 +18,7 @@ from swarmrl.wan.netns import NETNS_ENV
 
 
 class RoleFailed(RuntimeError):
-    """A role exited more often than its restart budget allows, or the main role failed."""
+    """A role exited more often than its restarts allow (``max_restarts``), or the main role failed."""
 
 
 def role_env(netns: str = "") -> dict[str, str]:
@@ -94,15 +94,15 @@ class Supervisor:
         return True
 
     def check(self) -> None:
-        """Restart every role that exited and may be restarted; ``RoleFailed`` once a budget is spent."""
+        """Restart every role that exited and may be restarted; ``RoleFailed`` once a role's group has used its ``max_restarts``."""
         for name, p in list(self.procs.items()):
             code = p.poll()
             spec = self.specs[name]
             if code is None or (spec.finishes and code == 0) or not self._may_restart(spec, code):
                 continue
-            budget = spec.budget or name
-            self.restarts[budget] = self.restarts.get(budget, 0) + 1
-            if self.restarts[budget] > spec.max_restarts:
+            group = spec.restart_group or name
+            self.restarts[group] = self.restarts.get(group, 0) + 1
+            if self.restarts[group] > spec.max_restarts:
                 raise RoleFailed(f"{name} keeps failing; see {self.log(name)}")
             self.progress(f"{name} exited with {code}; restarting it")
             self.start(spec)

@@ -49,7 +49,7 @@ ZYGOTE_ROLES = (("rl", "worker"), ("node", "run"), ("validator", "run"))
 # own modules are light by design); the CLI itself is not named here: nothing below it imports it, not even by
 # name (tests/test_architecture.py)
 _BASE = ("torch", "transformers", "typer", "swarmrl.rl.config", "swarmrl.rl.worker",
-         "swarmrl.swarm.config", "swarmrl.swarm.node", "swarmrl.swarm.adversaries", "swarmrl.protocol.node",
+         "swarmrl.swarm.config", "swarmrl.swarm.node", "swarmrl.attacks.config", "swarmrl.attacks.adversaries", "swarmrl.protocol.node",
          "swarmrl.protocol.client", "swarmrl.protocol.config", "swarmrl.protocol.validator")
 
 

@@ -1,6 +1,6 @@
-"""The current policy: where each version's weights live and the one holder that swaps them in place.
+"""The current policy: where each version's weights live and the one holder that swaps them in place. The on-disk
+layout of committed versions (``v000007/`` + ``LATEST``) is ``swarmrl.rundir.policy_versions.PolicyDir``.
 
-- ``store``: ``PolicyDir``, the on-disk layout of committed versions (``v000007/`` + ``LATEST``).
 - ``sources``: where a role gets version N (``PolicySource``): a policy dir, a path template, SHARDCAST
   servers (fixed, discovered from a run dir, or announced in heartbeats).
 - ``prefetch``: ``PrefetchingSource``, a source whose next version downloads in the background while the holder
@@ -14,9 +14,9 @@ from swarmrl.utils.lazy import lazy_exports
 
 _SOURCES = ("AnnouncedPolicySource", "PolicySource", "PolicyUnavailable", "RunDirPolicySource",
             "ShardcastPolicySource", "TemplatePolicySource", "make_policy_source")
-__all__ = ["BackendPolicy", "PolicyDir", "PolicyHolder", "PrefetchingSource", *_SOURCES]
+__all__ = ["BackendPolicy", "PolicyHolder", "PrefetchingSource", *_SOURCES]
 
-# lazy: the store is read by light processes; sources pull in aiohttp and the holder torch
-__getattr__ = lazy_exports({"PolicyDir": "swarmrl.policy.store", "PolicyHolder": "swarmrl.policy.holder",
+# lazy: sources pull in aiohttp and the holder torch
+__getattr__ = lazy_exports({"PolicyHolder": "swarmrl.policy.holder",
                             "BackendPolicy": "swarmrl.policy.holder", "PrefetchingSource": "swarmrl.policy.prefetch",
                             **{n: "swarmrl.policy.sources" for n in _SOURCES}})

@@ -32,8 +32,8 @@ from swarmrl.models.adapter_file import (
     weights_file,
     write_sidecars,
 )
-from swarmrl.policy.store import PolicyDir
 from swarmrl.rundir import RunLayout
+from swarmrl.rundir.policy_versions import PolicyDir
 from swarmrl.shardcast import FetchError, fetch
 
 

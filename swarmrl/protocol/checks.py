@@ -38,8 +38,8 @@ from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.replay import replay_and_text, task_prompt_ids
 from swarmrl.protocol.schemas import PendingSubmission
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
-from swarmrl.toploc.calibration import ToplocSettings, toploc_settings
 from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
+from swarmrl.toploc.thresholds_file import ToplocSettings, toploc_settings
 
 
 class SkipCheck(Exception):

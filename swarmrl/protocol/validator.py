@@ -66,7 +66,7 @@ from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.sampling import SAMPLED_CHECKS, draw
 from swarmrl.protocol.schemas import CheckResult, InlineFile, PendingSubmission, VerdictRequest
 from swarmrl.rollouts.wire import RolloutError, read_rollouts
-from swarmrl.toploc.calibration import (
+from swarmrl.toploc.thresholds_file import (
     CALIBRATION_FILE,
     CalibrationError,
     ToplocSettings,

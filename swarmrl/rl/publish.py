@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from swarmrl.models.adapter_file import MODEL_FILE, weights_file
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.shardcast import Origin
 
 ErrorHandler = Callable[[int, BaseException], None]

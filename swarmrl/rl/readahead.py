@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 
 from swarmrl.contract import AsyncWindow, Rollout
-from swarmrl.rl.store import RunDir
 from swarmrl.rollouts.wire import RolloutError, read_rollouts
+from swarmrl.rundir.writer import RunDir
 
 Parsed = list[Rollout] | RolloutError
 

@@ -17,8 +17,8 @@ from typing import Protocol
 
 from swarmrl.contract import AsyncWindow, Rollout
 from swarmrl.rl.readahead import ReadAhead
-from swarmrl.rl.store import RunDir, announced_groups
 from swarmrl.rollouts.wire import RolloutError, read_rollouts
+from swarmrl.rundir.writer import RunDir, announced_groups
 
 Rejected = Callable[[str, str], None]  # (file name, reason)
 

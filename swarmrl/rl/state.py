@@ -34,8 +34,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from swarmrl.policy.store import atomic_write_text
 from swarmrl.rundir.layout import STATE_DIR
+from swarmrl.rundir.policy_versions import atomic_write_text
 
 META_FILE = "meta.json"
 SINGLE_FILE = "state.pt"  # a one-rank trainer's state (see the module docstring)

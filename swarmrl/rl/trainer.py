@@ -52,12 +52,12 @@ from swarmrl.rl.parallel import load_parallel
 from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
 from swarmrl.rl.sources import RolloutSource, RunDirRolloutSource
 from swarmrl.rl.state import STATE_DIR, Checkpointer, TrainerState
-from swarmrl.rl.store import RunDir
 from swarmrl.rl.tracking import SafeTracker, make_tracker, numbers
 from swarmrl.rl.train_step import accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
 from swarmrl.rundir import EvalRecord, StepRecord, read_trainer_log
-from swarmrl.toploc.calibration import copy_calibration
+from swarmrl.rundir.writer import RunDir
+from swarmrl.toploc.thresholds_file import copy_calibration
 from swarmrl.utils.memory import peak_rss_mb, release_before_embedding_backward, release_freed_memory
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads

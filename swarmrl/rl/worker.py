@@ -35,9 +35,9 @@ from swarmrl.models.io import load_tokenizer
 from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.store import RunDir
 from swarmrl.rollouts.wire import write_rollouts
-from swarmrl.toploc import proofs_for_samples
+from swarmrl.rundir.writer import RunDir
+from swarmrl.toploc import build_proofs_many
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
 
@@ -87,7 +87,7 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
     scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, prompt_ids=out.prompt_ids,
                           completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
                           decode=lambda ids: decode_completion(tokenizer, ids),
-                          proofs=proofs_for_samples(out.hidden, c.proof) if proofs else None,
+                          proofs=build_proofs_many(out.hidden, c.proof) if proofs else None,
                           worker_id=worker_id, step=step, policy_version=policy_version, seed=seed,
                           temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std, masks=masks, texts=texts)
     rows = scored.rows

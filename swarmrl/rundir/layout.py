@@ -1,6 +1,6 @@
 """Where everything of a run lives under its directory: the one place that names these paths.
 
-    <root>/policy/                committed policy versions (``swarmrl.policy.PolicyDir``):
+    <root>/policy/                committed policy versions (``policy_versions.PolicyDir``):
         v000007/                  HF model dir of policy version 7 (+ trainer_state/ in the newest only)
         LATEST                    "7": the newest complete version
     <root>/rollouts/step_000009/  rollout files generated for trainer step 9:
@@ -11,7 +11,7 @@
     <root>/cache/<worker>/        a worker's SHARDCAST downloads
     <root>/DONE                   written by the trainer when it has finished
 
-Only paths and names: nothing is created here (``swarmrl.rl.store.RunDir`` creates and writes them). Standard
+Only paths and names: nothing is created here (``swarmrl.rundir.writer.RunDir`` creates and writes them). Standard
 library only, so the dashboard and every role can read a run directory without importing the trainer.
 """
 

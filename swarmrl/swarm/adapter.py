@@ -29,8 +29,8 @@ from swarmrl.dashboard.models import TrainerPoint, point_from_row
 from swarmrl.protocol.client import ApiError, TrainerClient
 from swarmrl.protocol.schemas import MAX_STEP_METRICS, InlineFile
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.store import RunDir
 from swarmrl.rollouts.wire import RolloutError, read_group_keys
+from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
 

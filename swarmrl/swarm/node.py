@@ -9,7 +9,7 @@ completions per task with ``rollout_batch`` (assigned seed, step, version, think
 writes the parquet file and uploads it signed.
 
 Answering an assignment is split into steps a subclass may override (``tasks_for``, ``version_for``,
-``backend_for``, ``tamper``, ``upload``): the cheating nodes of ``swarmrl.swarm.adversaries`` are honest nodes
+``backend_for``, ``tamper``, ``upload``): the cheating nodes of ``swarmrl.attacks.adversaries`` are honest nodes
 with one step replaced.
 
 Every heartbeat that does not wait (a long poll's time is the orchestrator's hold, not its service) and every

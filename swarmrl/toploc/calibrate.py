@@ -10,7 +10,7 @@ For each variant we collect per-chunk (exp_mismatches, mant_err_mean, mant_err_m
 TOPLOC and sampling-check verdicts, and recommend thresholds (``swarmrl.toploc.recommend``): within
 [honest max, honest max x margin + slack], the ones that let the fewest one-token edits pass, halfway
 between the honest maxima and the nearest edits. The recommendation, the model's identity and the figures
-are written to the model's calibration file (``swarmrl.toploc.calibration``). An edit of the LAST token
+are written to the model's calibration file (``swarmrl.toploc.thresholds_file``). An edit of the LAST token
 changes no committed state: it is reported, left out of the choice, and left to the
 sampling check.
 """
@@ -37,17 +37,17 @@ from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models.io import load_model, load_tokenizer
-from swarmrl.toploc.calibration import (
+from swarmrl.toploc.proof import build_proofs
+from swarmrl.toploc.recommend import Recommendation, recommend, rollout_passes
+from swarmrl.toploc.rollout import verify_rollouts
+from swarmrl.toploc.sampling_check import SamplingClaim, SamplingThresholds
+from swarmrl.toploc.thresholds_file import (
     CALIBRATION_FILE,
     CALIBRATION_FORMAT,
     Calibration,
     model_identity,
     write_calibration,
 )
-from swarmrl.toploc.proof import build_proofs
-from swarmrl.toploc.recommend import Recommendation, recommend, rollout_passes
-from swarmrl.toploc.rollout import verify_rollouts
-from swarmrl.toploc.sampling_check import SamplingClaim, SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
 from swarmrl.utils.metrics import MetricsWriter
 
@@ -294,7 +294,7 @@ class _Bench:
         self.say(f"tampered worker: {name}")
         o = _sample(worker, self.prompts, cfg, self.tok, cfg.seed + 2)
         self.check(f"tampered: {name}", False, o.prompt_ids, o.completion_ids,
-                   [build_proofs(h.float(), cfg.proof.chunk, cfg.proof.k) for h in o.hidden], self.claims(o))
+                   [build_proofs(h.float(), cfg.proof) for h in o.hidden], self.claims(o))
 
 
 def _honest_scenarios(b: _Bench) -> list[tuple]:
@@ -303,7 +303,7 @@ def _honest_scenarios(b: _Bench) -> list[tuple]:
     cfg = b.cfg
     b.say("honest worker: batched sampling")
     out = _sample(b.model, b.prompts, cfg, b.tok, cfg.seed)
-    proofs = [build_proofs(h, cfg.proof.chunk, cfg.proof.k) for h in out.hidden]
+    proofs = [build_proofs(h, cfg.proof) for h in out.hidden]
     base = (out.prompt_ids, out.completion_ids, proofs, b.claims(out))
     for bs in cfg.batch_sizes:
         b.check(f"honest: prefill batch={bs}, shuffled", True, *base, batch_size=bs, shuffle=bs > 1)
@@ -311,7 +311,7 @@ def _honest_scenarios(b: _Bench) -> list[tuple]:
         b.check(f"honest: prefill threads={th}", True, *base, batch_size=4, threads=th)
     b.say("honest worker: one prompt at a time")
     single = _sample(b.model, b.prompts, cfg, b.tok, cfg.seed + 1, batch=1)
-    single_proofs = [build_proofs(h, cfg.proof.chunk, cfg.proof.k) for h in single.hidden]
+    single_proofs = [build_proofs(h, cfg.proof) for h in single.hidden]
     b.check("honest: worker sampled alone", True, single.prompt_ids, single.completion_ids, single_proofs,
             b.claims(single))
     return [(p, c, pr, cl) for o, prs in ((out, proofs), (single, single_proofs))
@@ -351,7 +351,7 @@ def _weight_scenarios(b: _Bench) -> None:
     changed = [change_token(p, b.rng.randrange(len(p)), b.vocab, avoid, b.rng) for p in b.prompts]
     o = _sample(model, changed, cfg, b.tok, cfg.seed + 3)
     b.check("tampered: changed prompt token", False, b.prompts, o.completion_ids,
-            [build_proofs(h, cfg.proof.chunk, cfg.proof.k) for h in o.hidden], b.claims(o))
+            [build_proofs(h, cfg.proof) for h in o.hidden], b.claims(o))
 
 
 def _report(cfg: CalibrateConfig, results: list[ScenarioResult], t_start: float) -> CalibrationReport:

@@ -32,8 +32,8 @@ from swarmrl.contract.params import PROOF_GEOMETRY, ProofGeometry
 
 __all__ = [
     "P", "M_MAX", "ProofError", "DecodedProof", "topk_indices", "chunk_bits", "find_modulus", "interpolate",
-    "evaluate", "encode_proof", "encode_many", "proofs_to_b64", "proofs_from_b64", "build_proofs", "build_proofs_many", "proofs_for_sample",
-    "proofs_for_samples", "chunk_count", "decode_proof", "proof_to_b64", "proof_from_b64", "proof_len",
+    "evaluate", "encode_proof", "encode_many", "proofs_to_b64", "proofs_from_b64", "build_proofs", "build_proofs_many",
+    "chunk_count", "decode_proof", "proof_to_b64", "proof_from_b64", "proof_len",
 ]
 
 P = 65497  # the prime field modulus
@@ -369,14 +369,19 @@ def chunk_count(positions: int, chunk: int) -> int:
     return -(-positions // chunk)
 
 
-def build_proofs(hidden: torch.Tensor, chunk: int = PROOF_GEOMETRY.chunk, k: int = PROOF_GEOMETRY.k) -> list[bytes]:
-    """One proof (2 + 2k bytes) per chunk of ``chunk`` positions of a [positions, hidden] tensor.
+def build_proofs(hidden: torch.Tensor, geometry: ProofGeometry = PROOF_GEOMETRY) -> list[bytes]:
+    """One proof (2 + 2k bytes) per chunk of ``geometry.chunk`` positions of a [positions, hidden] tensor (none for
+    no position): for a sampled completion, ``SampleOutput.hidden[i]`` ([len(completion), hidden]) at the run's
+    proof geometry (``contract.proof``), what an inference worker stores in the rollouts' ``proofs`` column.
 
     ``hidden`` is the final-norm hidden state (LM-head input); it is rounded to bf16 if needed.
     """
+    chunk, k = geometry.chunk, geometry.k
     if not 1 <= k <= M_MAX:
         raise ValueError(f"k must be in [1, {M_MAX}]")
     proofs: list[bytes] = []
+    if hidden.shape[0] == 0:  # a completion without model tokens (also as a 1-d empty tensor)
+        return proofs
     for bits in chunk_bits(hidden, chunk):
         c, n = bits.shape
         ke = min(k, n)
@@ -390,17 +395,20 @@ def build_proofs(hidden: torch.Tensor, chunk: int = PROOF_GEOMETRY.chunk, k: int
     return proofs
 
 
-def build_proofs_many(hiddens: list[torch.Tensor], chunk: int = PROOF_GEOMETRY.chunk,
-                      k: int = PROOF_GEOMETRY.k) -> list[list[bytes]]:
-    """``build_proofs`` of many [positions, hidden] tensors at once, byte for byte the same: the chunks of every
-    tensor with the same number of values are proved together (one top-k, modulus search and interpolation per
-    chunk width instead of per tensor; a batch of short completions has one or a few widths), which takes the
-    per-call numpy overhead of the k-step interpolation loops out of the per-row cost."""
+def build_proofs_many(hiddens: list[torch.Tensor], geometry: ProofGeometry = PROOF_GEOMETRY) -> list[list[bytes]]:
+    """``build_proofs`` of many [positions, hidden] tensors at once (every completion of a batch,
+    ``SampleOutput.hidden``), byte for byte the same: the chunks of every tensor with the same number of values are
+    proved together (one top-k, modulus search and interpolation per chunk width instead of per tensor; a batch of
+    short completions has one or a few widths), which takes the per-call numpy overhead of the k-step
+    interpolation loops out of the per-row cost."""
+    chunk, k = geometry.chunk, geometry.k
     if not 1 <= k <= M_MAX:
         raise ValueError(f"k must be in [1, {M_MAX}]")
     by_width: dict[int, list[tuple[int, int, torch.Tensor]]] = {}  # width -> (tensor, its chunk, bits row(s))
     counts = [0] * len(hiddens)
     for t, h in enumerate(hiddens):
+        if h.shape[0] == 0:  # no position, no proof (also a 1-d empty tensor)
+            continue
         for bits in chunk_bits(h, chunk):
             by_width.setdefault(bits.shape[1], []).append((t, counts[t], bits))
             counts[t] += bits.shape[0]
@@ -429,23 +437,6 @@ def build_proofs_many(hiddens: list[torch.Tensor], chunk: int = PROOF_GEOMETRY.c
                     out[t][first + j] = enc[row]
                     row += 1
     return out
-
-
-def proofs_for_samples(hidden_states: list[torch.Tensor],
-                       geometry: ProofGeometry = PROOF_GEOMETRY) -> list[list[bytes]]:
-    """``proofs_for_sample`` of every completion of a batch (``SampleOutput.hidden``), batched across them."""
-    return build_proofs_many(list(hidden_states), chunk=geometry.chunk, k=geometry.k)
-
-
-def proofs_for_sample(hidden_states: torch.Tensor, geometry: ProofGeometry = PROOF_GEOMETRY) -> list[bytes]:
-    """Proofs for one sampled completion: ``SampleOutput.hidden[i]`` ([len(completion), hidden] bf16), at the
-    run's proof geometry (``contract.proof``).
-
-    This is what an inference worker stores in the rollouts' ``proofs`` column.
-    """
-    if hidden_states.shape[0] == 0:
-        return []
-    return build_proofs(hidden_states, chunk=geometry.chunk, k=geometry.k)
 
 
 def proofs_to_b64(proofs: list[bytes]) -> list[str]:

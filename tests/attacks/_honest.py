@@ -12,7 +12,7 @@ from swarmrl.envs import make_env
 from swarmrl.inference.prompts import decode_completion
 from swarmrl.inference.sampler import SamplingParams, generate
 from swarmrl.models import load_model, load_tokenizer
-from swarmrl.toploc import proofs_for_sample
+from swarmrl.toploc import build_proofs
 
 
 def _shown(prompt: str, a) -> str:  # noqa: ANN001
@@ -47,7 +47,7 @@ def honest_rows(model_dir: Path, node_id: str, a, seed: int = 0, max_new_tokens:
                             env=a.contract.task.name, group_id=f"{a.assignment_id}-{i // a.contract.group_size}", prompt_ids=p,
                             completion_ids=c, logprobs=lp, reward=r - pen, task_reward=r, length_penalty=pen,
                             advantage=0.0, target_length=a.target_length, temperature=1.0, finished=fin, seed=a.seed,
-                            proofs=proofs_for_sample(h)))
+                            proofs=build_proofs(h)))
     return rows
 
 

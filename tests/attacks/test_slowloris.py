@@ -22,11 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from swarmrl.attacks.slowloris import HoldReport, IdleHolder, hold_idle_connections, loopback_sources, raise_own_nofile
 from swarmrl.protocol.client import NodeClient
 from swarmrl.protocol.signing import generate_key
 from swarmrl.shardcast.signing import generate_key as origin_key
 from swarmrl.shardcast.signing import public_key_hex as origin_pub
-from swarmrl.swarm.slowloris import HoldReport, IdleHolder, hold_idle_connections, loopback_sources, raise_own_nofile
 from swarmrl.utils.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,8 +295,8 @@ def test_idle_connections_adversary_is_not_shed_by_the_per_address_cap(default_o
     loopback), against the shipped limits. None is refused by the per-address cap (or any other cap: no 503)
     and all of them are held at once; what meets them is the deadlines and the global cap with its reserve.
     (From one address, as before, all but 64 of them were refused at once.)"""
-    from swarmrl.swarm.adversaries import idle_sources  # noqa: PLC0415  # lazy: torch
-    from swarmrl.swarm.config import AdversaryConfig  # noqa: PLC0415
+    from swarmrl.attacks.adversaries import idle_sources  # noqa: PLC0415  # lazy: torch
+    from swarmrl.attacks.config import AdversaryConfig  # noqa: PLC0415
 
     cfg = AdversaryConfig(adversary="idle_connections", orchestrator=default_orchestrator)
     sources = idle_sources(cfg)

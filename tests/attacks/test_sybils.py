@@ -181,8 +181,8 @@ def test_flood_script_reports_what_got_in(tmp_path):
 
 
 def test_flood_adversary_is_refused_and_backs_off(tmp_path):
-    from swarmrl.swarm.adversaries import ADVERSARIES, Flood, flood_registrations  # new API
-    from swarmrl.swarm.config import ADVERSARY_KINDS
+    from swarmrl.attacks.adversaries import ADVERSARIES, Flood, flood_registrations  # new API
+    from swarmrl.attacks.config import ADVERSARY_KINDS
 
     assert "flood" in ADVERSARY_KINDS and ADVERSARIES["flood"] is Flood
     cfg, _ = _deposit_model(tmp_path)

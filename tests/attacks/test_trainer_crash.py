@@ -14,7 +14,7 @@ import pytest
 from swarm_support import _cfg, _kill_leftovers, _run_in_thread, _trainer_steps, _wait  # noqa: F401
 
 from swarmrl.rl.config import ShardcastSection
-from swarmrl.rl.store import RunDir
+from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.metrics import read_metrics
 
 

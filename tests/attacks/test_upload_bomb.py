@@ -19,6 +19,7 @@ import pytest
 from protocol_support import make_cfg, rollouts_for, running, write
 
 from attacks._honest import row
+from swarmrl.attacks.bomb import write_bomb
 from swarmrl.config import dump_config
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
@@ -35,7 +36,6 @@ from swarmrl.rollouts.wire import (
     to_table,
     write_rollouts,
 )
-from swarmrl.swarm.bomb import write_bomb
 from swarmrl.utils.keys import save_private_key
 from swarmrl.utils.metrics import read_metrics
 
@@ -102,7 +102,7 @@ def test_the_bomb_decodes_to_the_legal_rows_it_describes(tmp_path, monkeypatch):
     """The bomb is written page by page (not by a parquet writer): a small one, over several row groups, reads
     back with pyarrow as exactly the rows it describes, each of legal shape (read_rollouts with room for them),
     and decodes to the size its metadata states (what the orchestrator refuses it for)."""
-    import swarmrl.swarm.bomb as bomb_mod  # noqa: PLC0415
+    import swarmrl.attacks.bomb as bomb_mod  # noqa: PLC0415
 
     # the full-size bomb: a few kilobytes, 2 GiB decoded by its metadata
     big = write_bomb(tmp_path / "big.parquet", 2 * GiB)
@@ -212,8 +212,8 @@ def test_honest_file_of_normal_size_reads_back(tmp_path):
 
 
 def test_bomb_adversary_is_refused_at_upload(tmp_path, tiny_model_dir):
-    from swarmrl.swarm.adversaries import make_adversary  # noqa: PLC0415  # lazy: torch
-    from swarmrl.swarm.config import AdversaryConfig  # noqa: PLC0415  # lazy: keeps the module light
+    from swarmrl.attacks.adversaries import make_adversary  # noqa: PLC0415  # lazy: torch
+    from swarmrl.attacks.config import AdversaryConfig  # noqa: PLC0415  # lazy: keeps the module light
 
     rl = RLConfig(run_dir=str(tmp_path / "run"), model=str(tiny_model_dir), contract=RLContract(task=TaskConfig(name="add"), group_size=2),
                   )

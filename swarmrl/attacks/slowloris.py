@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 __all__ = ["HALF_REQUEST", "HoldReport", "IdleHolder", "hold_idle_connections", "loopback_sources",
            "raise_own_nofile", "resolve"]
 
-log = logging.getLogger("swarmrl.swarm.slowloris")
+log = logging.getLogger("swarmrl.attacks.slowloris")
 
 HALF_REQUEST = b"GET /v1/ping HTTP/1."  # half a request line: no line end, no headers
 MAX_CONNS = 100_000

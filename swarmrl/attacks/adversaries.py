@@ -41,6 +41,9 @@ import httpx
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from swarmrl.attacks.bomb import write_bomb
+from swarmrl.attacks.config import ADVERSARY_KINDS, AdversaryConfig
+from swarmrl.attacks.slowloris import HoldReport, IdleHolder, loopback_sources, raise_own_nofile
 from swarmrl.contract import Rollout, assigned_tasks, group_advantages, score_completion
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import segments
@@ -52,13 +55,10 @@ from swarmrl.protocol.signing import H_KEY, generate_key, sign_request
 from swarmrl.rl.config import RLConfig
 from swarmrl.rollouts.wire import RolloutError, read_rollouts
 from swarmrl.rundir import RunLayout
-from swarmrl.swarm.bomb import write_bomb
-from swarmrl.swarm.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.swarm.node import SwarmNode, seed_of
-from swarmrl.swarm.slowloris import HoldReport, IdleHolder, loopback_sources, raise_own_nofile
 from swarmrl.utils.metrics import MetricsWriter
 
-log = logging.getLogger("swarmrl.swarm.adversaries")
+log = logging.getLogger("swarmrl.attacks.adversaries")
 
 
 class RandomModel(SwarmNode):
@@ -245,7 +245,7 @@ class WrongKey(SwarmNode):
 
 class Bomb(SwarmNode):
     """Uploads a small file whose rows, each of legal shape and naming this node, step and seed, decode to
-    ``bomb_bytes`` (``swarmrl.swarm.bomb``): refused from its metadata before it is decoded."""
+    ``bomb_bytes`` (``swarmrl.attacks.bomb``): refused from its metadata before it is decoded."""
 
     def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
         path = self.work / f"a{a.assignment_id:08d}.parquet"
@@ -359,7 +359,7 @@ ADVERSARIES: dict[str, type[SwarmNode]] = {
     "wrong_key": WrongKey, "bomb": Bomb, "flood": Flood, "idle_connections": IdleConnections,
     "late_edit_tokens": LateEditTokens, "edit_env_turn": EditEnvTurn, "forge_tool_result": ForgeToolResult,
 }
-assert tuple(ADVERSARIES) == ADVERSARY_KINDS, "swarm.config.ADVERSARY_KINDS must name every adversary"
+assert tuple(ADVERSARIES) == ADVERSARY_KINDS, "attacks.config.ADVERSARY_KINDS must name every adversary"
 
 
 def make_adversary(cfg: AdversaryConfig, client=None) -> SwarmNode:  # noqa: ANN001

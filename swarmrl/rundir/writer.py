@@ -12,9 +12,9 @@ import shutil
 import time
 from pathlib import Path
 
-from swarmrl.policy.store import PolicyDir, atomic_write_text
 from swarmrl.rundir import RunLayout, announced_groups, rollout_file_name, step_of_dir
 from swarmrl.rundir.layout import ROLLOUT_FILE
+from swarmrl.rundir.policy_versions import PolicyDir, atomic_write_text
 
 
 class RunDir(RunLayout):
@@ -24,7 +24,7 @@ class RunDir(RunLayout):
         for d in (self.policy, self.rollouts, self.metrics):
             d.mkdir(parents=True, exist_ok=True)
 
-    # policies (the layout is ``swarmrl.policy.PolicyDir``'s)
+    # policies (the layout is ``policy_versions.PolicyDir``'s)
     def latest_version(self) -> int | None:
         return self.policies.latest_version()
 

@@ -203,7 +203,7 @@ def write_bomb(path: str | Path, decoded_bytes: int = 2 << 30, *, worker_id: str
     footer = _struct([(1, "i32", 1), (2, "list:struct", _schema_elements()), (3, "i64", n_rows),
                       (4, "list:struct", row_groups),
                       (5, "list:struct", [[(1, "bin", "ARROW:schema"), (2, "bin", arrow_schema)]]),
-                      (6, "bin", "swarmrl.swarm.bomb")])
+                      (6, "bin", "swarmrl.attacks.bomb")])
     out += footer + struct.pack("<i", len(footer)) + b"PAR1"
     path.write_bytes(bytes(out))
     return path
