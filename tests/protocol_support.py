@@ -136,7 +136,7 @@ def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge
                                 task_id=task_id, env=a.contract.task.name, group_id=f"{a.assignment_id}-{gi}",
                                 prompt_ids=tok.encode(shown, add_special_tokens=False), completion_ids=comp,
                                 logprobs=[-0.1] * len(comp), reward=reward - pen, task_reward=reward, length_penalty=pen,
-                                advantage=0.0, target_length=a.target_length, temperature=1.0, finished=True,
+                                target_length=a.target_length, temperature=1.0, finished=True,
                                 seed=a.seed, proofs=[]))
     return rows
 

@@ -1,6 +1,5 @@
 """The contract's rules, and that the roles that share them agree (worker/node scoring vs the validator)."""
 
-import math
 import subprocess
 import sys
 
@@ -15,8 +14,9 @@ from swarmrl.contract import (
     GroupRule,
     RLContract,
     Rollout,
+    RowOrigin,
+    Samples,
     assigned_tasks,
-    group_advantages,
     is_informative,
     score_groups,
 )
@@ -79,12 +79,10 @@ def test_node_and_validator_score_alike(seed, n_tasks, group, target, penalty, d
             else:
                 comps.append(data.draw(completion))
     prompts = [encode_prompt(tok, t.prompt) for t in tasks for _ in range(group)]
-    batch = score_groups(env=make_env("add", digits=1),
-                         tasks=tasks, budgets=[a.budget()] * n_tasks, group_size=group, prompt_ids=prompts,
-                         completion_ids=comps, logprobs=[[-1.0] * len(c) for c in comps],
-                         finished=[bool(c) and c[-1] == EOS for c in comps],
-                         decode=lambda ids: decode_completion(tok, ids), worker_id="n" * 16, step=3,
-                         policy_version=3, seed=seed, temperature=1.0)
+    samples = Samples(prompts, comps, [[-1.0] * len(c) for c in comps], [bool(c) and c[-1] == EOS for c in comps])
+    batch = score_groups(env=make_env("add", digits=1), tasks=tasks, budgets=[a.budget()] * n_tasks, group_size=group,
+                         samples=samples, decode=lambda ids: decode_completion(tok, ids),
+                         origin=RowOrigin("n" * 16, step=3, policy_version=3, seed=seed, temperature=1.0))
     cfg = ValidatorConfig()
     ok, reason = check_rewards(CheckContext(rows=batch.rows, item=_pending(a, batch.rows), cfg=cfg, tokenizer=tok))
     assert ok, reason
@@ -117,7 +115,7 @@ def test_validator_states_prompts_as_the_assignment_says(tiny_model_dir):
                            tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
         rows = [Rollout(worker_id="n", step=0, policy_version=0, task_id=t.task_id, env="add", group_id=f"g{i}",
                         prompt_ids=encode_prompt(tok, t.prompt, chat), completion_ids=[1], logprobs=[-1.0],
-                        reward=0.0, task_reward=0.0, length_penalty=0.0, advantage=0.0, target_length=None,
+                        reward=0.0, task_reward=0.0, length_penalty=0.0, target_length=None,
                         temperature=1.0, finished=False, seed=7) for i, t in enumerate(tasks) for _ in range(2)]
         ok, reason = check_tasks(CheckContext(rows=rows, item=_pending(a, rows), cfg=ValidatorConfig(), tokenizer=tok))
         assert ok, (chat, reason)
@@ -153,7 +151,7 @@ def test_window_rejects_negative_level():
 def _row(worker, group, reward, step=5, version=5):
     return Rollout(worker_id=worker, step=step, policy_version=version, task_id="t", env="add", group_id=group,
                    prompt_ids=[1], completion_ids=[1], logprobs=[-1.0], reward=reward, task_reward=reward,
-                   length_penalty=0.0, advantage=0.0, target_length=None, temperature=1.0, finished=True, seed=0)
+                   length_penalty=0.0, target_length=None, temperature=1.0, finished=True, seed=0)
 
 
 @given(st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from("xyz"), st.sampled_from([0.0, 1.0])), max_size=40),
@@ -177,28 +175,11 @@ def test_group_rule_drops_stale_and_wrong_step_rows():
     assert [g[0].group_id for g in usable] == ["i"] and stats["stale_rows"] == 2 and stats["wrong_step_rows"] == 2
 
 
-@given(st.lists(st.floats(-10, 10), min_size=2, max_size=16))
-def test_group_advantages_centre_and_scale(rewards):
-    adv = group_advantages(rewards)
-    assert abs(sum(adv)) < 1e-6 * len(adv)
-    if is_informative(rewards, tol=1e-3):
-        # unit variance up to the eps in (r - mean) / (std + eps): (std / (std + eps))^2, which is below 0.999
-        # for spreads under ~4e-3 (hypothesis found rewards [0, 0.0039]: 0.99898)
-        mean = sum(rewards) / len(rewards)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        var = sum(a * a for a in adv) / len(adv)
-        assert var == pytest.approx((std / (std + 1e-6)) ** 2, rel=1e-6)
-        assert var == pytest.approx(1.0, rel=1e-3) or std < 2e-3
-    raw = group_advantages(rewards, use_std=False)
-    mean = sum(rewards) / len(rewards)
-    assert raw == pytest.approx([r - mean for r in rewards])
-
-
 def test_score_groups_refuses_mismatched_output():
     with pytest.raises(ValueError, match="completions"):
-        score_groups(env=None, tasks=[object()], budgets=[None], group_size=2, prompt_ids=[[1]], completion_ids=[[1]],
-                     logprobs=[[-1.0]], finished=[True], decode=str, worker_id="w", step=0, policy_version=0, seed=0,
-                     temperature=1.0)
+        score_groups(env=None, tasks=[object()], budgets=[None], group_size=2,
+                     samples=Samples(prompt_ids=[[1]], completion_ids=[[1]], logprobs=[[-1.0]], finished=[True]),
+                     decode=str, origin=RowOrigin("w", step=0, policy_version=0, seed=0, temperature=1.0))
 
 
 def test_budget_is_one_definition():

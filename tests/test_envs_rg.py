@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.contract import RLContract, assigned_tasks, score_groups
+from swarmrl.contract import RLContract, RowOrigin, Samples, assigned_tasks, score_groups
 from swarmrl.envs import available_envs, heldout_bucket, make_env
 from swarmrl.envs.answers import extract_tagged, extract_text
 from swarmrl.envs.base import Task, VerifierUnavailable
@@ -394,11 +394,11 @@ def test_validator_accepts_honest_rows_of_an_rg_task():
         gold = t.verification_info["answer"]
         for text in (t.demonstration, "<answer>no idea</answer>", f"<answer>{gold} or so</answer>"):
             comps.append(tok.encode(text, add_special_tokens=False) + [tok.eos_token_id])
+    samples = Samples(prompt_ids=[encode_prompt(tok, t.prompt) for t in tasks for _ in range(3)],
+                      completion_ids=comps, logprobs=[[-1.0] * len(c) for c in comps], finished=[True] * len(comps))
     batch = score_groups(env=make_env(task.name, **task.params), tasks=tasks, budgets=[None] * 3, group_size=3,
-                         prompt_ids=[encode_prompt(tok, t.prompt) for t in tasks for _ in range(3)],
-                         completion_ids=comps, logprobs=[[-1.0] * len(c) for c in comps], finished=[True] * len(comps),
-                         decode=lambda ids: decode_completion(tok, ids), worker_id="n" * 16, step=3,
-                         policy_version=3, seed=seed, temperature=1.0)
+                         samples=samples, decode=lambda ids: decode_completion(tok, ids),
+                         origin=RowOrigin("n" * 16, step=3, policy_version=3, seed=seed, temperature=1.0))
     rewards = [r.task_reward for r in batch.rows]
     assert rewards[0::3] == [1.0] * 3 and rewards[1::3] == [0.0] * 3 and all(0 < r < 1 for r in rewards[2::3])
 

@@ -21,8 +21,8 @@ from swarmrl.inference.prompts import encode_prompt, encode_reply
 from swarmrl.inference.sampler import SampleOutput
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.loss import policy_loss
-from swarmrl.rl.objective import Objective
+from swarmrl.rl.losses.objective import Objective
+from swarmrl.rl.losses.policy import policy_loss
 from swarmrl.rl.worker import rollout_batch
 from swarmrl.rollouts.packing import Sequence, pack
 from swarmrl.rollouts.wire import SCHEMA, RolloutError, read_rollouts, to_table, write_rollouts
@@ -132,7 +132,7 @@ def test_replay_accepts_the_environments_turns_and_nothing_else():
 def _row(**kw) -> Rollout:  # noqa: ANN003
     base = dict(worker_id="w", step=0, policy_version=0, task_id="t", env="calc", group_id="g", prompt_ids=[1, 2],
                 completion_ids=[3, 4, 5, 6], logprobs=[-0.5, 0.0, 0.0, -0.25], reward=1.0, task_reward=1.0,
-                length_penalty=0.0, advantage=0.0, target_length=None, temperature=1.0, finished=True, seed=0,
+                length_penalty=0.0, target_length=None, temperature=1.0, finished=True, seed=0,
                 proofs=[], completion_mask=[1, 0, 0, 1])
     return Rollout(**{**base, **kw})
 
@@ -407,7 +407,7 @@ def test_overlong_filter_drops_budget_cuts_not_trajectories_the_environment_ende
     from swarmrl.rl.trainer import overlong
 
     def row(n: int, finished: bool, mask: list[int] | None = None) -> Rollout:
-        return Rollout("w", 0, 0, "t", "calc", "g", [1, 2], list(range(3, 3 + n)), [-0.1] * n, 1.0, 1.0, 0.0, 0.0,
+        return Rollout("w", 0, 0, "t", "calc", "g", [1, 2], list(range(3, 3 + n)), [-0.1] * n, 1.0, 1.0, 0.0,
                        None, 1.0, finished, 0, completion_mask=mask)
 
     assert overlong(row(16, False), 16)  # single turn, no EOS, the whole budget used: cut

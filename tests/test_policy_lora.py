@@ -163,7 +163,7 @@ def _rows(model: torch.nn.Module, tok, seed: int) -> list[Rollout]:  # noqa: ANN
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(seed))
     return [Rollout(worker_id="n" * 16, step=1, policy_version=1, task_id=f"t{i}", env="add", group_id=f"g{i}",
                     prompt_ids=p, completion_ids=c, logprobs=lp, reward=0.0, task_reward=0.0, length_penalty=0.0,
-                    advantage=0.0, target_length=None, temperature=1.0, finished=fin, seed=0,
+                    target_length=None, temperature=1.0, finished=fin, seed=0,
                     proofs=build_proofs(h))
             for i, (p, c, lp, fin, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs,
                                                        out.finished, out.hidden))]

@@ -44,7 +44,7 @@ def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
         pen = 0.0 if a.target_length is None else a.contract.budget.penalty * abs(a.target_length - completion_length(c, fin))
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
                             env=a.contract.task.name, group_id=f"g{i // a.contract.group_size}", prompt_ids=p, completion_ids=c, logprobs=lp,
-                            reward=r - pen, task_reward=r, length_penalty=pen, advantage=0.0, target_length=a.target_length,
+                            reward=r - pen, task_reward=r, length_penalty=pen, target_length=a.target_length,
                             temperature=1.0, finished=fin, seed=a.seed, proofs=build_proofs(h)))
     return rows
 

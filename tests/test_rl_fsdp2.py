@@ -52,7 +52,7 @@ def _write_rollouts(run_dir) -> None:
                 comp = [rng.randrange(4, 200) for _ in range(rng.randint(1, 5))]
                 reward = float(i + g) / 4
                 rows.append(Rollout("w0", step, step, f"t{g}", "add", f"g{g}", [rng.randrange(4, 200) for _ in range(4)],
-                                    comp, [-rng.random() * 3 for _ in comp], reward, reward, 0.0, 0.0, None, 1.0,
+                                    comp, [-rng.random() * 3 for _ in comp], reward, reward, 0.0, None, 1.0,
                                     True, 0))
         write_rollouts(rows, run.new_rollout_path(step, "w0", 3))
 

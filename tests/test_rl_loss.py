@@ -2,9 +2,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, strategies
 
-from swarmrl.contract import group_advantages, is_informative
-from swarmrl.rl.loss import grpo_token_loss, token_weights
+from swarmrl.contract import is_informative
+from swarmrl.rl.losses.advantages import group_advantages
+from swarmrl.rl.losses.objective import Objective
+from swarmrl.rl.losses.policy import policy_loss
+from swarmrl.rl.losses.weights import token_weights
 
 
 def _lp(ratios):
@@ -16,7 +20,7 @@ def test_positive_advantage_clips_high_side_only():
     logp = _lp([0.5, 1.0, 1.5])
     old = torch.zeros(1, 3, dtype=torch.float64)
     w = torch.full((1, 3), 1 / 3, dtype=torch.float64)
-    st = grpo_token_loss(logp, old, torch.tensor([1.0], dtype=torch.float64), w, torch.ones(1, 3))
+    st = policy_loss(Objective(), logp, old, torch.tensor([1.0], dtype=torch.float64), w, torch.ones(1, 3))
     # -min(r*A, clip(r)*A): 0.5 -> -0.5 (below 1-eps is NOT clipped for A>0), 1 -> -1, 1.5 -> -1.2
     assert st.loss.item() == pytest.approx(-(0.5 + 1.0 + 1.2) / 3)
     st.loss.backward()
@@ -29,15 +33,15 @@ def test_negative_advantage_low_clip_and_delta_cap():
     logp = _lp([0.5, 1.0, 1.5, 6.0])
     old = torch.zeros(1, 4, dtype=torch.float64)
     w = torch.full((1, 4), 0.25, dtype=torch.float64)
-    st = grpo_token_loss(logp, old, torch.tensor([-1.0], dtype=torch.float64), w, torch.ones(1, 4), delta=4.0)
+    st = policy_loss(Objective(delta=4.0), logp, old, torch.tensor([-1.0], dtype=torch.float64), w, torch.ones(1, 4))
     # A=-1: 0.5 -> max(0.5, 0.8)=0.8 (clipped), 1 -> 1, 1.5 -> 1.5 (unclipped side), 6 -> capped at delta 4
     assert st.loss.item() == pytest.approx((0.8 + 1.0 + 1.5 + 4.0) / 4)
     st.loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([0.0, 0.25, 1.5 * 0.25, 0.0])
     assert st.stats.delta_frac == pytest.approx(0.25) and st.stats.clip_low_frac == pytest.approx(0.25)
     # without delta the ratio 6 token is unbounded
-    st2 = grpo_token_loss(_lp([0.5, 1.0, 1.5, 6.0]), old, torch.tensor([-1.0], dtype=torch.float64), w,
-                          torch.ones(1, 4), delta=None)
+    st2 = policy_loss(Objective(delta=None), _lp([0.5, 1.0, 1.5, 6.0]), old, torch.tensor([-1.0], dtype=torch.float64),
+                      w, torch.ones(1, 4))
     assert st2.loss.item() == pytest.approx((0.8 + 1.0 + 1.5 + 6.0) / 4)
 
 
@@ -46,7 +50,7 @@ def test_mask_ignores_padding_values():
     old = torch.tensor([[0.0, -1.0, -50.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     w = torch.full((1, 3), 0.5)
-    st = grpo_token_loss(logp, old, torch.tensor([2.0]), w, mask)
+    st = policy_loss(Objective(), logp, old, torch.tensor([2.0]), w, mask)
     assert st.loss.item() == pytest.approx(-2.0)  # two tokens at ratio 1, A=2, weight 0.5
     assert st.stats.tokens == 2 and st.stats.ratio_max == pytest.approx(1.0)
     st.loss.backward()
@@ -75,9 +79,10 @@ def test_global_weights_for_a_share_of_the_batch():
 def test_kl_k3_is_zero_at_reference_and_positive_elsewhere():
     logp = torch.tensor([[-1.0, -2.0]])
     w = torch.full((1, 2), 0.5)
-    same = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp, kl_coef=1.0)
+    same = policy_loss(Objective(kl_coef=1.0), logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp)
     assert same.stats.kl == pytest.approx(0.0)
-    diff = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), ref_logp=logp - 0.5, kl_coef=1.0)
+    diff = policy_loss(Objective(kl_coef=1.0), logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2),
+                       ref_logp=logp - 0.5)
     assert diff.stats.kl == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
     assert diff.loss.item() == pytest.approx(math.exp(-0.5) + 0.5 - 1.0)
 
@@ -86,8 +91,8 @@ def test_entropy_bonus_lowers_loss():
     logp = torch.zeros(1, 2)
     ent = torch.full((1, 2), 2.0)
     w = torch.full((1, 2), 0.5)
-    base = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent, entropy_coef=0.0)
-    bonus = grpo_token_loss(logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent, entropy_coef=0.1)
+    base = policy_loss(Objective(entropy_coef=0.0), logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent)
+    bonus = policy_loss(Objective(entropy_coef=0.1), logp, logp, torch.tensor([0.0]), w, torch.ones(1, 2), entropy=ent)
     assert base.loss.item() == 0.0 and bonus.loss.item() == pytest.approx(-0.2)
     assert bonus.stats.entropy == pytest.approx(2.0)
 
@@ -97,6 +102,23 @@ def test_group_advantages_with_and_without_std():
     assert group_advantages([1, 0, 0, 1], use_std=False) == pytest.approx([0.5, -0.5, -0.5, 0.5])
     assert group_advantages([0.3, 0.3, 0.3]) == pytest.approx([0, 0, 0])
     assert group_advantages([]) == []
+
+
+@given(strategies.lists(strategies.floats(-10, 10), min_size=2, max_size=16))
+def test_group_advantages_centre_and_scale(rewards):
+    adv = group_advantages(rewards)
+    assert abs(sum(adv)) < 1e-6 * len(adv)
+    if is_informative(rewards, tol=1e-3):
+        # unit variance up to the eps in (r - mean) / (std + eps): (std / (std + eps))^2, which is below 0.999
+        # for spreads under ~4e-3 (hypothesis found rewards [0, 0.0039]: 0.99898)
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        var = sum(a * a for a in adv) / len(adv)
+        assert var == pytest.approx((std / (std + 1e-6)) ** 2, rel=1e-6)
+        assert var == pytest.approx(1.0, rel=1e-3) or std < 2e-3
+    raw = group_advantages(rewards, use_std=False)
+    mean = sum(rewards) / len(rewards)
+    assert raw == pytest.approx([r - mean for r in rewards])
 
 
 def test_tied_groups_are_uninformative():

@@ -9,20 +9,22 @@ import math
 import pytest
 import torch
 
-from swarmrl.contract import RLContract, group_advantages
+from swarmrl.contract import RLContract
 from swarmrl.envs import make_env
 from swarmrl.envs.config import TaskConfig
 from swarmrl.models.io import load_model, load_tokenizer
-from swarmrl.rl.config import KIND_DEFAULTS, EvalSection, LossConfig, RLConfig
-from swarmrl.rl.loss import policy_loss
-from swarmrl.rl.objective import Objective
+from swarmrl.rl.config import EvalSection, LossConfig, RLConfig
+from swarmrl.rl.losses.advantages import group_advantages
+from swarmrl.rl.losses.objective import Objective
+from swarmrl.rl.losses.policy import policy_loss
+from swarmrl.rl.losses.registry import loss_names
 from swarmrl.rl.trainer import Trainer
 from swarmrl.rl.worker import rollout_batch
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import read_trainer_log
 from swarmrl.rundir.writer import RunDir
 
-KINDS = list(KIND_DEFAULTS)
+KINDS = loss_names()
 
 
 def _obj(kind: str = "grpo", **kw) -> Objective:

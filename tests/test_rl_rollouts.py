@@ -24,7 +24,7 @@ def select_groups(rows_by_file, step, cfg):
 def row(**kw) -> Rollout:
     base = dict(worker_id="w0", step=5, policy_version=4, task_id="t", env="mul_add", group_id="g0",
                 prompt_ids=[1, 2, 3], completion_ids=[4, 2], logprobs=[-0.5, -0.125], reward=1.0, task_reward=1.0,
-                length_penalty=0.0, advantage=0.75, target_length=None, temperature=1.0, finished=True, seed=9,
+                length_penalty=0.0, target_length=None, temperature=1.0, finished=True, seed=9,
                 proofs=[b"\x00\x01"])
     base.update(kw)
     return Rollout(**base)
@@ -55,7 +55,7 @@ def test_bad_rows_are_rejected_with_reason(tmp_path, bad, reason):
 
 
 def test_wrong_schema_and_garbage_and_size_limits(tmp_path):
-    t = to_table([row()]).drop_columns(["advantage"])
+    t = to_table([row()]).drop_columns(["length_penalty"])
     pq.write_table(t, tmp_path / "c.parquet")
     with pytest.raises(RolloutError, match="missing columns"):
         read_rollouts(tmp_path / "c.parquet")
@@ -73,6 +73,25 @@ def test_wrong_schema_and_garbage_and_size_limits(tmp_path):
         read_rollouts(p, RolloutLimits(max_bytes=100))
     with pytest.raises(RolloutError, match="proofs over"):
         read_rollouts(write_rollouts([row(proofs=[b"x" * 10])], tmp_path / "g.parquet"), RolloutLimits(max_proof_bytes=4))
+
+
+def test_a_file_with_the_old_advantage_column_is_refused_by_every_reader(tmp_path):
+    """Rows no longer carry an advantage (the trainer computes it from the rewards by its loss's rule): a file an
+    older version wrote, with its ``advantage`` column where it stood, is refused as any file whose columns differ
+    from the schema, by every reader, with the reason; as a file without ``completion_mask`` is."""
+    t = to_table([row(), row(group_id="g1")])
+    t = t.add_column(t.schema.get_field_index("length_penalty") + 1, pa.field("advantage", pa.float32(), nullable=False),
+                     pa.array([0.5, -0.5], pa.float32()))
+    pq.write_table(t, tmp_path / "old.parquet")
+    for reader in (read_rollouts, check_rollouts, read_group_keys):
+        with pytest.raises(RolloutError, match=r"unexpected columns \['advantage'\] \(a file from before the trainer "
+                                               "computed advantages itself"):
+            reader(tmp_path / "old.parquet")
+    both = t.drop_columns(["completion_mask"])  # older still: from before multi-turn rows too
+    pq.write_table(both, tmp_path / "older.parquet")
+    with pytest.raises(RolloutError, match="before multi-turn rows; a file from before the trainer computed"):
+        read_rollouts(tmp_path / "older.parquet")
+    assert "advantage" not in SCHEMA.names
 
 
 def test_group_keys_are_the_rows_grouping_fields_and_still_bounded(tmp_path):

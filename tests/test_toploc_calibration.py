@@ -93,7 +93,7 @@ def _rows(model_dir, noise: float = 0.0) -> list[Rollout]:
     prompts = [tok.encode(t, add_special_tokens=False) for t in ("1+1=", "hello there", "12*3+4=")]
     out = generate(model, prompts, SamplingParams(max_new_tokens=20), tok.eos_token_id, tok.pad_token_id,
                    capture_hidden=True, generator=torch.Generator().manual_seed(0))
-    return [Rollout("n", 0, 0, f"t{i}", "mul_add", f"g{i}", p, c, lp, 0.0, 0.0, 0.0, 0.0, None, 1.0, f, 0,
+    return [Rollout("n", 0, 0, f"t{i}", "mul_add", f"g{i}", p, c, lp, 0.0, 0.0, 0.0, None, 1.0, f, 0,
                     build_proofs(h.float() * (1 + noise)))
             for i, (p, c, lp, f, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
                                                      out.hidden))]

@@ -52,7 +52,7 @@ def test_verify_rollout_file(model_dir, tmp_path):
     prompts = [tok.encode(t, add_special_tokens=False) for t in ["1+1=", "hello there"]]
     out = generate(model, prompts, SamplingParams(max_new_tokens=40), tok.eos_token_id, tok.pad_token_id,
                    capture_hidden=True, generator=torch.Generator().manual_seed(0))
-    rows = [Rollout("w", 0, 0, f"t{i}", "mul_add", "g", p, c, lp, 0.0, 0.0, 0.0, 0.0, None, 1.0, f, 0,
+    rows = [Rollout("w", 0, 0, f"t{i}", "mul_add", "g", p, c, lp, 0.0, 0.0, 0.0, None, 1.0, f, 0,
                     build_proofs(h))
             for i, (p, c, lp, f, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
                                                      out.hidden))]

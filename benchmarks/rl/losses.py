@@ -9,7 +9,7 @@ evaluated once. Reported per cell: the mean held-out gain over the seeds, its st
 the k end accuracies, sqrt(sum_i se_i^2) / k, combined with the start's), the seeds' values (their spread shows
 the run-to-run noise), steps, the trainer's mean policy lag.
 
-    python benchmarks/rl/losses.py                       # main job's task, 6 losses x {0,2,8} x {none,tis} x 2 seeds
+    python benchmarks/rl/losses.py                       # main job's task, every loss x {0,2,8} x {none,tis} x 2 seeds
     python benchmarks/rl/losses.py --config configs/smollm2.toml --async-levels 2 --corrections none --seeds 0 \\
         --minutes 5 --set ...                             # one row per loss at the default async level and correction
 
@@ -29,7 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_trl import evaluate_dir, run_ours, se  # noqa: E402  (the same run and evaluation code as the TRL benchmark)
 
-LOSSES = "grpo,dr_grpo,dapo,gspo,cispo,rloo"
+from swarmrl.rl.losses.registry import loss_names  # noqa: E402  (loads no torch)
+
+LOSSES = ",".join(loss_names())  # every registered loss (swarmrl/rl/losses/kinds/), in name order
 
 
 def _say(msg: str) -> None:

@@ -73,7 +73,7 @@ def one(model: str, variant: str, steps: int, prompt_len: int, completion_len: i
         prompt = [rng.randrange(100, 40000) for _ in range(prompt_len)]
         groups.append([Rollout("w0", 0, 0, f"t{g}", "add", f"g{g}", prompt,
                                [rng.randrange(100, 40000) for _ in range(completion_len)], [-2.0] * completion_len,
-                               float(i % 2), float(i % 2), 0.0, 0.0, None, 1.0, True, 0) for i in range(8)])
+                               float(i % 2), float(i % 2), 0.0, None, 1.0, True, 0) for i in range(8)])
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RLConfig(run_dir=str(Path(tmp) / "run"), model=model, steps=steps, prompts_per_step=4,
                        contract=RLContract(task=TaskConfig(name="add"), async_level=0, group_size=8),

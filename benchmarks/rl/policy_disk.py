@@ -48,7 +48,7 @@ def one(model: str, variant: str, updates: int, keep: int, tmp: Path) -> dict:
         rng = random.Random(0)
         groups = [[Rollout("w0", 0, 0, f"t{g}", "add", f"g{g}", [rng.randrange(3, 200) for _ in range(16)],
                            [rng.randrange(3, 200) for _ in range(8)], [-2.0] * 8, float(i % 2), float(i % 2),
-                           0.0, 0.0, None, 1.0, True, 0) for i in range(8)] for g in range(2)]
+                           0.0, None, 1.0, True, 0) for i in range(8)] for g in range(2)]
         cfg = RLConfig(run_dir=str(tmp / variant), model=model, steps=updates, prompts_per_step=2, keep_versions=keep,
                        contract=RLContract(task=TaskConfig(name="add"), async_level=0, group_size=8),
                        eval=EvalSection(every_steps=0, n=2, max_new_tokens=2),

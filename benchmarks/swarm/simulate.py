@@ -281,7 +281,7 @@ class Sim:
                 "group_id": [f"{a.assignment_id}-{gi}" for gi in range(len(a.tasks)) for _ in range(g)],
                 "prompt_ids": [[1, 2, 3]] * rows, "completion_ids": [[4, 5]] * rows,
                 "logprobs": [[-0.1, -0.2]] * rows, "reward": rewards, "task_reward": rewards,
-                "length_penalty": [0.0] * rows, "advantage": [0.0] * rows, "target_length": [a.target_length] * rows,
+                "length_penalty": [0.0] * rows, "target_length": [a.target_length] * rows,
                 "temperature": [1.0] * rows, "finished": [True] * rows, "seed": [a.seed] * rows,
                 "proofs": [[]] * rows, "completion_mask": [[1, 1]] * rows}
         return pa.Table.from_pydict(cols, schema=SCHEMA)

@@ -44,7 +44,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from swarmrl.attacks.bomb import write_bomb
 from swarmrl.attacks.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.attacks.slowloris import HoldReport, IdleHolder, loopback_sources, raise_own_nofile
-from swarmrl.contract import Rollout, assigned_tasks, group_advantages, score_completion
+from swarmrl.contract import Rollout, assigned_tasks, score_completion
 from swarmrl.envs import Environment, Task
 from swarmrl.envs.multiturn import segments
 from swarmrl.inference.backend import InferenceBackend, OursBackend
@@ -75,10 +75,10 @@ class RandomModel(SwarmNode):
         return self.random
 
 
-def _rescore(node: SwarmNode, rows: list[Rollout], tasks: list[Task], env: Environment, rl: RLConfig,
+def _rescore(node: SwarmNode, rows: list[Rollout], tasks: list[Task], env: Environment,
              a: AssignmentSpec) -> list[Rollout]:
-    """Honest scores for tampered rows (whole text; the model's tokens for a budget) and their groups' advantages:
-    the reward re-check alone then finds nothing wrong with the claimed numbers."""
+    """Honest scores for tampered rows (whole text; the model's tokens for a budget): the reward re-check alone
+    then finds nothing wrong with the claimed numbers."""
     by_id = {t.task_id: t for t in tasks}
     for r in rows:
         ids = r.completion_ids
@@ -86,12 +86,6 @@ def _rescore(node: SwarmNode, rows: list[Rollout], tasks: list[Task], env: Envir
         s = score_completion(env, by_id[r.task_id], decode_completion(node.tokenizer, ids), model_ids, r.finished,
                              a.budget())
         r.task_reward, r.length_penalty, r.reward = s.task_reward, s.length_penalty, s.reward
-    groups: dict[str, list[Rollout]] = {}
-    for r in rows:
-        groups.setdefault(r.group_id, []).append(r)
-    for g in groups.values():
-        for r, adv in zip(g, group_advantages([x.reward for x in g], use_std=rl.loss.use_std)):
-            r.advantage = adv
     return rows
 
 
@@ -111,7 +105,7 @@ class EditTokens(SwarmNode):
             ids = ids[: rl.sampling.max_new_tokens - 1] + [eos]
             lp = list(r.logprobs) + [r.logprobs[-1] if r.logprobs else -1.0] * len(ids)
             r.completion_ids, r.logprobs, r.finished, r.completion_mask = ids, lp[: len(ids)], True, None
-        return _rescore(self, rows, tasks, env, rl, a)
+        return _rescore(self, rows, tasks, env, a)
 
 
 class EditEnvTurn(SwarmNode):
@@ -127,7 +121,7 @@ class EditEnvTurn(SwarmNode):
         by_id = {t.task_id: t for t in tasks}
         for r in rows:
             self._edit_row(r, by_id[r.task_id])
-        return _rescore(self, rows, tasks, env, rl, a)
+        return _rescore(self, rows, tasks, env, a)
 
     def _edit_row(self, r: Rollout, task: Task) -> None:
         ids, lp, mask = list(r.completion_ids), list(r.logprobs), r.model_mask()

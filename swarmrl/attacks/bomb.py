@@ -183,7 +183,7 @@ def write_bomb(path: str | Path, decoded_bytes: int = 2 << 30, *, worker_id: str
                    "task_id": [task_ids[j] for j in k], "env": [env] * n,
                    "group_id": [f"{group_prefix}-{j}" for j in k],
                    "prompt_ids": [7], "completion_ids": [7], "logprobs": [-0.5],
-                   **{c: [0.0] * n for c in ("reward", "task_reward", "length_penalty", "advantage")},
+                   **{c: [0.0] * n for c in ("reward", "task_reward", "length_penalty")},
                    "target_length": [None] * n, "temperature": [1.0] * n, "finished": [False] * n,
                    "seed": [seed] * n, "proofs": [], "completion_mask": [1]}
         chunks, total = [], 0

@@ -3,12 +3,13 @@
 Pure and torch-free. Each rule has one home here, and the roles call it instead of re-deriving it:
 
 - ``window``: the staleness window (``async_level``): which policy versions may serve which steps.
-- ``groups``: which groups of completions the trainer can use (complete, not all-tied) and their
-  group-relative advantages.
+- ``groups``: which groups of completions the trainer can use (complete, not all-tied). Advantages are not a
+  shared rule: the trainer computes them from the rewards by its loss's rule (``swarmrl.rl.losses``).
 - ``scoring``: how a completion is scored (task reward minus the thinking-budget length penalty),
   how a budget is stated in the prompt, and the validator's re-check of a claimed score.
 - ``assignment``: seeded task assignment (protocol and local workers) and throughput-matched budgets.
-- ``rows``: the rollout row and how sampler output is packed into scored rows (logprobs, proofs).
+- ``rows``: the rollout row and how sampler output (``Samples``) is packed into scored rows (logprobs, proofs)
+  from one origin (``RowOrigin``: worker, step, policy version, seed, temperature).
 - ``demand``: which step still needs work (local workers and the orchestrator).
 - ``params``: ``RLContract``, every parameter the roles must agree on, as one typed object that every role's
   config and the wire schemas carry under the name ``contract``.
@@ -23,9 +24,9 @@ from swarmrl.contract.assignment import (
     worker_task_seed,
 )
 from swarmrl.contract.demand import Demand
-from swarmrl.contract.groups import GroupRule, group_advantages, is_informative
+from swarmrl.contract.groups import GroupRule, is_informative
 from swarmrl.contract.params import PROOF_GEOMETRY, BudgetRule, ProofGeometry, RLContract
-from swarmrl.contract.rows import Rollout, ScoredBatch, score_groups
+from swarmrl.contract.rows import Rollout, RowOrigin, Samples, ScoredBatch, score_groups
 from swarmrl.contract.scoring import (
     Budget,
     Score,
@@ -40,8 +41,7 @@ from swarmrl.contract.window import AsyncWindow
 
 __all__ = [
     "AsyncWindow", "Budget", "BudgetRule", "Demand", "GroupRule", "PROOF_GEOMETRY", "ProofGeometry", "RLContract",
-    "Rollout", "Score", "ScoredBatch", "allowed_targets", "assigned_tasks",
-    "check_prompt_format", "check_score", "completion_length", "draw_targets", "format_prompt", "group_advantages",
-    "is_informative", "length_penalty", "score_completion", "score_groups", "task_seed", "thinking_budget",
-    "worker_task_seed",
+    "Rollout", "RowOrigin", "Samples", "Score", "ScoredBatch", "allowed_targets", "assigned_tasks",
+    "check_prompt_format", "check_score", "completion_length", "draw_targets", "format_prompt", "is_informative",
+    "length_penalty", "score_completion", "score_groups", "task_seed", "thinking_budget", "worker_task_seed",
 ]

@@ -1,12 +1,12 @@
 """Groups: ``group_size`` completions of one task. A group whose rewards all tie has zero advantage everywhere
-and carries no gradient signal; with ``filter_ties`` it is dropped online and the trainer backfills the step
-with more groups. ``GroupRule`` is the one definition of a usable group, shared by the worker (what it
+(under every loss's advantage rule; the trainer computes advantages: ``swarmrl.rl.losses.advantages``) and
+carries no gradient signal; with ``filter_ties`` it is dropped online and the trainer backfills the step with
+more groups. ``GroupRule`` is the one definition of a usable group, shared by the worker (what it
 announces), the orchestrator (how much work a step still needs), the adapter (what a file holds) and the
 trainer (what it trains on)."""
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,25 +20,6 @@ TIE_TOLERANCE = 1e-9
 def is_informative(rewards: Sequence[float], tol: float = TIE_TOLERANCE) -> bool:
     """A group whose rewards all tie has zero advantages everywhere: no gradient signal."""
     return len(rewards) > 1 and (max(rewards) - min(rewards)) > tol
-
-
-def group_advantages(rewards: Sequence[float], use_std: bool = True, eps: float = 1e-6,
-                     leave_one_out: bool = False) -> list[float]:
-    """(r - mean) / (std + eps) within one group; with ``use_std=False``: r - mean. With ``leave_one_out`` (RLOO)
-    each sample's baseline is the mean of the others: r_i - mean_{j != i} r_j = G / (G - 1) (r_i - mean).
-
-    std is the population standard deviation (a group of G samples is the whole population)."""
-    r = [float(x) for x in rewards]
-    if not r:
-        return []
-    mean = math.fsum(r) / len(r)
-    centred = [x - mean for x in r]
-    if leave_one_out and len(r) > 1:
-        centred = [c * len(r) / (len(r) - 1) for c in centred]
-    if use_std:
-        std = math.sqrt(math.fsum(c * c for c in centred) / len(r))
-        centred = [c / (std + eps) for c in centred]
-    return centred
 
 
 class _Row(Protocol):

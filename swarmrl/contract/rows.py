@@ -1,14 +1,15 @@
 """The rollout row (one sampled completion, the unit every role exchanges) and how sampler output is packed
-into scored rows: per group, each completion is scored (``scoring``), the group's advantages computed
-(``groups``), and the sampling logprobs and TOPLOC proofs attached. Nodes and local workers both build their
-rows here, so what a validator re-derives is exactly what a worker claimed."""
+into scored rows: each completion is scored (``scoring``), and the sampling logprobs and TOPLOC proofs attached.
+Nodes and local workers both build their rows here, so what a validator re-derives is exactly what a worker
+claimed. Rows carry rewards, not advantages: the trainer computes those from the rewards by its loss's rule
+(``swarmrl.rl.losses.advantages``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from swarmrl.contract.groups import group_advantages, is_informative
+from swarmrl.contract.groups import is_informative
 from swarmrl.contract.scoring import Budget, Verifier, score_completion
 
 
@@ -26,7 +27,6 @@ class Rollout:
     reward: float
     task_reward: float
     length_penalty: float
-    advantage: float
     target_length: int | None
     temperature: float
     finished: bool
@@ -51,20 +51,41 @@ class ScoredBatch:
     tokens: int  # completion tokens generated
 
 
+@dataclass(frozen=True)
+class Samples:
+    """The sampler's output for ``len(tasks) * group_size`` completions: task i's group sits at
+    ``i * group_size + j`` of every list."""
+
+    prompt_ids: Sequence[list[int]]
+    completion_ids: Sequence[list[int]]
+    logprobs: Sequence[list[float]]
+    finished: Sequence[bool]
+    proofs: Sequence[list[bytes]] | None = None  # TOPLOC proofs of each completion; None: none made
+    masks: Sequence[list[int]] | None = None  # multi-turn trajectories' completion masks; None: every token sampled
+    texts: Sequence[str] | None = None  # what the verifier scores for each; None: ``decode`` of its ids
+
+
+@dataclass(frozen=True)
+class RowOrigin:
+    """Where a batch's rows come from, the same on each of them: who sampled them, for which step, with which
+    policy version, from which task-assignment seed, at which temperature."""
+
+    worker_id: str
+    step: int
+    policy_version: int
+    seed: int
+    temperature: float
+
+
 def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | None], group_size: int,
-                 prompt_ids: Sequence[list[int]], completion_ids: Sequence[list[int]],
-                 logprobs: Sequence[list[float]], finished: Sequence[bool], decode: Callable[[list[int]], str],
-                 proofs: Sequence[list[bytes]] | None = None, worker_id: str, step: int, policy_version: int,
-                 seed: int, temperature: float, use_std: bool = True,
-                 masks: Sequence[list[int]] | None = None, texts: Sequence[str] | None = None) -> ScoredBatch:
-    """Rows for ``tasks`` whose ``group_size`` completions each sit at ``i * group_size + j`` of the sampler's
-    output lists (``budgets[i]``: task i's thinking budget or None; ``masks``: multi-turn trajectories' completion
-    masks, None: every token sampled; ``texts``: what the verifier scores for each, None: ``decode`` of its ids,
-    as for every environment but a verifiers one, scored on its conversation). A thinking budget counts the
-    model's tokens only."""
-    g = group_size
-    if not (len(prompt_ids) == len(completion_ids) == len(logprobs) == len(finished) == len(tasks) * g):
-        raise ValueError(f"sampler output holds {len(completion_ids)} completions for {len(tasks)} tasks x {g}")
+                 samples: Samples, decode: Callable[[list[int]], str], origin: RowOrigin) -> ScoredBatch:
+    """Rows for ``tasks``, each with ``group_size`` completions in ``samples`` (``budgets[i]``: task i's thinking
+    budget or None). The verifier scores ``samples.texts`` where given (a verifiers environment's, scored on its
+    conversation), else ``decode`` of each completion's ids. A thinking budget counts the model's tokens only."""
+    g, out = group_size, samples
+    if not (len(out.prompt_ids) == len(out.completion_ids) == len(out.logprobs) == len(out.finished)
+            == len(tasks) * g):
+        raise ValueError(f"sampler output holds {len(out.completion_ids)} completions for {len(tasks)} tasks x {g}")
     rows: list[Rollout] = []
     informative = tokens = 0
     for i, task in enumerate(tasks):
@@ -72,21 +93,21 @@ def score_groups(*, env: Verifier, tasks: Sequence, budgets: Sequence[Budget | N
         idx = range(i * g, (i + 1) * g)
         scores = []
         for j in idx:
-            tokens += len(completion_ids[j])
-            model_ids = completion_ids[j] if masks is None else [t for t, m in zip(completion_ids[j], masks[j]) if m]
-            text = decode(completion_ids[j]) if texts is None else texts[j]
-            scores.append(score_completion(env, task, text, model_ids, finished[j], budget))
-        rewards = [s.reward for s in scores]
-        adv = group_advantages(rewards, use_std=use_std)
-        informative += int(is_informative(rewards))
-        for k, j in enumerate(idx):
+            ids = out.completion_ids[j]
+            tokens += len(ids)
+            model_ids = ids if out.masks is None else [t for t, m in zip(ids, out.masks[j]) if m]
+            text = decode(ids) if out.texts is None else out.texts[j]
+            scores.append(score_completion(env, task, text, model_ids, out.finished[j], budget))
+        informative += int(is_informative([s.reward for s in scores]))
+        for s, j in zip(scores, idx):
             rows.append(Rollout(
-                worker_id=worker_id, step=step, policy_version=policy_version, task_id=task.task_id, env=task.env,
-                group_id=f"{task.task_id}#{seed}#{i}", prompt_ids=list(prompt_ids[j]),
-                completion_ids=list(completion_ids[j]), logprobs=list(logprobs[j]), reward=scores[k].reward,
-                task_reward=scores[k].task_reward, length_penalty=scores[k].length_penalty, advantage=adv[k],
-                target_length=budget.target if budget is not None else None, temperature=temperature,
-                finished=bool(finished[j]), seed=seed, proofs=list(proofs[j]) if proofs is not None else [],
-                completion_mask=list(masks[j]) if masks is not None else None,
+                worker_id=origin.worker_id, step=origin.step, policy_version=origin.policy_version,
+                task_id=task.task_id, env=task.env, group_id=f"{task.task_id}#{origin.seed}#{i}",
+                prompt_ids=list(out.prompt_ids[j]), completion_ids=list(out.completion_ids[j]),
+                logprobs=list(out.logprobs[j]), reward=s.reward, task_reward=s.task_reward,
+                length_penalty=s.length_penalty, target_length=budget.target if budget is not None else None,
+                temperature=origin.temperature, finished=bool(out.finished[j]), seed=origin.seed,
+                proofs=list(out.proofs[j]) if out.proofs is not None else [],
+                completion_mask=list(out.masks[j]) if out.masks is not None else None,
             ))
     return ScoredBatch(rows, informative, tokens)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from swarmrl.config import StrictModel
-from swarmrl.contract import RLContract, group_advantages
+from swarmrl.contract import RLContract
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.inference.params import SamplingParams
 from swarmrl.models.adapter_file import DEFAULT_TARGETS, MAX_RANK
-from swarmrl.rl.objective import Correction, LossKind, Objective
+from swarmrl.rl.losses.objective import Correction, Normalization, Objective
+from swarmrl.rl.losses.registry import get_loss
 from swarmrl.rl.tracking import TrackingSection
 
 # settings that moved into ``rl.contract`` (every role shares them): an old config is told where they went
@@ -20,42 +21,37 @@ MOVED_TO_CONTRACT = {"task": "contract.task", "chat_template": "contract.chat_te
                      "filter_ties": "contract.filter_ties", "budget": "contract.budget"}
 
 
-# what each loss kind sets when the config leaves it unset (``swarmrl.rl.loss`` documents each kind and its source)
-KIND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "grpo": {},
-    "dr_grpo": {"use_std": False, "normalization": "constant"},
-    "dapo": {"clip_eps_high": 0.28, "overlong_filter": True},
-    "gspo": {"clip_eps": 3e-4, "clip_eps_high": 4e-4, "normalization": "sequence"},
-    "cispo": {"clip_eps_high": 0.28},
-    "rloo": {"use_std": False},
-}
-
-
 class LossConfig(StrictModel):
-    """The objective (``kind``) and its knobs; a knob left unset takes the kind's value (``KIND_DEFAULTS``), then
-    the field's default."""
+    """The objective (``kind``: a registered loss, ``swarmrl.rl.losses.kinds``) and its knobs; a knob left unset
+    takes the loss's value (its ``defaults``), then the field's default."""
 
-    kind: LossKind = "grpo"
+    kind: str = "grpo"
     clip_eps: float = Field(0.2, gt=0, lt=1)  # the lower clip (and the upper one unless clip_eps_high is set)
     clip_eps_high: float | None = Field(None, gt=0, lt=10)  # the upper clip (DAPO's clip-higher)
     delta: float | None = Field(4.0, gt=1)  # upper bound on the ratio (None: plain PPO clip)
-    normalization: Literal["sequence", "token", "constant"] = "token"
+    normalization: Normalization = "token"
     constant: float | None = Field(None, gt=0)  # for normalization = "constant"
     entropy_coef: float = Field(0.0, ge=0)
     kl_coef: float = Field(0.0, ge=0)  # > 0 keeps a frozen reference copy of the initial policy
     use_std: bool = True  # advantages divided by the group std
     overlong_filter: bool = False  # completions cut at max_new_tokens without EOS are left out of the loss
-    # off-policy correction against the inference logprobs (swarmrl.rl.loss): none, truncated or masked IS
+    # off-policy correction against the inference logprobs (swarmrl.rl.losses.importance): none, truncated or masked IS
     correction: Correction = "none"
     correction_level: Literal["token", "sequence"] = "token"
     tis_cap: float = Field(2.0, gt=0)
     mis_band: tuple[float, float] = (0.5, 2.0)
 
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        get_loss(kind)  # an unknown name is refused with the known ones
+        return kind
+
     @model_validator(mode="after")
     def _kind_defaults(self) -> LossConfig:
-        for k, v in KIND_DEFAULTS[self.kind].items():
+        for k, v in get_loss(self.kind).defaults.items():
             if k not in self.model_fields_set:
-                self.__dict__[k] = v  # no re-validation loop: the values are the kind's own
+                self.__dict__[k] = v  # no re-validation loop: the values are the loss's own
         lo, hi = self.mis_band
         if not 0 <= lo < 1 < hi:
             raise ValueError(f"mis_band {self.mis_band} must satisfy 0 <= low < 1 < high")
@@ -68,8 +64,9 @@ class LossConfig(StrictModel):
                          kl_coef=self.kl_coef)
 
     def advantages(self, rewards: list[float]) -> list[float]:
-        """A group's advantages as this kind computes them (``rloo``: leave-one-out)."""
-        return group_advantages(rewards, use_std=self.use_std, leave_one_out=self.kind == "rloo")
+        """A group's advantages by this loss's rule (``Loss.advantages``; ``rloo``: leave-one-out): the one place
+        the trainer gets them (rows carry rewards, not advantages)."""
+        return get_loss(self.kind).advantages(rewards, use_std=self.use_std)
 
 
 class OptimConfig(StrictModel):

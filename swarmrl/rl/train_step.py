@@ -18,7 +18,8 @@ import torch
 
 from swarmrl.rl.config import LossConfig
 from swarmrl.rl.lora import BaseReference
-from swarmrl.rl.loss import policy_loss, token_weights
+from swarmrl.rl.losses.policy import policy_loss
+from swarmrl.rl.losses.weights import token_weights
 from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.rollouts.shared import pack_shared, shared_logprobs, supports_shared
 from swarmrl.rundir.records import LossStats

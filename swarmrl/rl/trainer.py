@@ -254,7 +254,7 @@ class Trainer:
         cfg = self.cfg
         seqs: list[Sequence] = []
         for g in groups:
-            adv = cfg.loss.advantages([r.reward for r in g])  # recomputed, not trusted
+            adv = cfg.loss.advantages([r.reward for r in g])  # the loss's rule, from the rewards (rows carry none)
             for r, a in zip(g, adv):
                 if cfg.loss.overlong_filter and overlong(r, cfg.sampling.max_new_tokens):  # left out of the loss
                     continue

@@ -19,6 +19,8 @@ from swarmrl.contract import (
     Demand,
     RLContract,
     Rollout,
+    RowOrigin,
+    Samples,
     allowed_targets,
     draw_targets,
     format_prompt,
@@ -84,12 +86,11 @@ def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: En
             masks = out.masks
         else:
             out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
-    scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, prompt_ids=out.prompt_ids,
-                          completion_ids=out.completion_ids, logprobs=out.logprobs, finished=out.finished,
-                          decode=lambda ids: decode_completion(tokenizer, ids),
-                          proofs=build_proofs_many(out.hidden, c.proof) if proofs else None,
-                          worker_id=worker_id, step=step, policy_version=policy_version, seed=seed,
-                          temperature=cfg.sampling.temperature, use_std=cfg.loss.use_std, masks=masks, texts=texts)
+    samples = Samples(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
+                      proofs=build_proofs_many(out.hidden, c.proof) if proofs else None, masks=masks, texts=texts)
+    origin = RowOrigin(worker_id, step, policy_version, seed, cfg.sampling.temperature)
+    scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, samples=samples,
+                          decode=lambda ids: decode_completion(tokenizer, ids), origin=origin)
     rows = scored.rows
     n = len(rows)
     return BatchResult(rows, scored.informative, scored.tokens, time.perf_counter() - t0,

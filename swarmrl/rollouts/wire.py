@@ -13,10 +13,13 @@ batches of ``BATCH_ROWS``, each batch's list lengths, string sizes and values ch
 proofs read as dictionaries, so repeated values are not expanded) before it becomes Python objects. A limit
 that is hit raises ``RolloutTooLarge`` (its ``limit`` names the ``RolloutLimits`` field; the orchestrator
 answers 413), anything else malformed ``RolloutError`` (422). Non-finite floats are refused in every float
-column (logprobs, rewards, advantage, temperature).
+column (logprobs, rewards, temperature).
 
-``completion_mask`` (one 0/1 per completion token, 1: sampled by the model, 0: a multi-turn environment's reply,
-whose logprob is 0) came with multi-turn rollouts; a file without it (written before) is refused with that reason.
+A file whose columns are not SCHEMA's is refused, and one an older version wrote is told so: ``completion_mask``
+(one 0/1 per completion token, 1: sampled by the model, 0: a multi-turn environment's reply, whose logprob is 0)
+came with multi-turn rollouts, so a file without it was written before them; an ``advantage`` column went when
+the trainer became the one place advantages are computed (from the rewards, by its loss's rule), so a file with
+it was written before that. Neither is guessed at: each is refused with that reason.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ SCHEMA = pa.schema([
     pa.field("reward", pa.float32(), nullable=False),  # task_reward - length_penalty
     pa.field("task_reward", pa.float32(), nullable=False),
     pa.field("length_penalty", pa.float32(), nullable=False),
-    pa.field("advantage", pa.float32(), nullable=False),
     pa.field("target_length", pa.int32(), nullable=True),  # thinking budget, null when none
     pa.field("temperature", pa.float32(), nullable=False),
     pa.field("finished", pa.bool_(), nullable=False),  # ended with EOS
@@ -56,6 +58,7 @@ SCHEMA = pa.schema([
     pa.field("completion_mask", pa.list_(pa.int8()), nullable=False),
 ])
 MASK_COLUMN = "completion_mask"  # added with multi-turn rows: files written before it are refused (no guessing)
+ADVANTAGE_COLUMN = "advantage"  # dropped when the trainer took advantages over: files still holding it are refused
 
 
 class RolloutError(ValueError):
@@ -114,7 +117,7 @@ BATCH_ROWS = 256  # rows decoded at a time
 _STRINGS = ("worker_id", "task_id", "env", "group_id")
 _DICT_COLUMNS = [*_STRINGS, "proofs.list.element"]  # read as dictionaries: a repeated value is stored once
 _TOKENS = (("prompt_ids", "prompt", "max_prompt_tokens"), ("completion_ids", "completion", "max_completion_tokens"))
-_FLOATS = ("reward", "task_reward", "length_penalty", "advantage", "temperature")
+_FLOATS = ("reward", "task_reward", "length_penalty", "temperature")
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}  # decoded bytes per value
 _COLUMN_WIDTH = {f"{MASK_COLUMN}.list.element": 1}  # int8 values stored as INT32
 
@@ -247,13 +250,23 @@ def _check_schema(schema: pa.Schema) -> None:
     if schema.names != SCHEMA.names:
         missing = sorted(set(SCHEMA.names) - set(schema.names))
         extra = sorted(set(schema.names) - set(SCHEMA.names))
-        old = " (a file from before multi-turn rows: rewrite it)" if missing == [MASK_COLUMN] else ""
+        old = _written_before(missing, extra)
         raise RolloutError(f"schema mismatch: missing columns {missing}, unexpected columns {extra}{old}"
                            if missing or extra else "schema mismatch: columns out of order")
     for want in SCHEMA:
         got = _plain(schema.field(want.name).type)
         if not got.equals(want.type):
             raise RolloutError(f"column {want.name!r} has type {got}, expected {want.type}")
+
+
+def _written_before(missing: list[str], extra: list[str]) -> str:
+    """What a file whose columns differ from SCHEMA's that way was written before, as the refusal's hint."""
+    hints = []
+    if missing == [MASK_COLUMN]:
+        hints.append("a file from before multi-turn rows")
+    if extra == [ADVANTAGE_COLUMN]:
+        hints.append("a file from before the trainer computed advantages itself (rows no longer carry them)")
+    return f" ({'; '.join(hints)}: rewrite it)" if hints else ""
 
 
 def _check_metadata(pf: pq.ParquetFile, limits: RolloutLimits) -> None:

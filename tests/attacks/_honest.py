@@ -46,7 +46,7 @@ def honest_rows(model_dir: Path, node_id: str, a, seed: int = 0, max_new_tokens:
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
                             env=a.contract.task.name, group_id=f"{a.assignment_id}-{i // a.contract.group_size}", prompt_ids=p,
                             completion_ids=c, logprobs=lp, reward=r - pen, task_reward=r, length_penalty=pen,
-                            advantage=0.0, target_length=a.target_length, temperature=1.0, finished=fin, seed=a.seed,
+                            target_length=a.target_length, temperature=1.0, finished=fin, seed=a.seed,
                             proofs=build_proofs(h)))
     return rows
 
@@ -55,7 +55,7 @@ def row(**kw) -> Rollout:
     """One legal rollout row (fields overridable): the unit the attack tests bend."""
     base = dict(worker_id="w0", step=5, policy_version=4, task_id="t", env="add", group_id="g0",
                 prompt_ids=[1, 2, 3], completion_ids=[4, 2], logprobs=[-0.5, -0.125], reward=1.0, task_reward=1.0,
-                length_penalty=0.0, advantage=0.75, target_length=None, temperature=1.0, finished=True, seed=9,
+                length_penalty=0.0, target_length=None, temperature=1.0, finished=True, seed=9,
                 proofs=[])
     base.update(kw)
     return Rollout(**base)

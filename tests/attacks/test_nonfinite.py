@@ -19,7 +19,7 @@ from swarmrl.rl.state import read_saved_state
 from swarmrl.rollouts.wire import RolloutError, read_rollouts, write_rollouts
 from swarmrl.utils.metrics import read_metrics
 
-FLOATS = ["reward", "task_reward", "length_penalty", "advantage", "temperature"]
+FLOATS = ["reward", "task_reward", "length_penalty", "temperature"]
 BAD = [float("nan"), float("inf"), float("-inf")]
 
 

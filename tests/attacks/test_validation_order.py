@@ -138,7 +138,7 @@ def test_proof_shape_findings():
     def row(n_tokens: int, proofs: list[bytes]) -> Rollout:
         return Rollout(worker_id="n", step=0, policy_version=0, task_id="t", env="mul_add", group_id="g",
                        prompt_ids=[1, 2], completion_ids=[3] * n_tokens, logprobs=[-0.1] * n_tokens, reward=0.0,
-                       task_reward=0.0, length_penalty=0.0, advantage=0.0, target_length=None, temperature=1.0,
+                       task_reward=0.0, length_penalty=0.0, target_length=None, temperature=1.0,
                        finished=False, seed=0, proofs=proofs)
 
     hidden = torch.randn(40, 64)

@@ -1,5 +1,6 @@
-"""What a policy-gradient objective is made of, as plain data (no torch): its kind, clips and off-policy correction.
-``swarmrl.rl.loss`` computes it; ``LossConfig.objective()`` resolves one from a run's config."""
+"""What a policy-gradient objective is made of, as plain data (no torch): which loss (``kind``, a registered name:
+``swarmrl.rl.losses.registry``), its clips and its off-policy correction. ``LossConfig.objective()`` resolves one
+from a run's config; ``swarmrl.rl.losses.policy.policy_loss`` computes it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Normalization = Literal["sequence", "token", "constant"]
-LossKind = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo"]
 Correction = Literal["none", "tis", "mis"]
 
 
@@ -15,7 +15,7 @@ Correction = Literal["none", "tis", "mis"]
 class Objective:
     """The resolved knobs of one loss (``LossConfig.objective()``)."""
 
-    kind: LossKind = "grpo"
+    kind: str = "grpo"  # the name of a registered loss
     clip_low: float = 0.2
     clip_high: float = 0.2
     delta: float | None = 4.0
