@@ -273,14 +273,14 @@ def _judge(tmp_path, tok, model, a, rows, **cfg):  # noqa: ANN001, ANN003, ANN20
 
 
 def test_worker_rows_of_tiny_model_episodes_with_proofs_pass_the_validator(vf_packages, tok, tiny_model_dir, tmp_path):
+    from swarmrl.generation.batch import BatchOrigin, rollout_batch
     from swarmrl.rl.config import RLConfig
-    from swarmrl.rl.worker import rollout_batch
 
     model = load_model(tiny_model_dir)
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo")
     cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 16})
-    res = rollout_batch(model, tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0, policy_version=0,
-                        seed=seed, budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
+    res = rollout_batch(model, tok, contract.task.build(), tasks, contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("n" * 16, 0, 0, seed), budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) and r.proofs for r in res.rows)
     v = _judge(tmp_path, tok, model, a, res.rows, logprob_rows=64,
                toploc_check="swarmrl.toploc.rollout:verify_rollouts")
@@ -292,14 +292,14 @@ def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf
                                                                               tmp_path):
     import dataclasses
 
+    from swarmrl.generation.batch import BatchOrigin, rollout_batch
     from swarmrl.rl.config import RLConfig
-    from swarmrl.rl.worker import rollout_batch
 
     model = load_model(tiny_model_dir)
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_calc")
     cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 120})
-    res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0,
-                        policy_version=0, seed=seed, budgets=None)
+    res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("n" * 16, 0, 0, seed), budgets=None)
     assert all(r.task_reward == pytest.approx(1.0) and 0 in r.completion_mask for r in res.rows)
     off = {"logprob_rows": 0}  # the replay and the rewards (the scripted turns are not the tiny model's samples)
     v = _judge(tmp_path, tok, model, a, res.rows, **off)

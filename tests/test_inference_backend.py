@@ -14,6 +14,7 @@ from swarmrl.contract import RLContract
 from swarmrl.envs import make_env
 from swarmrl.eval.config import EvalConfig
 from swarmrl.eval.heldout import evaluate, evaluate_path
+from swarmrl.generation.batch import BatchOrigin, rollout_batch
 from swarmrl.inference import SamplingParams, generate
 from swarmrl.inference.backend import (
     VLLM_INSTALL_HINT,
@@ -29,7 +30,6 @@ from swarmrl.policy import holder as holder_mod
 from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicyUnavailable
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.worker import rollout_batch
 from swarmrl.swarm.config import SwarmNodeConfig
 
 PARAMS = [SamplingParams(max_new_tokens=10, temperature=1.0), SamplingParams(max_new_tokens=10, temperature=0.7,
@@ -64,13 +64,14 @@ def test_rollout_batch_through_a_backend_equals_through_a_model(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=3, task={"name": "add", "params": {"digits": 2}}))
-    kw = dict(worker_id="w0", step=1, policy_version=0, seed=5, budgets=None, proofs=True)
-    a = rollout_batch(model, tok, env, env.sample(5, 4), cfg, generator=torch.Generator().manual_seed(3), **kw)
+    kw = dict(contract=cfg.contract, sampling=cfg.sampling, origin=BatchOrigin("w0", 1, 0, 5), budgets=None,
+              proofs=True)
+    a = rollout_batch(model, tok, env, env.sample(5, 4), generator=torch.Generator().manual_seed(3), **kw)
     backend = as_backend(model, tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(3))
-    b = rollout_batch(backend, tok, env, env.sample(5, 4), cfg, **kw)
+    b = rollout_batch(backend, tok, env, env.sample(5, 4), **kw)
     assert a.rows == b.rows and len(a.rows) == 12
     with pytest.raises(ValueError, match="own stream"):
-        rollout_batch(backend, tok, env, env.sample(5, 4), cfg, generator=torch.Generator(), **kw)
+        rollout_batch(backend, tok, env, env.sample(5, 4), generator=torch.Generator(), **kw)
 
 
 def test_seeds_are_per_request_streams(tiny_model_dir):

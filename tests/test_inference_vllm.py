@@ -16,13 +16,13 @@ else:
 
 from swarmrl.contract import RLContract
 from swarmrl.envs import make_env  # noqa: E402
+from swarmrl.generation.batch import BatchOrigin, rollout_batch  # noqa: E402
 from swarmrl.inference import SamplingParams  # noqa: E402
 from swarmrl.inference.backend import OursBackend  # noqa: E402
 from swarmrl.inference.config import InferenceConfig  # noqa: E402
 from swarmrl.inference.vllm_backend import VLLMBackend  # noqa: E402
 from swarmrl.models import ModelInitConfig, init_model, load_model, load_tokenizer  # noqa: E402
 from swarmrl.rl.config import RLConfig  # noqa: E402
-from swarmrl.rl.worker import rollout_batch  # noqa: E402
 from swarmrl.toploc import verify_rows  # noqa: E402
 
 
@@ -86,7 +86,8 @@ def test_proofs_from_captured_states_verify(backend, vllm_model_dir):
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}}),
                    sampling={"max_new_tokens": 12, "temperature": 1.0})
-    res = rollout_batch(backend, tok, env, env.sample(3, 2), cfg, worker_id="w0", step=0, policy_version=0, seed=3,
+    res = rollout_batch(backend, tok, env, env.sample(3, 2), contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("w0", 0, 0, 3),
                         budgets=None, proofs=True)
     assert len(res.rows) == 8 and all(r.proofs for r in res.rows)
     checks = verify_rows(model, res.rows, tok.eos_token_id, max_new_tokens=12)

@@ -16,6 +16,7 @@ from swarmrl.contract import RLContract, Rollout, task_seed
 from swarmrl.envs import available_envs, make_env, register_env
 from swarmrl.envs.calc import CalcEnv, CalcError, evaluate
 from swarmrl.envs.multiturn import replay_problem, segments
+from swarmrl.generation.batch import BatchOrigin, rollout_batch
 from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt, encode_reply
 from swarmrl.inference.sampler import SampleOutput
@@ -23,7 +24,6 @@ from swarmrl.models import load_model, load_tokenizer
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.losses.objective import Objective
 from swarmrl.rl.losses.policy import policy_loss
-from swarmrl.rl.worker import rollout_batch
 from swarmrl.rollouts.packing import Sequence, pack
 from swarmrl.rollouts.wire import SCHEMA, RolloutError, read_rollouts, to_table, write_rollouts
 
@@ -200,7 +200,8 @@ def test_the_sampling_loop_appends_sampled_ids_and_replies_tokenized_once(tiny_m
     turn2 = enc(f"<answer>{ans}</answer>") + [tok.eos_token_id]
     backend = ScriptedBackend([turn1, turn2], tok.eos_token_id, tok.pad_token_id)
     cfg = RLConfig(contract=RLContract(group_size=2, task={"name": "calc"}), sampling={"max_new_tokens": 128})
-    res = rollout_batch(backend, tok, env, [task], cfg, worker_id="w", step=0, policy_version=0, seed=0, budgets=None)
+    res = rollout_batch(backend, tok, env, [task], contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("w", 0, 0, 0), budgets=None)
     reply = encode_reply(tok, "<result>14</result>")
     assert reply == enc("<result>14</result>")
     for r in res.rows:
@@ -277,7 +278,8 @@ def honest(tiny_model_dir, tmp_path_factory):
     a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=seed, contract=contract, target_length=None,
                        tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
     cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 40})
-    res = rollout_batch(model, tok, env, tasks, cfg, worker_id="n" * 16, step=0, policy_version=0, seed=seed,
+    res = rollout_batch(model, tok, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("n" * 16, 0, 0, seed),
                         budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     sub = SubmissionInfo(submission_id=1, node_id="n" * 16, assignment_id=1, step=0, sha256="0" * 64, size=1,
                          n_rows=len(res.rows), status="pending", created_at=0.0)

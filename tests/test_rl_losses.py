@@ -12,6 +12,7 @@ import torch
 from swarmrl.contract import RLContract
 from swarmrl.envs import make_env
 from swarmrl.envs.config import TaskConfig
+from swarmrl.generation.batch import BatchOrigin, rollout_batch
 from swarmrl.models.io import load_model, load_tokenizer
 from swarmrl.rl.config import EvalSection, LossConfig, RLConfig
 from swarmrl.rl.losses.advantages import group_advantages
@@ -19,7 +20,6 @@ from swarmrl.rl.losses.objective import Objective
 from swarmrl.rl.losses.policy import policy_loss
 from swarmrl.rl.losses.registry import loss_names
 from swarmrl.rl.trainer import Trainer
-from swarmrl.rl.worker import rollout_batch
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import read_trainer_log
 from swarmrl.rundir.writer import RunDir
@@ -117,7 +117,8 @@ def test_the_trainer_sees_no_mismatch_with_its_own_samples(tmp_path, tiny_model_
                    loss=LossConfig(correction="tis"))
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
-    res = rollout_batch(model, tok, env, env.sample(1, 4), cfg, worker_id="w0", step=0, policy_version=0, seed=1,
+    res = rollout_batch(model, tok, env, env.sample(1, 4), contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("w0", 0, 0, 1),
                         budgets=None, generator=torch.Generator().manual_seed(0))
     run = RunDir(cfg.run_dir)
     write_rollouts(res.rows, run.new_rollout_path(0, "w0", 4))

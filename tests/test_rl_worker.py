@@ -5,9 +5,9 @@ import torch
 
 from swarmrl.contract import RLContract
 from swarmrl.envs import make_env
+from swarmrl.generation.batch import BatchOrigin, rollout_batch
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.worker import rollout_batch
 from swarmrl.toploc import verify_rows
 
 
@@ -16,7 +16,8 @@ def test_batch_rows_and_proofs_verify(tiny_model_dir):
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}}))
     tasks = env.sample(3, 5)
-    res = rollout_batch(model, tok, env, tasks, cfg, worker_id="w0", step=2, policy_version=1, seed=3, budgets=None,
+    res = rollout_batch(model, tok, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("w0", 2, 1, 3), budgets=None,
                         generator=torch.Generator().manual_seed(0), proofs=True)
     assert len(res.rows) == 20
     for i in range(5):
@@ -39,7 +40,8 @@ def test_budget_targets_and_penalties(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=2, budget={"enabled": True, "tiers": [3], "penalty": 0.1}))
-    res = rollout_batch(model, tok, env, env.sample(0, 3), cfg, worker_id="w0", step=0, policy_version=0, seed=0,
+    res = rollout_batch(model, tok, env, env.sample(0, 3), contract=cfg.contract, sampling=cfg.sampling,
+                        origin=BatchOrigin("w0", 0, 0, 0),
                         budgets=[cfg.contract.budget.budget(3)] * 3, generator=torch.Generator().manual_seed(0))
     for r in res.rows:
         n = len(r.completion_ids) - (1 if r.finished else 0)

@@ -38,11 +38,11 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     from swarmrl.envs import make_env
+    from swarmrl.generation.batch import BatchOrigin, rollout_batch
     from swarmrl.models import ModelInitConfig, init_model, load_model, load_tokenizer
     from swarmrl.protocol.config import ValidatorConfig
     from swarmrl.protocol.validator import CheckContext, toploc_check
     from swarmrl.rl.config import RLConfig
-    from swarmrl.rl.worker import rollout_batch
 
     model_dir = Path(a.model)
     if not (model_dir / "config.json").is_file():
@@ -52,7 +52,8 @@ def main() -> None:
     rl = RLConfig(model=str(model_dir), contract=RLContract(group_size=a.group))
     rl = rl.model_copy(update={"sampling": rl.sampling.model_copy(update={"max_new_tokens": 6})})
     env = make_env("add", digits=2)
-    res = rollout_batch(model, tok, env, env.sample(1, a.tasks), rl, worker_id="n", step=0, policy_version=0, seed=1,
+    res = rollout_batch(model, tok, env, env.sample(1, a.tasks), contract=rl.contract, sampling=rl.sampling,
+                        origin=BatchOrigin("n", 0, 0, 1),
                         budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     rows = res.rows
     print(f"{len(rows)} rows, {sum(len(r.completion_ids) for r in rows)} completion tokens; model {model_dir}; "

@@ -48,9 +48,9 @@ ZYGOTE_ROLES = (("rl", "worker"), ("node", "run"), ("validator", "run"))
 # "typer": most of what the children's ``python -m swarmrl`` costs to import before its command runs (the CLI's
 # own modules are light by design); the CLI itself is not named here: nothing below it imports it, not even by
 # name (tests/test_architecture.py)
-_BASE = ("torch", "transformers", "typer", "swarmrl.rl.config", "swarmrl.rl.worker",
-         "swarmrl.swarm.config", "swarmrl.swarm.node", "swarmrl.attacks.config", "swarmrl.attacks.adversaries", "swarmrl.protocol.node",
-         "swarmrl.protocol.client", "swarmrl.protocol.config", "swarmrl.protocol.validator")
+_BASE = ("torch", "transformers", "typer", "swarmrl.rl.config", "swarmrl.generation.batch", "swarmrl.rl.worker",
+         "swarmrl.swarm.config", "swarmrl.swarm.node", "swarmrl.attacks.config", "swarmrl.attacks.adversaries",
+         "swarmrl.protocol.node", "swarmrl.protocol.client", "swarmrl.protocol.config", "swarmrl.protocol.validator")
 
 
 def preload_modules(model_dir: str | Path | None) -> list[str]:

@@ -1,4 +1,5 @@
-"""Inference worker: loads the newest allowed policy, samples groups, scores them, writes rollouts.
+"""Inference worker (local mode): loads the newest allowed policy, samples groups (``swarmrl.generation``, the loop
+swarm nodes sample with too), writes the rollouts into the run directory.
 
 Staleness gate (``contract.AsyncWindow``): with the trainer at step n (= newest policy version n), a worker
 holding version v generates only for steps n .. v + async_level. It fills the lowest such step whose pool
@@ -10,104 +11,19 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 
 import torch
 
-from swarmrl.contract import (
-    Budget,
-    Demand,
-    RLContract,
-    Rollout,
-    RowOrigin,
-    Samples,
-    allowed_targets,
-    draw_targets,
-    format_prompt,
-    score_groups,
-    worker_task_seed,
-)
-from swarmrl.envs.base import Environment, Task
-from swarmrl.envs.multiturn import is_multiturn
-from swarmrl.envs.vf import is_verifiers_env
-from swarmrl.episodes.turns import sample_turns
-from swarmrl.inference.backend import InferenceBackend, as_backend
-from swarmrl.inference.prompts import decode_completion, encode_prompt
+from swarmrl.contract import Demand, allowed_targets, draw_targets, worker_task_seed
+from swarmrl.generation.batch import BatchOrigin, rollout_batch
 from swarmrl.models.io import load_tokenizer
 from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.sources import PolicySource, PolicyUnavailable, RunDirPolicySource, ShardcastPolicySource
 from swarmrl.rl.config import RLConfig
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir.writer import RunDir
-from swarmrl.toploc import build_proofs_many
 from swarmrl.utils.metrics import MetricsWriter
 from swarmrl.utils.threads import set_role_threads
-
-
-@dataclass
-class BatchResult:
-    rows: list[Rollout]
-    informative: int
-    tokens: int
-    seconds: float
-    reward_mean: float
-    task_reward_mean: float
-
-
-def rollout_batch(policy: InferenceBackend | torch.nn.Module, tokenizer, env: Environment, tasks: list[Task],
-                  cfg: RLConfig, *, worker_id: str, step: int, policy_version: int, seed: int,
-                  budgets: list[Budget | None] | None, generator: torch.Generator | None = None, proofs: bool = False,
-                  contract: RLContract | None = None) -> BatchResult:
-    """Sample ``group_size`` completions per task (task i under ``budgets[i]``, None: no budget) and build scored
-    rollout rows (``contract.score_groups``); with ``proofs``, TOPLOC proofs over the final-norm states captured
-    while sampling (no second pass). A multi-turn environment's tasks are sampled turn by turn
-    (``swarmrl.episodes.turns``): rows with a completion mask, proofs over the model's tokens. A verifiers environment's
-    (``vf:``) are episodes over the chat endpoint (``swarmrl.episodes.vf.sample_episodes``): rows with a
-    completion mask, proofs over the model's tokens, scored on their conversation; no thinking budgets. ``policy``: an inference
-    backend, or an in-memory model sampled with ``ours`` from ``generator`` (a backend has its own random stream). ``contract``: the rules to sample under (group size,
-    chat template, proof geometry; a node passes its assignment's), None: the run config's."""
-    if generator is not None and isinstance(policy, InferenceBackend):
-        raise ValueError("generator is for an in-memory model; a backend samples from its own stream")
-    backend = as_backend(policy, tokenizer.eos_token_id, tokenizer.pad_token_id, generator)
-    t0 = time.perf_counter()
-    budgets = list(budgets) if budgets is not None else [None] * len(tasks)
-    c = cfg.contract if contract is None else contract
-    masks = texts = None
-    if is_verifiers_env(env):  # episodes over the chat endpoint (swarmrl.episodes.vf), their own prompts
-        out = _verifiers_episodes(backend, tokenizer, env, tasks, budgets, c.group_size, cfg, proofs)
-        masks, texts = out.masks, out.texts
-    else:
-        prompts = [encode_prompt(tokenizer, format_prompt(t.prompt, b), c.chat_template)
-                   for t, b in zip(tasks, budgets)]
-        flat = [p for p in prompts for _ in range(c.group_size)]
-        if is_multiturn(env):  # the model's turns and the environment's replies, one token sequence each
-            out = sample_turns(backend, tokenizer, env, [t for t in tasks for _ in range(c.group_size)], flat,
-                               cfg.sampling, capture_hidden=proofs)
-            masks = out.masks
-        else:
-            out = backend.generate(flat, cfg.sampling, capture_hidden=proofs)
-    samples = Samples(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
-                      proofs=build_proofs_many(out.hidden, c.proof) if proofs else None, masks=masks, texts=texts)
-    origin = RowOrigin(worker_id, step, policy_version, seed, cfg.sampling.temperature)
-    scored = score_groups(env=env, tasks=tasks, budgets=budgets, group_size=c.group_size, samples=samples,
-                          decode=lambda ids: decode_completion(tokenizer, ids), origin=origin)
-    rows = scored.rows
-    n = len(rows)
-    return BatchResult(rows, scored.informative, scored.tokens, time.perf_counter() - t0,
-                       sum(r.reward for r in rows) / n, sum(r.task_reward for r in rows) / n)
-
-
-def _verifiers_episodes(backend: InferenceBackend, tokenizer, env: Environment, tasks: list[Task],  # noqa: ANN001
-                        budgets: list[Budget | None], group_size: int, cfg: RLConfig, proofs: bool):  # noqa: ANN202
-    if any(b is not None for b in budgets):
-        raise ValueError(f"{env.name}: thinking budgets do not apply to verifiers episodes")
-    from swarmrl.episodes.vf import sample_episodes  # noqa: PLC0415  # lazy: the optional verifiers extra
-
-    out = sample_episodes(backend, tokenizer, env, [t for t in tasks for _ in range(group_size)], cfg.sampling,
-                          capture_hidden=proofs)
-    if out.hidden is not None:  # the model's tokens' states, turn by turn, as for our multi-turn trajectories
-        out.hidden = [torch.cat(h) if h else torch.empty(0) for h in out.hidden]
-    return out
 
 
 def worker_policy_source(run: RunDir, cfg: RLConfig, worker_id: str) -> PolicySource:
@@ -164,8 +80,9 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
             if budget.enabled:
                 targets = draw_targets(len(tasks), allowed_targets(budget, throughput, seqs), random.Random(seed))
                 budgets = [budget.budget(t) for t in targets]
-            res = rollout_batch(holder.backend, tokenizer, env, tasks, cfg, worker_id=worker_id, step=step,
-                                policy_version=v, seed=seed, budgets=budgets, proofs=cfg.workers.proofs)
+            res = rollout_batch(holder.backend, tokenizer, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
+                                origin=BatchOrigin(worker_id, step, v, seed), budgets=budgets,
+                                proofs=cfg.workers.proofs)
             write_rollouts(res.rows, run.new_rollout_path(step, worker_id, rule.count_usable(res.rows)))
             tps = res.tokens / max(res.seconds, 1e-9)
             throughput = tps if throughput is None else 0.7 * throughput + 0.3 * tps

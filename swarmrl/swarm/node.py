@@ -34,6 +34,7 @@ import torch
 from swarmrl.config import load_config
 from swarmrl.contract import Rollout, assigned_tasks
 from swarmrl.envs import Environment, Task, make_env
+from swarmrl.generation.batch import BatchOrigin, BatchResult, rollout_batch
 from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.models.io import load_tokenizer
@@ -44,7 +45,6 @@ from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.node import ensure_registered, run_node
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, SubmitReply
 from swarmrl.rl.config import RLConfig
-from swarmrl.rl.worker import BatchResult, rollout_batch
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import RunLayout
 from swarmrl.swarm.config import SwarmNodeConfig
@@ -213,8 +213,8 @@ class SwarmNode:
         while (fetched := self.policy.source.take_fetch_report()) is not None:
             self.metrics.write(event="fetch", **fetched)
         env = self.env(a.contract.task.name, a.contract.task.params)
-        res = rollout_batch(backend, self.tokenizer, env, tasks, self.rl, contract=a.contract, worker_id=self.node_id,
-                            step=a.step, policy_version=version, seed=a.seed, budgets=[a.budget()] * len(tasks),
+        res = rollout_batch(backend, self.tokenizer, env, tasks, contract=a.contract, sampling=self.rl.sampling,
+                            origin=BatchOrigin(self.node_id, a.step, version, a.seed), budgets=[a.budget()] * len(tasks),
                             proofs=self.rl.workers.proofs)
         write_rollouts(self.tamper(res.rows, tasks, env, self.rl, a), path)
         return path, {**self.batch_info(res, len(tasks)), "sampled_version": version}
