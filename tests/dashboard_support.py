@@ -10,7 +10,7 @@ from pathlib import Path
 
 from protocol_support import make_cfg, rollouts_for, running, write
 
-from swarmrl.dashboard.models import TrainerPoint
+from swarmrl.dashboard.schemas import TrainerPoint
 from swarmrl.protocol.client import NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.schemas import VerdictRequest
 from swarmrl.protocol.signing import generate_key

@@ -1,6 +1,7 @@
 """The layout's rules, read from the code: its imports (every import, function-level ones included, and
 modules imported by name: a string naming a module of the package, as ``importlib.import_module`` or a preload
-list takes it), its module and function lengths."""
+list takes it), its module and function lengths, and how its classes are put together (no mixins; the
+orchestrator's services use each other's public members only)."""
 
 import ast
 import re
@@ -100,10 +101,11 @@ def test_the_math_imports_no_server():
 
 def test_the_rollout_wire_format_sits_below_the_trainer_and_the_protocol():
     """The validator and the orchestrator read rollouts through ``rollouts``, never through trainer code; the
-    wire format and the packing import only the contract (and their array libraries), no server."""
+    wire format, its limits and the packing import only the contract and the config system (and their array
+    libraries), no server."""
     g = _graph()
     assert "rl" not in g["protocol"], g["protocol"]
-    assert g["rollouts"] <= {"contract", "utils"}, g["rollouts"]
+    assert g["rollouts"] <= {"contract", "utils", "config"}, g["rollouts"]
     for f in (PKG / "rollouts").glob("*.py"):
         bad = {n for n in _imports(f) if n.split(".")[0] in SERVERS}
         assert not bad, (f.name, bad)
@@ -127,3 +129,99 @@ def test_no_function_over_100_lines():
     for where, n in sorted(long.items(), key=lambda kv: -kv[1]):
         print(f"{n} lines: {where}")
     assert not long, long
+
+
+def _mixins(pkg: Path) -> list[str]:
+    """Classes named ``*Mixin`` anywhere in ``pkg``, and classes of the orchestrator that inherit from several
+    classes (a service is composed of the pieces it is given, not assembled from bases)."""
+    found: list[tuple[str, int, str]] = []
+    for f in sorted(pkg.rglob("*.py")):
+        orchestrator = f.relative_to(pkg).parts[:2] == ("protocol", "orchestrator")
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ClassDef) and (node.name.endswith("Mixin") or (orchestrator and len(node.bases) > 1)):
+                found.append((str(f.relative_to(pkg)), node.lineno, f"{node.name}({', '.join(map(ast.unparse, node.bases))})"))
+    return [f"{f}:{line} {what}" for f, line, what in sorted(found)]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own_privates(cls: ast.ClassDef) -> set[str]:
+    """The private names a class defines itself: its methods, class attributes given a value (any annotated one
+    in a dataclass), and attributes its methods assign on ``self`` / ``cls``. A bare annotation elsewhere only
+    declares a member it expects from somewhere else (as a mixin declares its host's)."""
+    dataclass = any("dataclass" in ast.unparse(d) for d in cls.decorator_list)
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and (node.value or dataclass):
+            names.add(node.target.id)
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            for x in ast.walk(target):
+                if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id in ("self", "cls"):
+                    names.add(x.attr)
+    return {n for n in names if _private(n)}
+
+
+def _private_reaches(root: Path) -> list[str]:
+    """Every use of another object's private member in the modules under ``root``: an attribute ``x._name`` (or
+    ``getattr(x, "_name")``, ``setattr``, ``hasattr``) whose ``x`` is not ``self`` or ``cls``, and a
+    ``self._name`` the class does not define itself (borrowed from another class: a mixin's host or sibling, a
+    base). Dunder names are the language's, not private. No exceptions: what one piece needs of another is a
+    public method or attribute."""
+    def own(x: ast.expr) -> bool:
+        return isinstance(x, ast.Name) and x.id in ("self", "cls")
+
+    found: list[tuple[str, int, int, str]] = []
+    for f in sorted(root.rglob("*.py")):
+        tree = ast.parse(f.read_text(), str(f))
+        borrowed: set[int] = set()  # ids of self._x nodes whose class does not define _x
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            mine = _own_privates(cls)
+            borrowed.update(id(x) for x in ast.walk(cls) if isinstance(x, ast.Attribute) and own(x.value)
+                            and _private(x.attr) and x.attr not in mine)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and (not own(node.value) or id(node) in borrowed):
+                found.append((str(f.relative_to(root)), node.lineno, node.col_offset, ast.unparse(node)))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                  and _private(node.args[1].value) and not own(node.args[0])):
+                found.append((str(f.relative_to(root)), node.lineno, node.col_offset, ast.unparse(node)))
+    return [f"{f}:{line} {what}" for f, line, _col, what in sorted(found)]
+
+
+def test_no_mixins():
+    """No class is assembled from mixins: the orchestrator is services composed by ``Orchestrator``, each given the
+    pieces it uses (a mixin shares its host's state and reaches the other mixins' private methods)."""
+    found = _mixins(PKG)
+    assert not found, found
+
+
+def test_the_orchestrators_parts_use_each_others_public_members_only():
+    """No code of the orchestrator reaches into another object's private members (``other._x``): a service that
+    needs another's behaviour gets it injected and calls its public API."""
+    found = _private_reaches(PKG / "protocol" / "orchestrator")
+    assert not found, found
+
+
+def test_the_class_readers_see_mixins_and_private_reaches(tmp_path):
+    pkg = tmp_path / "swarmrl"
+    (pkg / "protocol" / "orchestrator").mkdir(parents=True)
+    (pkg / "rl").mkdir()
+    (pkg / "rl" / "a.py").write_text("class StatsMixin:\n    pass\n\n\nclass Fine(Base):\n    pass\n")
+    (pkg / "protocol" / "orchestrator" / "s.py").write_text(
+        "class Service(A, B):\n    _y = 1\n\n    def __init__(self):\n        self._x = 0\n\n"
+        "    def run(self, other):\n        self._x, self._y, self._run(), other.__dict__\n"
+        "        other._state(1)\n        getattr(other, '_z')\n        self.db._lock\n        self._verify()\n\n"
+        "    def _run(self):\n        pass\n\n\nclass HostMixin:\n    _verify: object\n")
+    assert [m.split(" ", 1)[1] for m in _mixins(pkg)] == ["Service(A, B)", "HostMixin()", "StatsMixin()"]
+    assert [r.split(" ", 1)[1] for r in _private_reaches(pkg / "protocol" / "orchestrator")] == [
+        "other._state", "getattr(other, '_z')", "self.db._lock", "self._verify"]

@@ -59,8 +59,8 @@ def test_contract_round_trips_through_every_role_config_and_the_wire(tmp_path):
     try:
         pub = public_key_hex(generate_key())
         p = Principal(node_id_for(pub), pub, "worker", "0" * 64)
-        o.register(p, RegisterRequest(throughput=1e6, stake=500.0))
-        reply = o.heartbeat(p, HeartbeatRequest())
+        o.membership.register(p, RegisterRequest(throughput=1e6, stake=500.0))
+        reply = o.assignments.heartbeat(p, HeartbeatRequest())
         wire = schemas.HeartbeatReply.model_validate_json(reply.model_dump_json())
         (a,) = wire.assignments
         assert a.contract == want and a.target_length in want.budget.tiers

@@ -13,12 +13,12 @@ import pytest
 from dashboard_support import STEPS, live_swarm
 from protocol_support import make_cfg
 
-from swarmrl.dashboard.models import MAX_NODES, MAX_POINTS, TrainerPoint
+from swarmrl.dashboard.schemas import MAX_NODES, MAX_POINTS, TrainerPoint
 from swarmrl.dashboard.server import DashboardServer
-from swarmrl.protocol.models import TrainerMetric
 from swarmrl.protocol.orchestrator import Orchestrator
-from swarmrl.protocol.orchestrator.stats import MAX_TRAINER_METRICS
+from swarmrl.protocol.orchestrator.run_state import MAX_TRAINER_METRICS
 from swarmrl.protocol.schemas import StepRequest
+from swarmrl.protocol.tables import TrainerMetric
 
 
 def test_orchestrator_serves_dashboard_and_live_stats(tmp_path):
@@ -84,13 +84,13 @@ def test_trainer_records_merge_per_version_and_stay_bounded(tmp_path):
     cfg, _ = make_cfg(tmp_path)
     orch = Orchestrator(cfg)
     try:
-        orch.set_step(StepRequest(step=1, policy_version=1, metrics=[TrainerPoint(version=1, step=0, loss=1.0)]))
-        orch.set_step(StepRequest(step=1, policy_version=1, metrics=[TrainerPoint(version=1, heldout_acc=0.5)]))
-        orch._stats_cache.clear()
-        pts = orch.stats_trainer().points
+        orch.run.set_step(StepRequest(step=1, policy_version=1, metrics=[TrainerPoint(version=1, step=0, loss=1.0)]))
+        orch.run.set_step(StepRequest(step=1, policy_version=1, metrics=[TrainerPoint(version=1, heldout_acc=0.5)]))
+        orch.stats._cache.clear()
+        pts = orch.stats.trainer().points
         assert [(p.version, p.loss, p.heldout_acc) for p in pts] == [(1, 1.0, 0.5)]
         far = MAX_TRAINER_METRICS + 5
-        orch.set_step(StepRequest(step=far, policy_version=far, metrics=[TrainerPoint(version=far, loss=2.0)]))
+        orch.run.set_step(StepRequest(step=far, policy_version=far, metrics=[TrainerPoint(version=far, loss=2.0)]))
         with orch.db.tx() as s:
             assert s.query(TrainerMetric).count() == 1  # version 1 fell out of the kept window
     finally:

@@ -44,7 +44,7 @@ def scrape(url: str) -> Samples:
 def test_orchestrator_metrics_follow_real_traffic(tmp_path):
     cfg, keys = make_cfg(tmp_path)
     with running(cfg, run_sweeper=False) as srv:
-        srv.orch.prom.state.ttl_s = 0.0  # read the database gauges on every scrape here
+        srv.orch.telemetry.prom.state.ttl_s = 0.0  # read the database gauges on every scrape here
         before = scrape(srv.url)
         assert val(before, "swarmrl_orchestrator_nodes", status="active") == 0
         a, b = NodeClient(srv.url, generate_key()), NodeClient(srv.url, generate_key())
@@ -111,9 +111,9 @@ def test_orchestrator_metrics_are_rate_limited_and_per_instance(tmp_path):
         # another orchestrator in the same process has its own registry: nothing counted here shows there
         NodeClient(srv.url, generate_key()).register(throughput=1.0, stake=100.0)
         other = OrchestratorMetrics()
-        srv.orch.prom.heartbeats.inc(5)
+        srv.orch.telemetry.prom.heartbeats.inc(5)
         assert val(parse(other.exposition().decode()), "swarmrl_orchestrator_heartbeats_total") == 0
-        assert val(parse(srv.orch.prom.exposition().decode()), "swarmrl_orchestrator_heartbeats_total") == 5
+        assert val(parse(srv.orch.telemetry.prom.exposition().decode()), "swarmrl_orchestrator_heartbeats_total") == 5
 
 
 def test_orchestrator_state_gauges_are_cached():

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from swarmrl.protocol.client import ApiError, NodeClient
-from swarmrl.protocol.models import Node, Nonce
+from swarmrl.protocol.orchestrator.auth import SignedRequest
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.service import Orchestrator
 from swarmrl.protocol.schemas import (
@@ -29,6 +29,7 @@ from swarmrl.protocol.schemas import (
     VerdictRequest,
 )
 from swarmrl.protocol.signing import body_sha256, generate_key, node_id_for, public_key_hex, sign_request
+from swarmrl.protocol.tables import Node, Nonce
 
 PATH = "/v1/nodes/heartbeat"
 BODY = HeartbeatRequest().model_dump_json().encode()
@@ -48,17 +49,17 @@ def join(orch: Orchestrator):  # noqa: ANN201
     key = generate_key()
     pub = public_key_hex(key)
     p = Principal(node_id_for(pub), pub, "worker", "0" * 64)
-    orch.register(p, RegisterRequest(throughput=10.0, stake=100.0))
+    orch.membership.register(p, RegisterRequest(throughput=10.0, stake=100.0))
     return key, p
 
 
 def beat(orch: Orchestrator, key, headers: dict | None = None, now: float | None = None) -> tuple[str, HeartbeatReply]:  # noqa: ANN001
     """One signed heartbeat as the HTTP layer runs it: the hot path, else the full path with the verified headers."""
     headers = headers or sign_request(key, "POST", PATH, BODY)
-    h, done, reply = orch.fast_heartbeat("POST", PATH, headers, BODY, now=now)
+    call = SignedRequest("POST", PATH, headers, body_sha256(BODY))
+    h, done, reply = orch.hot_path.answer(call, BODY, now=now)
     if done is None:
-        return "full", orch.signed_heartbeat("POST", PATH, headers, body_sha256(BODY), HeartbeatRequest(), now=now,
-                                             verified=h)
+        return "full", orch.assignments.signed_heartbeat(call, HeartbeatRequest(), now=now, verified=h)
     if not done.result(timeout=10):
         raise ProtocolError(401, "replayed nonce")
     return "fast", HeartbeatReply.model_validate_json(reply)
@@ -69,17 +70,17 @@ def test_steady_heartbeat_is_answered_from_memory_and_matches_the_full_path(serv
     key, p = join(orch)
     how, first = beat(orch, key)
     assert how == "full" and len(first.assignments) == 1  # the first beat makes the assignment
-    written = orch.beat_writer.written
+    written = orch.hot_path.beat_writer.written
     t = time.time() + 1.0
     how, second = beat(orch, key, now=t)
     assert how == "fast"
     assert second == first  # the very same answer, field by field
-    assert orch.beat_writer.written == written + 1
+    assert orch.hot_path.beat_writer.written == written + 1
     with orch.db.tx() as s:  # committed before the reply: liveness and the nonce
         assert s.get(Node, p.node_id).last_heartbeat == t
         assert s.execute(select(Nonce).where(Nonce.public_key == p.public_key)).all()
     # the hot path off: the same answer from the database
-    orch.fast_heartbeats = False
+    orch.hot_path.enabled = False
     how, third = beat(orch, key)
     assert how == "full" and third == first
 
@@ -116,35 +117,35 @@ def test_changes_made_elsewhere_reach_the_next_heartbeat(service, tmp_path):
     path = write(rollouts_for(p.node_id, a), tmp_path / "r.parquet")
     data = path.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    orch.accept_upload(Principal(p.node_id, p.public_key, "worker", sha), a.assignment_id, path, sha, len(data))
+    orch.submissions.accept_upload(Principal(p.node_id, p.public_key, "worker", sha), a.assignment_id, path, sha, len(data))
     how, r = beat(orch, key)
     assert how == "full" and r.assignments == []
     assert beat(orch, key) == ("fast", r)
     # a new step: new work, made by the full path, then served from memory
-    orch.set_step(StepRequest(step=1, policy_version=1))
+    orch.run.set_step(StepRequest(step=1, policy_version=1))
     how, r = beat(orch, key)
     assert how == "full" and [x.step for x in r.assignments] == [1] and r.policy_version == 1
     assert beat(orch, key) == ("fast", r)
     # a node swept dead: its work goes to the live node, whose next beat must take it (not the memory answer)
     t = time.time() + cfg.heartbeat_interval_s * cfg.dead_after_missed + 5
     beat(orch, other_key, now=t - 1)
-    assert orch.sweep(now=t) == [p.node_id]
+    assert orch.membership.sweep(now=t) == [p.node_id]
     assert p.node_id not in orch.mirror.nodes  # a dead node is never answered from memory
     how, r = beat(orch, other_key, now=t + 1)
     assert how == "full" and [x.reassigned_from for x in r.assignments].count(p.node_id) == 1
     # the dead node comes back through the full path (revived)
     assert beat(orch, key, now=t + 2)[0] == "full"
-    assert orch.node_info(p.node_id).status == "active"
+    assert orch.membership.node_info(p.node_id).status == "active"
     # an ejection: the next heartbeat is refused, not answered from memory
     b = next(x for x in beat(orch, other_key, now=t + 3)[1].assignments if x.step == 1 and not x.reassigned_from)
     path = write(rollouts_for(other.node_id, b, correct=False, forge_rewards=True), tmp_path / "f.parquet")
     data = path.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    sub = orch.accept_upload(Principal(other.node_id, other.public_key, "worker", sha), b.assignment_id, path, sha,
+    sub = orch.submissions.accept_upload(Principal(other.node_id, other.public_key, "worker", sha), b.assignment_id, path, sha,
                              len(data))
     assert beat(orch, other_key, now=t + 4)[0] in ("full", "fast")
     vp = Principal(node_id_for(public_key_hex(keys["validator"])), public_key_hex(keys["validator"]), "validator", "")
-    orch.verdict(vp, VerdictRequest(submission_id=sub.submission_id, accepted=False, reason="forged",
+    orch.verdicts.verdict(vp, VerdictRequest(submission_id=sub.submission_id, accepted=False, reason="forged",
                                     checks=[CheckResult(name="rewards", ok=False, reason="forged")]))
     with pytest.raises(ProtocolError) as e:
         beat(orch, other_key, now=t + 5)
@@ -159,12 +160,13 @@ def test_database_failure_is_a_503_and_never_the_nodes_fault(service):
     def broken(beats):  # noqa: ANN001, ANN202
         raise OperationalError("INSERT", {}, Exception("disk I/O error"))
 
-    real, orch.beat_writer._write = orch.beat_writer._write, broken
-    h, done, _ = orch.fast_heartbeat("POST", PATH, sign_request(key, "POST", PATH, BODY), BODY)
+    real, orch.hot_path.beat_writer._write = orch.hot_path.beat_writer._write, broken
+    h, done, _ = orch.hot_path.answer(SignedRequest("POST", PATH, sign_request(key, "POST", PATH, BODY), body_sha256(BODY)),
+                                      BODY)
     with pytest.raises(OperationalError):
         done.result(timeout=10)
-    orch.beat_writer._write = real
-    assert orch.node_info(p.node_id).status == "active"
+    orch.hot_path.beat_writer._write = real
+    assert orch.membership.node_info(p.node_id).status == "active"
     assert beat(orch, key)[0] == "fast"
 
 
@@ -193,18 +195,18 @@ def test_http_hot_path_answers_and_sheds_load_with_503(tmp_path):
 
         # a stalled database: the writer holds each batch 0.5 s; 12 beats at once overflow the 2-beat queue
         gate = threading.Event()
-        real = srv.orch.beat_writer._write
+        real = srv.orch.hot_path.beat_writer._write
 
         def slow(beats):  # noqa: ANN001, ANN202
             gate.wait(0.5)
             return real(beats)
 
-        srv.orch.beat_writer._write = slow
+        srv.orch.hot_path.beat_writer._write = slow
         with concurrent.futures.ThreadPoolExecutor(12) as ex:
             t0 = time.monotonic()
             rs = list(ex.map(lambda i: _post(srv.url, keys[i % len(keys)]), range(12)))
             took = time.monotonic() - t0
-        srv.orch.beat_writer._write = real
+        srv.orch.hot_path.beat_writer._write = real
         codes = sorted(r.status_code for r in rs)
         assert 200 in codes and 503 in codes, codes
         assert set(codes) <= {200, 503}
@@ -214,12 +216,12 @@ def test_http_hot_path_answers_and_sheds_load_with_503(tmp_path):
         assert took < 20  # answered, not timed out
         # the client surfaces the Retry-After
         with NodeClient(srv.url, keys[0]) as c:
-            srv.orch.beat_writer._write = slow
+            srv.orch.hot_path.beat_writer._write = slow
             try:
                 with concurrent.futures.ThreadPoolExecutor(8) as ex:
                     futs = [ex.submit(c.heartbeat) for _ in range(8)]
                     errs = [f.exception() for f in futs]
             finally:
-                srv.orch.beat_writer._write = real
+                srv.orch.hot_path.beat_writer._write = real
             busy = [e for e in errs if isinstance(e, ApiError)]
             assert busy and all(e.status == 503 and e.retry_after >= 1 for e in busy)

@@ -8,10 +8,9 @@ import time
 import pytest
 from protocol_support import make_cfg
 
-from swarmrl.protocol import ledger
-from swarmrl.protocol.models import LedgerEntry, Nonce
-from swarmrl.protocol.orchestrator import Orchestrator, ProtocolError, create_app
+from swarmrl.protocol.orchestrator import Orchestrator, ProtocolError, SignedRequest, create_app, ledger
 from swarmrl.protocol.signing import generate_key, sign_request
+from swarmrl.protocol.tables import LedgerEntry, Nonce
 
 
 def test_slash_revokes_only_credits_inside_the_window(tmp_path):
@@ -60,17 +59,18 @@ def test_nonces_expire_and_stale_requests_stay_refused(tmp_path):
     k = generate_key()
     body = b"{}"
     h = sign_request(k, "POST", "/v1/nodes/register", body)
-    orch.authenticate("POST", "/v1/nodes/register", h, None, ("worker",), allow_unregistered=True)
+    call = SignedRequest("POST", "/v1/nodes/register", h, None)
+    orch.auth.authenticate(call, ("worker",), allow_unregistered=True)
     with pytest.raises(ProtocolError, match="replayed"):
-        orch.authenticate("POST", "/v1/nodes/register", h, None, ("worker",), allow_unregistered=True)
+        orch.auth.authenticate(call, ("worker",), allow_unregistered=True)
     with orch.db.tx() as s:
         assert s.query(Nonce).count() == 1
     later = time.time() + 120
-    orch.sweep(now=later)
+    orch.membership.sweep(now=later)
     with orch.db.tx() as s:
         assert s.query(Nonce).count() == 0  # expired nonces are dropped...
     with pytest.raises(ProtocolError, match="stale"):  # ...because their timestamp is refused anyway
-        orch.authenticate("POST", "/v1/nodes/register", h, None, ("worker",), allow_unregistered=True, now=later)
+        orch.auth.authenticate(call, ("worker",), allow_unregistered=True, now=later)
 
 
 def test_openapi_documents_bodies(tmp_path):

@@ -87,13 +87,13 @@ def test_dead_node_work_is_reassigned(tmp_path):
             time.sleep(0.1)
         assert taken is not None, "dead node's assignment was never reassigned"
         assert worker.ledger().status == "active"
-        info = srv.orch.node_info(quitter.node_id)
+        info = srv.orch.membership.node_info(quitter.node_id)
         assert info.status == "dead" and "missed 3" in info.status_reason
         # same seed and tasks as the lost assignment: re-derivable by validators from the origin node
         assert taken.seed == lost.seed and [t.task_id for t in taken.tasks] == [t.task_id for t in lost.tasks]
         # the quitter comes back: alive again, but its taken-over assignment is gone
         hb = quitter.heartbeat()
-        assert srv.orch.node_info(quitter.node_id).status == "active"
+        assert srv.orch.membership.node_info(quitter.node_id).status == "active"
         assert lost.assignment_id not in [x.assignment_id for x in hb.assignments]
 
 

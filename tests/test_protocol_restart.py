@@ -33,14 +33,14 @@ def test_restart_loses_nothing(tmp_path):
         body = b'{"status": {}}'
         used = {**sign_request(honest_key, "POST", "/v1/nodes/heartbeat", body), "Content-Type": "application/json"}
         assert httpx.post(srv.url + "/v1/nodes/heartbeat", content=body, headers=used).status_code == 200
-        before = {n: srv.orch.balance(n).model_dump() for n in (honest.node_id, cheat.node_id)}
+        before = {n: srv.orch.ledger.balance(n).model_dump() for n in (honest.node_id, cheat.node_id)}
         pending_heartbeat = honest.heartbeat()
 
     with running(cfg, run_sweeper=False) as srv2:  # a new process would see the same: state is in the DB
         honest, cheat = NodeClient(srv2.url, honest_key), NodeClient(srv2.url, cheat_key)
-        after = {n: srv2.orch.balance(n).model_dump() for n in (honest.node_id, cheat.node_id)}
+        after = {n: srv2.orch.ledger.balance(n).model_dump() for n in (honest.node_id, cheat.node_id)}
         assert after == before
-        assert srv2.orch.current() == (3, 2)
+        assert srv2.orch.run.current() == (3, 2)
         # nonce used before the restart is still refused
         r = httpx.post(srv2.url + "/v1/nodes/heartbeat", content=body, headers=used)
         assert r.status_code == 401 and "replayed" in r.json()["detail"]

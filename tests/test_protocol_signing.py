@@ -118,7 +118,7 @@ def test_ejected_key_refused(server):
     nc = NodeClient(srv.url, generate_key())
     nc.register(throughput=10.0, stake=100.0)
     with srv.orch.db.tx() as s:
-        from swarmrl.protocol.models import Node
+        from swarmrl.protocol.tables import Node
 
         s.get(Node, nc.node_id).status = "ejected"
     with pytest.raises(ApiError) as e:

@@ -12,7 +12,7 @@ from swarmrl.protocol.signing import generate_key, sign_request
 
 @pytest.fixture()
 def setup(tmp_path):
-    cfg, keys = make_cfg(tmp_path, max_upload_bytes=64 * 1024)
+    cfg, keys = make_cfg(tmp_path, rollout_limits={"max_bytes": 64 * 1024})
     with running(cfg, run_sweeper=False) as srv:
         a, b = NodeClient(srv.url, generate_key()), NodeClient(srv.url, generate_key())
         a.register(throughput=10.0, stake=100.0)
@@ -32,7 +32,7 @@ def test_honest_upload_is_stored_by_hash(setup):
     # submission back, not a refusal, and stores nothing new
     again = a.submit(asg.assignment_id, path)
     assert (again.submission_id, again.sha256, again.status) == (rep.submission_id, rep.sha256, "pending")
-    assert [x.submission.submission_id for x in srv.orch.pending(16).items] == [rep.submission_id]
+    assert [x.submission.submission_id for x in srv.orch.submissions.pending(16).items] == [rep.submission_id]
     # ...but the node's file uploaded for another node's work, or another file for this one, is refused
     b_asg = b.heartbeat().assignments[0]
     with pytest.raises(ApiError) as e:

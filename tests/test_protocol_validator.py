@@ -66,7 +66,7 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     assert events[1]["slashed"] == pytest.approx(50.0) and events[1]["revoked"] == events[0]["credited"]
     vrows = read_metrics(tmp / "val" / "metrics.jsonl")
     assert [r["accepted"] for r in vrows] == [True, False]
-    snap = srv.orch.snapshot()
+    snap = srv.orch.stats.snapshot()
     assert snap["nodes_ejected"] == 1 and snap["submissions_rejected"] == 1 and snap["submissions_accepted"] == 1
     bal = node.ledger()
     assert bal.status == "ejected"
@@ -245,7 +245,7 @@ def test_ejection_rejects_pending_work_and_frees_its_tasks(env):
     node.submit(a1.assignment_id, write(rollouts_for(node.node_id, a1), tmp / "fine.parquet"))
     judged = val.run_once()  # the second verdict meets a 409 (node already ejected) and is skipped
     assert [v.accepted for _, v in judged] == [False]
-    assert srv.orch.accepted(1).items == []
+    assert srv.orch.submissions.accepted(1).items == []
     honest = _node(srv)
     seeds = set()
     for _ in range(3):  # one reassignment per heartbeat

@@ -4,10 +4,10 @@ import pytest
 
 from swarmrl.contract import GroupRule, RLContract, Rollout
 from swarmrl.rl.config import RLConfig
+from swarmrl.rollouts.limits import RolloutLimits
 from swarmrl.rollouts.wire import (
     SCHEMA,
     RolloutError,
-    RolloutLimits,
     check_rollouts,
     read_group_keys,
     read_rollouts,

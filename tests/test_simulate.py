@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "swa
 
 from simulate import T0, SimConfig, simulate  # noqa: E402
 
-from swarmrl.protocol.models import Assignment, Submission  # noqa: E402
+from swarmrl.protocol.tables import Assignment, Submission  # noqa: E402
 
 # 60% never crash, 40% crash about every 3 simulated minutes; half of those come back
 RELIABILITY = (("steady", 0.6, 0.0), ("bad", 0.4, 20.0))

@@ -82,7 +82,7 @@ def test_refused_upload_and_timeout_release_work(tmp_path):
         assert xh.seed == xb.seed and xh.reassigned_from == bad.node_id
         honest.submit(xh.assignment_id, write(rollouts_for(honest.node_id, xh, correct=False), tmp_path / "h.parquet"))
         [xs] = _open(slow)  # tied rewards: still short, next taker
-        srv.orch.sweep(now=time.time() + 1.0)  # slow never delivers: timed out
+        srv.orch.membership.sweep(now=time.time() + 1.0)  # slow never delivers: timed out
         [xh2] = _open(honest)
         assert xh2.seed == xs.seed and xh2.reassigned_from == slow.node_id
         # both hold the work now: the first upload (here the slow node's, late but valid) completes it, and the
@@ -109,7 +109,7 @@ def test_dead_node_work_reassigned_and_restart_keeps_assignments(tmp_path):
         assert _open(a) == [xa] and _open(c) == []
         time.sleep(0.5)
         assert _open(a) == [xa] and _open(c) == []  # a and c beat; b stays silent
-        assert b.node_id in srv.orch.sweep()  # b missed 2 intervals: dead, its work orphaned
+        assert b.node_id in srv.orch.membership.sweep()  # b missed 2 intervals: dead, its work orphaned
         [xc] = _open(c)
         assert xc.seed == xb.seed and xc.reassigned_from == b.node_id and xc.step == xb.step
 
@@ -129,9 +129,9 @@ def test_a_restarted_orchestrator_does_not_blame_nodes_for_its_outage(tmp_path):
         assert len(_open(b)) == 1  # b holds work too when the orchestrator goes down
     time.sleep(0.6)  # the outage: longer than dead_after_missed intervals
     with running(cfg, run_sweeper=False) as srv:
-        assert srv.orch.sweep() == []  # nobody blamed for the outage
+        assert srv.orch.membership.sweep() == []  # nobody blamed for the outage
         a, b = (NodeClient(srv.url, k) for k in keys)
         assert _open(a) == [xa]  # its work is still its own (not orphaned, not handed to anyone)
         time.sleep(0.5)
         assert _open(a) == [xa]
-        assert srv.orch.sweep() == [b.node_id]  # b stayed silent while the orchestrator was up: dead
+        assert srv.orch.membership.sweep() == [b.node_id]  # b stayed silent while the orchestrator was up: dead

@@ -36,10 +36,9 @@ HWM = "int([l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0].s
 BOUNDED = """
 import json, sys
 from swarmrl.protocol.config import OrchestratorConfig
-from swarmrl.protocol.orchestrator.submissions import rollout_limits
 from swarmrl.rollouts.wire import RolloutError, RolloutTooLarge, read_rollouts
 try:
-    rows = read_rollouts(sys.argv[1], rollout_limits(OrchestratorConfig()))
+    rows = read_rollouts(sys.argv[1], OrchestratorConfig().rollout_limits)
     out = {"result": f"accepted: {len(rows)} rows"}
 except RolloutError as e:
     status = 413 if isinstance(e, RolloutTooLarge) else 422

@@ -43,8 +43,8 @@ import aiohttp  # noqa: E402
 from swarmrl.contract import RLContract, task_seed, thinking_budget  # noqa: E402
 from swarmrl.protocol.config import OrchestratorConfig  # noqa: E402
 from swarmrl.protocol.db import Database, sqlite_url  # noqa: E402
-from swarmrl.protocol.models import Assignment, LedgerEntry, Node  # noqa: E402
 from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex, sign_request  # noqa: E402
+from swarmrl.protocol.tables import Assignment, LedgerEntry, Node  # noqa: E402
 
 SERVER = """
 import json, sys

@@ -4,15 +4,17 @@ One ``Orchestrator`` (``swarmrl.protocol.orchestrator.service``) runs in this pr
 under a temp dir (or ``--database-url``). Every call the swarm would make goes to it with ``now=`` set to the
 simulated clock; nothing else is simulated on the service side:
 
-* stake: a stake authority ``deposit``s for each node, the node ``register``s locking it (beyond
+* stake: a stake authority ``deposit``s for each node, the node ``register``s locking it (``Membership``; beyond
   ``--register-real`` nodes the same rows, a deposit, a node and a stake ledger row, are bulk-inserted, and
   said so in the results: registering 100k nodes one transaction at a time would take the whole time budget);
-* heartbeats: signed (Ed25519, nonce, ``signed_heartbeat``, the HTTP hot path) unless ``--unsigned``;
-* uploads: signed ``authenticate`` + ``precheck_upload`` + ``accept_upload`` of a real (tiny) rollout parquet
-  file: the service reads and checks it, counts its usable groups and commits it to its content store;
-* a validator polls ``pending`` and posts accepting ``verdict``s; a trainer polls ``accepted(step)`` and, once
-  ``--groups-per-step`` usable groups are in, "trains" for ``--train-s`` and calls ``set_step``;
-* a sweeper calls ``sweep`` every ``sweep_interval_s``, as the HTTP app does.
+* heartbeats: signed (Ed25519, nonce; ``HotPath.answer``, else ``Assignments.signed_heartbeat``: what the HTTP
+  layer runs) unless ``--unsigned``;
+* uploads: signed ``Auth.authenticate`` + ``Submissions.precheck_upload`` + ``accept_upload`` of a real (tiny)
+  rollout parquet file: the service reads and checks it, counts its usable groups and commits it to its content
+  store;
+* a validator polls ``pending`` and posts accepting ``Verdicts.verdict``s; a trainer polls ``accepted(step)`` and,
+  once ``--groups-per-step`` usable groups are in, "trains" for ``--train-s`` and calls ``RunState.set_step``;
+* a sweeper calls ``Membership.sweep`` every ``sweep_interval_s``, as the HTTP app does.
 
 A simulated node behaves as ``swarmrl.protocol.node.run_node``: heartbeat; answer each listed assignment in
 order (skipping those whose step is behind the reply's step), keep-alive heartbeats every interval while
@@ -60,7 +62,7 @@ from sqlalchemy import insert, select  # noqa: E402
 from swarmrl.contract import RLContract
 from swarmrl.protocol.config import OrchestratorConfig  # noqa: E402
 from swarmrl.protocol.db import Database  # noqa: E402
-from swarmrl.protocol.models import Assignment, LedgerEntry, Node, Submission  # noqa: E402
+from swarmrl.protocol.orchestrator.auth import SignedRequest  # noqa: E402
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError  # noqa: E402
 from swarmrl.protocol.orchestrator.service import Orchestrator  # noqa: E402
 from swarmrl.protocol.schemas import (  # noqa: E402
@@ -72,6 +74,7 @@ from swarmrl.protocol.schemas import (  # noqa: E402
     VerdictRequest,
 )
 from swarmrl.protocol.signing import body_sha256, generate_key, node_id_for, public_key_hex, sign_request  # noqa: E402
+from swarmrl.protocol.tables import Assignment, LedgerEntry, Node, Submission  # noqa: E402
 from swarmrl.rollouts.wire import SCHEMA  # noqa: E402
 
 HB_PATH = "/v1/nodes/heartbeat"
@@ -234,14 +237,14 @@ class Sim:
         if self.sc.signed:
             h = sign_request(n.key, "POST", HB_PATH, content_sha256=self.hb_sha, timestamp=int(self.now()))
             return self.tm.call(kind, self.signed_heartbeat, h)
-        return self.tm.call(kind, self.orch.heartbeat, n.principal, self.hb_req, now=self.now())
+        return self.tm.call(kind, self.orch.assignments.heartbeat, n.principal, self.hb_req, now=self.now())
 
     def signed_heartbeat(self, h: dict[str, str]) -> HeartbeatReply:
         """As the HTTP layer runs it: the hot path (its group commit awaited), else the full path."""
-        verified, done, reply = self.orch.fast_heartbeat("POST", HB_PATH, h, self.hb_body, now=self.now())
+        call = SignedRequest("POST", HB_PATH, h, body_sha256(self.hb_body))  # hashed per beat, as the HTTP layer does
+        verified, done, reply = self.orch.hot_path.answer(call, self.hb_body, now=self.now())
         if done is None:
-            return self.orch.signed_heartbeat("POST", HB_PATH, h, self.hb_sha, self.hb_req, now=self.now(),
-                                              verified=verified)
+            return self.orch.assignments.signed_heartbeat(call, self.hb_req, now=self.now(), verified=verified)
         if not done.result():
             raise ProtocolError(401, "replayed nonce")
         return HeartbeatReply.model_validate_json(reply)
@@ -257,11 +260,11 @@ class Sim:
             if self.sc.signed:
                 upath = f"{UPLOAD_PREFIX}{a.assignment_id}"
                 h = sign_request(n.key, "PUT", upath, content_sha256=sha, timestamp=int(self.now()))
-                p = self.orch.authenticate("PUT", upath, h, None, ("worker",), now=self.now())
+                p = self.orch.auth.authenticate(SignedRequest("PUT", upath, h, None), ("worker",), now=self.now())
             else:
                 p = dataclasses.replace(n.principal, content_sha256=sha)
-            self.orch.precheck_upload(p, a.assignment_id)
-            rep = self.orch.accept_upload(p, a.assignment_id, path, sha, len(data), now=self.now())
+            self.orch.submissions.precheck_upload(p, a.assignment_id)
+            rep = self.orch.submissions.accept_upload(p, a.assignment_id, path, sha, len(data), now=self.now())
             return rep.submission_id, 0
         except ProtocolError as e:
             path.unlink(missing_ok=True)
@@ -416,16 +419,16 @@ class Sim:
 
     # ---- sweeper, validator, trainer ---------------------------------------------------------------
     def ev_sweep(self, _i: int, _e: int) -> None:
-        dead = self.tm.call("sweep", self.orch.sweep, now=self.now())
+        dead = self.tm.call("sweep", self.orch.membership.sweep, now=self.now())
         self.counts["declared_dead"] += len(dead)
         self.at(self.t + self.sc.sweep_s, "sweep")
 
     def ev_validate(self, _i: int, _e: int) -> None:
         while True:
-            items = self.tm.call("pending", self.orch.pending, 256).items
+            items = self.tm.call("pending", self.orch.submissions.pending, 256).items
             for it in items:
                 sid = it.submission.submission_id
-                self.tm.call("verdict", self.orch.verdict, self.validator,
+                self.tm.call("verdict", self.orch.verdicts.verdict, self.validator,
                              VerdictRequest(submission_id=sid, accepted=True, reason="simulated"), now=self.now())
                 if sid in self.by_sub:
                     self.by_sub[sid]["accepted_at"] = self.t
@@ -436,7 +439,7 @@ class Sim:
     def ev_trainer(self, _i: int, _e: int) -> None:
         if self.training:
             return
-        items = self.tm.call("accepted", self.orch.accepted, self.step).items
+        items = self.tm.call("accepted", self.orch.submissions.accepted, self.step).items
         have = sum(it.informative for it in items)
         need = self.sc.batch()
         if have >= need:
@@ -456,7 +459,7 @@ class Sim:
 
     def ev_trained(self, _i: int, _e: int) -> None:
         self.step += 1
-        self.tm.call("set_step", self.orch.set_step, StepRequest(step=self.step, policy_version=self.step))
+        self.tm.call("set_step", self.orch.run.set_step, StepRequest(step=self.step, policy_version=self.step))
         self.step_times.append(self.t)
         self.training = False
         self.at(self.t, "trainer")
@@ -646,8 +649,8 @@ def build(sc: SimConfig, data_dir: Path) -> tuple[Orchestrator, list[SimNode], P
     tm = Timings()
     real = nodes[: sc.register_real]
     for n in real:  # the production path: a stake authority deposits, the node registers locking it
-        tm.call("deposit", orch.deposit, ap, DepositRequest(node_id=n.nid, amount=100.0), now=T0)
-        tm.call("register", orch.register, n.principal, RegisterRequest(throughput=1000.0 / n.median, stake=100.0),
+        tm.call("deposit", orch.membership.deposit, ap, DepositRequest(node_id=n.nid, amount=100.0), now=T0)
+        tm.call("register", orch.membership.register, n.principal, RegisterRequest(throughput=1000.0 / n.median, stake=100.0),
                 now=T0)
     bulk = nodes[sc.register_real:]
     t_bulk = time.perf_counter()

@@ -1,7 +1,7 @@
 """The live dashboard: one HTML page (``static/``, charts drawn by its own small SVG code, nothing fetched from
 elsewhere) that polls the stats API ``GET /v1/stats/{overview,nodes,trainer,policy}``. The orchestrator serves
 page and API from its database (``swarmrl.protocol.orchestrator``); ``swarmrl run --local`` serves them from the
-run directory's metrics files (``swarmrl.dashboard.server``). The response models are in ``models``."""
+run directory's metrics files (``swarmrl.dashboard.server``). The response models are in ``schemas``."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from swarmrl.dashboard.models import (
+from swarmrl.dashboard.schemas import (
     MAX_NODES,
     MAX_POINTS,
     MAX_VERSIONS,

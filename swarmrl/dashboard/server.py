@@ -15,8 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel
 
 from swarmrl.dashboard import page_html
-from swarmrl.dashboard.models import MAX_NODES, MAX_POINTS
 from swarmrl.dashboard.runfiles import RunDirStats
+from swarmrl.dashboard.schemas import MAX_NODES, MAX_POINTS
 
 log = logging.getLogger("swarmrl.dashboard")
 

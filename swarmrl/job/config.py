@@ -36,7 +36,7 @@ class SwarmSection(StrictModel):
     # the validator waits for uploads and the trainer's adapter for verdicts in long polls this long (0: they poll)
     long_poll_s: float = Field(5.0, ge=0, le=10.0)
     logprob_rows: int = Field(4, ge=0)  # validator's recomputed-logprob sample per submission
-    # sampled validation (swarmrl.protocol.sampling, docs/protocol.md): the validator's model checks (logprobs,
+    # sampled validation (swarmrl.protocol.spot_checks, docs/protocol.md): the validator's model checks (logprobs,
     # TOPLOC, sampling) run before the verdict on each node's first full_check_first submissions, then on this
     # share of them drawn with the validator's secret; the cheap checks (schema, seed, tasks, policy, proof shape,
     # rewards) always run; audit_rate of the sampled-out, accepted ones are judged in full later and a finding
@@ -115,14 +115,14 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _sampling_pays(self) -> RunConfig:
-        """Sampled validation must leave cheating a loss in expectation (``swarmrl.protocol.sampling``)."""
+        """Sampled validation must leave cheating a loss in expectation (``swarmrl.protocol.spot_checks``)."""
         if self.wan.profile and self.mode != "swarm":
             raise ValueError("wan.profile places a swarm run's roles in network namespaces: it needs mode = \"swarm\"")
         sw = self.swarm
         if self.mode != "swarm" or sw.full_check_rate >= 1.0:
             return self
         from swarmrl.protocol.config import OrchestratorConfig  # noqa: PLC0415
-        from swarmrl.protocol.sampling import cheating_margin, min_stake  # noqa: PLC0415
+        from swarmrl.protocol.spot_checks import cheating_margin, min_stake  # noqa: PLC0415
 
         o = OrchestratorConfig.model_fields
         slash, per_row = o["slash_fraction"].default, o["credit_per_sample"].default

@@ -21,6 +21,7 @@ from swarmrl.config import dump_config
 from swarmrl.job.config import RunConfig
 from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
 from swarmrl.rl.config import RLConfig
+from swarmrl.rollouts.limits import RolloutLimits
 from swarmrl.rundir import RunLayout
 
 Restart = Literal["never", "always", "unless_refused"]
@@ -155,7 +156,7 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
         rate_limit_per_s=200.0, rate_limit_burst=400, min_stake=min(100.0, sw.stake),
         contract=rl.contract, tasks_per_node=sw.tasks_per_node or rl.workers.prompts_per_batch,
         lookahead=rl.contract.async_level, last_step=rl.steps - 1, groups_per_step=rl.prompts_per_step,
-        overassign=sw.overassign, max_upload_bytes=sw.max_upload_bytes,
+        overassign=sw.overassign, rollout_limits=RolloutLimits(max_bytes=sw.max_upload_bytes),
         optimistic=sw.optimistic, assignment_timeout_s=sw.assignment_timeout_s, metrics_interval_s=1.0)
     vcfg = ValidatorConfig(orchestrator=url, key=validator.key, model_dir=rl.model, contract=rl.contract,
                            model_dir_template=RunLayout(root).version_template(), run_secret=secret,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from swarmrl.dashboard.models import TrainerPoint
+from swarmrl.dashboard.schemas import TrainerPoint
 from swarmrl.protocol.schemas import (
     AcceptedList,
     Balance,

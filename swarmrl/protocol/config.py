@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.contract import PROOF_GEOMETRY, ProofGeometry, RLContract
+from swarmrl.rollouts.limits import RolloutLimits
 from swarmrl.utils.keys import public_key_problem
 
 DEFAULT_RUN_SECRET = "change-me"
+
+# the upload limits that were fields of OrchestratorConfig, now its [rollout_limits] section (RolloutLimits, declared
+# once for every reader of rollout files): an old config is told where each went
+MOVED_TO_ROLLOUT_LIMITS = {"max_upload_bytes": "rollout_limits.max_bytes",
+                           **{k: f"rollout_limits.{k}" for k in RolloutLimits.model_fields if k != "max_bytes"}}
 
 
 def is_loopback(host: str | None) -> bool:
@@ -91,14 +98,16 @@ class OrchestratorConfig(StrictModel):
     # upload was refused as invalid or oversized, so a stalling or broken node cannot starve a step
     assignment_timeout_s: float = Field(0.0, ge=0)
     shardcast_relays: list[str] = Field(default_factory=list)
-    # uploads
-    max_upload_bytes: int = Field(64 << 20, gt=0)
+    # uploads: hostile ones are bounded once DECODED ([rollout_limits]: the file's bytes as uploaded, rows, tokens,
+    # strings, proofs, the parquet footer; swarmrl.rollouts.limits), checked from the parquet metadata and then
+    # batch by batch before anything is materialised; a file over one is refused with 413 naming the limit (a
+    # malformed one with 422)
+    rollout_limits: RolloutLimits = Field(default_factory=RolloutLimits)
     # listings for validators and the trainer (GET /v1/validator/pending, /v1/trainer/accepted with inline=N) carry
     # the files of up to N listed submissions (each at most inline_file_bytes, together at most inline_total_bytes;
     # the others are downloaded as before): one request instead of a listing plus one download per file
     inline_file_bytes: int = Field(1 << 20, ge=0)
     inline_total_bytes: int = Field(8 << 20, ge=0)
-    max_rows: int = Field(65_536, gt=0)
     # ledger
     credit_per_sample: float = Field(1.0, ge=0)
     challenge_window_s: float = Field(24 * 3600.0, ge=0)
@@ -107,16 +116,6 @@ class OrchestratorConfig(StrictModel):
     # metrics (JSONL): "" = <data_dir>/metrics.jsonl; a snapshot row every metrics_interval_s plus verdict events
     metrics_path: str = ""
     metrics_interval_s: float = Field(10.0, gt=0)
-    # hostile uploads: limits on a rollout file once DECODED (swarmrl.rollouts.wire.RolloutLimits, same names and
-    # defaults), checked from the parquet metadata and then batch by batch before anything is materialised; a
-    # file over one is refused with 413 naming the limit (a malformed one with 422)
-    max_decoded_bytes: int = Field(64 << 20, gt=0)  # all columns' values decoded
-    max_string_bytes: int = Field(1024, gt=0)  # worker_id, task_id, env, group_id
-    max_prompt_tokens: int = Field(32_768, gt=0)
-    max_completion_tokens: int = Field(32_768, gt=0)
-    max_proofs_per_row: int = Field(4_096, ge=0)
-    max_proof_bytes: int = Field(4_096, ge=0)
-    max_footer_bytes: int = Field(1 << 20, gt=0)  # parquet footer (metadata), bounded before it is parsed
     # membership and sybils
     # stake is deposited by these keys (POST /v1/ledger/deposits); registration locks at most what was deposited
     stake_authority_keys: list[str] = Field(default_factory=list)
@@ -141,6 +140,17 @@ class OrchestratorConfig(StrictModel):
     body_timeout_s: float = Field(120.0, gt=0)
     idle_timeout_s: float = Field(5.0, gt=0)
     backlog: int = Field(4096, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [k for k in MOVED_TO_ROLLOUT_LIMITS if k in data]
+            if old:
+                raise ValueError("moved into [rollout_limits]: " + ", ".join(
+                    f"{k} -> {MOVED_TO_ROLLOUT_LIMITS[k]}" for k in old)
+                    + " (e.g. [rollout_limits] max_bytes = 67108864)")
+        return data
 
     @field_validator("validator_keys", "trainer_keys", "stake_authority_keys")
     @classmethod
@@ -201,7 +211,7 @@ class ValidatorConfig(StrictModel):
     # work is harmless (the trainer never uses it).
     reject_late_steps: bool = False
     require_proofs: bool = False  # when true, rows without TOPLOC proofs are rejected (and the check must be able to run)
-    # sampled validation (swarmrl.protocol.sampling): the model checks (logprobs, toploc, sampling) run before the
+    # sampled validation (swarmrl.protocol.spot_checks): the model checks (logprobs, toploc, sampling) run before the
     # verdict on a node's first full_check_first submissions and then on a full_check_rate share drawn with a
     # secret the node does not know (sample_key, hex; "" = random per process); the cheap checks always run. A
     # sampled-out submission is audited in full later (idle time, inside its challenge window) with probability

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from swarmrl.protocol.models import Base
+from swarmrl.protocol.tables import Base
 
 
 def sqlite_url(path: str | Path) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarmrl.contract import Budget, RLContract
-from swarmrl.dashboard.models import TrainerPoint
+from swarmrl.dashboard.schemas import TrainerPoint
 from swarmrl.utils.keys import public_key_problem
 
 

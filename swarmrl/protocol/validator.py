@@ -13,7 +13,7 @@ and logged as such. Each internal error is logged with its traceback, written to
 (``event = "internal_error"``) and counted in ``validator_internal_errors`` (every metrics row, the log, the
 summary ``swarmrl validator run`` prints, ``Validator.health()``).
 
-Sampled validation (``swarmrl.protocol.sampling``; off at ``full_check_rate = 1``): the model checks run before
+Sampled validation (``swarmrl.protocol.spot_checks``; off at ``full_check_rate = 1``): the model checks run before
 the verdict on a node's first submissions and on a secret random share of the rest; a sampled-out submission
 passing the cheap checks is accepted and may be queued for an audit (``audit_once``, run when nothing is
 pending), whose finding is posted as a challenge of the accepted submission.
@@ -63,8 +63,8 @@ from swarmrl.protocol.checks import (  # noqa: F401  (re-exported: the checks' h
 )
 from swarmrl.protocol.client import ApiError, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
-from swarmrl.protocol.sampling import SAMPLED_CHECKS, draw
 from swarmrl.protocol.schemas import CheckResult, InlineFile, PendingSubmission, VerdictRequest
+from swarmrl.protocol.spot_checks import SAMPLED_CHECKS, draw
 from swarmrl.rollouts.wire import RolloutError, read_rollouts
 from swarmrl.toploc.thresholds_file import (
     CALIBRATION_FILE,
@@ -253,7 +253,7 @@ class Validator:
         self._listed, self._waited = 0, True  # the last listing's size, and whether its long poll waited
         self._clock: Callable[[], float] = time.monotonic
         self.metrics = MetricsWriter(self.work / "metrics.jsonl")
-        # sampled validation (swarmrl.protocol.sampling)
+        # sampled validation (swarmrl.protocol.spot_checks)
         self._sample_key = bytes.fromhex(cfg.sample_key) if cfg.sample_key else secrets.token_bytes(32)
         self._seen: Counter[str] = Counter()  # node -> verdicts posted on its submissions (by this process)
         self._audits: deque[PendingSubmission] = deque()  # accepted after the cheap checks, to be judged in full

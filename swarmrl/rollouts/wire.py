@@ -6,10 +6,10 @@ workers are untrusted: ``read_rollouts`` checks size, schema, row count and per-
 before anything is used and raises ``RolloutError`` with a reason otherwise.
 
 A few kilobytes of zstd parquet can decode to gigabytes (long runs of one value compress to nothing), so
-every limit is on the DECODED file (``RolloutLimits``) and is checked before the data it bounds is
-materialised: the footer's size first, then the metadata (row count, schema, and the decoded size the
-column chunks imply: values x width for numbers, dictionary/plain bytes for strings), then the rows in
-batches of ``BATCH_ROWS``, each batch's list lengths, string sizes and values checked in Arrow (strings and
+every limit is on the DECODED file (``RolloutLimits``, declared in ``swarmrl.rollouts.limits``) and is checked
+before the data it bounds is materialised: the footer's size first, then the metadata (row count, schema, and
+the decoded size the column chunks imply: values x width for numbers, dictionary/plain bytes for strings), then
+the rows in batches of ``BATCH_ROWS``, each batch's list lengths, string sizes and values checked in Arrow (strings and
 proofs read as dictionaries, so repeated values are not expanded) before it becomes Python objects. A limit
 that is hit raises ``RolloutTooLarge`` (its ``limit`` names the ``RolloutLimits`` field; the orchestrator
 answers 413), anything else malformed ``RolloutError`` (422). Non-finite floats are refused in every float
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from swarmrl.contract import Rollout
+from swarmrl.rollouts.limits import RolloutLimits
 
 SCHEMA = pa.schema([
     pa.field("worker_id", pa.string(), nullable=False),
@@ -93,24 +94,6 @@ def write_rollouts(rows: list[Rollout], path: str | Path) -> Path:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
-
-
-@dataclass(frozen=True)
-class RolloutLimits:
-    """What one rollout file may hold, decoded. The orchestrator takes its limits from ``OrchestratorConfig``
-    (fields of the same names; ``max_bytes`` is its ``max_upload_bytes``); the validator, the adapter and the
-    trainer use these defaults, which are the orchestrator's defaults too. A file at ``max_decoded_bytes``
-    becomes about ten times that in Python objects once read."""
-
-    max_bytes: int = 64 * 1024 * 1024  # the file as stored (compressed)
-    max_rows: int = 65_536
-    max_prompt_tokens: int = 32_768
-    max_completion_tokens: int = 32_768
-    max_proofs_per_row: int = 4_096
-    max_proof_bytes: int = 4_096
-    max_decoded_bytes: int = 64 * 1024 * 1024  # every column's values decoded (plain Arrow buffers)
-    max_string_bytes: int = 1_024  # worker_id, task_id, env, group_id
-    max_footer_bytes: int = 1024 * 1024  # the parquet footer (metadata), read before anything else
 
 
 BATCH_ROWS = 256  # rows decoded at a time

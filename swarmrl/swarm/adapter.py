@@ -25,7 +25,7 @@ import time
 from pydantic import Field
 
 from swarmrl.config import StrictModel
-from swarmrl.dashboard.models import TrainerPoint, point_from_row
+from swarmrl.dashboard.schemas import TrainerPoint, point_from_row
 from swarmrl.protocol.client import ApiError, TrainerClient
 from swarmrl.protocol.schemas import MAX_STEP_METRICS, InlineFile
 from swarmrl.rl.config import RLConfig

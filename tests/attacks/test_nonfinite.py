@@ -45,7 +45,7 @@ def test_minus_infinity_logprobs_refused_at_upload(tmp_path):
         with pytest.raises(ApiError) as e:
             node.submit(a.assignment_id, write(rows, tmp_path / "inf.parquet"))
         assert e.value.status == 422 and "column 'logprobs'" in e.value.detail, e.value
-        assert srv.orch.counters["uploads"] == 0
+        assert srv.orch.telemetry.counters["uploads"] == 0
 
 
 # ---- JSON bodies -----------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import pytest
 from protocol_support import make_cfg, rollouts_for, write
 from sqlalchemy import select
 
-from swarmrl.protocol.models import Assignment, Submission
 from swarmrl.protocol.orchestrator import Orchestrator, Principal, ProtocolError
 from swarmrl.protocol.schemas import HeartbeatRequest, RegisterRequest
 from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex
+from swarmrl.protocol.tables import Assignment, Submission
 
 T0 = 1_000_000.0
 HB = HeartbeatRequest()
@@ -38,7 +38,7 @@ def service(tmp_path):
 def _join(orch: Orchestrator, now: float) -> Principal:
     pub = public_key_hex(generate_key())
     p = Principal(node_id_for(pub), pub, "worker", "0" * 64)
-    orch.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
+    orch.membership.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
     return p
 
 
@@ -46,8 +46,8 @@ def _submit(orch: Orchestrator, p: Principal, a, tmp_path):  # noqa: ANN001
     path = write(rollouts_for(p.node_id, a), tmp_path / f"{p.node_id[:8]}-{a.assignment_id}.parquet")
     data = path.read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    orch.precheck_upload(p, a.assignment_id)
-    return orch.accept_upload(p, a.assignment_id, path, sha, len(data))
+    orch.submissions.precheck_upload(p, a.assignment_id)
+    return orch.submissions.accept_upload(p, a.assignment_id, path, sha, len(data))
 
 
 def _refused(orch: Orchestrator, p: Principal, a, tmp_path) -> ProtocolError:  # noqa: ANN001
@@ -65,7 +65,7 @@ def _family(orch: Orchestrator, seed: int) -> tuple[list[str], list[str]]:
 
 
 def _listed(orch: Orchestrator, p: Principal, seed: int, now: float) -> list:
-    return [x for x in orch.heartbeat(p, HB, now=now).assignments if x.seed == seed]
+    return [x for x in orch.assignments.heartbeat(p, HB, now=now).assignments if x.seed == seed]
 
 
 @pytest.mark.parametrize("first", ["origin", "taker"])
@@ -76,24 +76,24 @@ def test_origin_takes_back_its_work_from_a_dead_taker(service, tmp_path, first):
     orch, cfg = service()  # one assignment per node per step (no demand mode)
     dead = cfg.heartbeat_interval_s * cfg.dead_after_missed
     a, b = _join(orch, T0), _join(orch, T0)
-    [x] = orch.heartbeat(a, HB, now=T0).assignments
-    orch.heartbeat(b, HB, now=T0)
-    orch.heartbeat(b, HB, now=T0 + dead / 2)
+    [x] = orch.assignments.heartbeat(a, HB, now=T0).assignments
+    orch.assignments.heartbeat(b, HB, now=T0)
+    orch.assignments.heartbeat(b, HB, now=T0 + dead / 2)
     t = T0 + dead + 1
-    assert orch.sweep(now=t) == [a.node_id]
+    assert orch.membership.sweep(now=t) == [a.node_id]
     [y] = _listed(orch, b, x.seed, t + 1)  # B takes A's work over (same seed)
     assert y.reassigned_from == a.node_id and y.assignment_id != x.assignment_id
     assert _listed(orch, a, x.seed, t + 2) == []  # A is back: its work now belongs to B
-    orch.heartbeat(a, HB, now=t + 1 + dead / 2)
+    orch.assignments.heartbeat(a, HB, now=t + 1 + dead / 2)
     t2 = t + 1 + dead + 1
-    assert orch.sweep(now=t2) == [b.node_id]  # B dies holding A's work (and its own)
+    assert orch.membership.sweep(now=t2) == [b.node_id]  # B dies holding A's work (and its own)
     for i in range(4):  # A takes B's own work and its own back, one per heartbeat, and is never locked out
-        hb = orch.heartbeat(a, HB, now=t2 + 1 + i)
+        hb = orch.assignments.heartbeat(a, HB, now=t2 + 1 + i)
     back = [s for s in hb.assignments if s.seed == x.seed]
     assert len(back) == 1 and back[0].step == x.step, hb.assignments
     assert _family(orch, x.seed)[0].count("open") == 1
     # B comes back with its copy, still working on it: whoever uploads first completes the work
-    orch.heartbeat(b, HB, now=t2 + 10)
+    orch.assignments.heartbeat(b, HB, now=t2 + 10)
     win, lose = ((a, back[0]), (b, y)) if first == "origin" else ((b, y), (a, back[0]))
     assert _submit(orch, *win, tmp_path).status == "pending"
     e = _refused(orch, *lose, tmp_path)
@@ -102,7 +102,7 @@ def test_origin_takes_back_its_work_from_a_dead_taker(service, tmp_path, first):
     statuses, subs = _family(orch, x.seed)
     assert subs == ["pending"]  # done once
     assert "open" not in statuses and "orphaned" not in statuses, statuses  # nothing stuck
-    assert [i.assignment.seed for i in orch.pending(16).items].count(x.seed) == 1
+    assert [i.assignment.seed for i in orch.submissions.pending(16).items].count(x.seed) == 1
 
 
 @pytest.mark.parametrize("first", ["original", "taker"])
@@ -114,27 +114,27 @@ def test_first_upload_wins_between_original_holder_and_taker(service, tmp_path, 
     orch, cfg = service(groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
                         assignment_timeout_s=5.0)
     slow, taker = _join(orch, T0), _join(orch, T0)
-    [xs] = orch.heartbeat(slow, HB, now=T0).assignments
-    assert orch.heartbeat(taker, HB, now=T0).assignments == []  # the step is fully held
+    [xs] = orch.assignments.heartbeat(slow, HB, now=T0).assignments
+    assert orch.assignments.heartbeat(taker, HB, now=T0).assignments == []  # the step is fully held
     if cause == "timeout":
-        orch.heartbeat(slow, HB, now=T0 + 5.5)
-        orch.heartbeat(taker, HB, now=T0 + 5.5)
-        assert orch.sweep(now=T0 + 6.0) == []
+        orch.assignments.heartbeat(slow, HB, now=T0 + 5.5)
+        orch.assignments.heartbeat(taker, HB, now=T0 + 5.5)
+        assert orch.membership.sweep(now=T0 + 6.0) == []
         t = T0 + 6.5
     else:
         t = T0 + cfg.heartbeat_interval_s * cfg.dead_after_missed + 1
-        orch.heartbeat(taker, HB, now=t - 2)
-        assert orch.sweep(now=t) == [slow.node_id]
+        orch.assignments.heartbeat(taker, HB, now=t - 2)
+        assert orch.membership.sweep(now=t) == [slow.node_id]
     [xt] = _listed(orch, taker, xs.seed, t)
     assert xt.reassigned_from == slow.node_id
-    orch.heartbeat(slow, HB, now=t + 0.5)  # the original holder is still (or again) there, working on its copy
+    orch.assignments.heartbeat(slow, HB, now=t + 0.5)  # the original holder is still (or again) there, working on its copy
     win, lose = ((slow, xs), (taker, xt)) if first == "original" else ((taker, xt), (slow, xs))
     assert _submit(orch, *win, tmp_path).status == "pending"
     e = _refused(orch, *lose, tmp_path)
     assert e.status == 409 and "completed" in e.detail, e.detail
     # the step has what it needs: nobody is handed more of it, the loser's copy is gone from its heartbeats
-    assert orch.heartbeat(lose[0], HB, now=t + 1).assignments == []
-    assert orch.heartbeat(win[0], HB, now=t + 1).assignments == []
+    assert orch.assignments.heartbeat(lose[0], HB, now=t + 1).assignments == []
+    assert orch.assignments.heartbeat(win[0], HB, now=t + 1).assignments == []
     statuses, subs = _family(orch, xs.seed)
     assert subs == ["pending"] and "open" not in statuses and "orphaned" not in statuses, statuses
 
@@ -147,18 +147,18 @@ def test_both_holders_uploading_at_once_complete_the_work_once(service, tmp_path
     orch, _ = service(groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
                       assignment_timeout_s=5.0)
     slow, taker = _join(orch, T0), _join(orch, T0)
-    [xs] = orch.heartbeat(slow, HB, now=T0).assignments
-    orch.heartbeat(slow, HB, now=T0 + 5.5)
-    orch.heartbeat(taker, HB, now=T0 + 5.5)
-    orch.sweep(now=T0 + 6.0)
+    [xs] = orch.assignments.heartbeat(slow, HB, now=T0).assignments
+    orch.assignments.heartbeat(slow, HB, now=T0 + 5.5)
+    orch.assignments.heartbeat(taker, HB, now=T0 + 5.5)
+    orch.membership.sweep(now=T0 + 6.0)
     [xt] = _listed(orch, taker, xs.seed, T0 + 6.5)
-    check = orch._check_duplicate
+    check = orch.submissions._check_duplicate
 
     def paused(s, p, sha):  # noqa: ANN001, ANN202
         time.sleep(0.5)  # inside the transaction: the other upload reaches its holder check meanwhile
         return check(s, p, sha)
 
-    orch._check_duplicate = paused
+    orch.submissions._check_duplicate = paused
     start = threading.Barrier(2)
     out: dict[str, object] = {}
 
@@ -189,11 +189,11 @@ def test_released_work_is_not_hidden_by_the_node_that_released_it(service, tmp_p
     orch, _ = service(groups_per_step=2, tasks_per_node=2, contract={"group_size": 2, "async_level": 0, "filter_ties": False, "budget": {"enabled": False}},
                       )
     bad, honest = _join(orch, T0), _join(orch, T0)
-    [xb] = orch.heartbeat(bad, HB, now=T0).assignments
-    assert orch.heartbeat(honest, HB, now=T0).assignments == []
-    orch.release_assignment(bad, xb.assignment_id, "invalid rollout file")
-    assert orch.heartbeat(bad, HB, now=T0 + 1).assignments == []
-    [xh] = orch.heartbeat(honest, HB, now=T0 + 2).assignments
+    [xb] = orch.assignments.heartbeat(bad, HB, now=T0).assignments
+    assert orch.assignments.heartbeat(honest, HB, now=T0).assignments == []
+    orch.submissions.release_assignment(bad, xb.assignment_id, "invalid rollout file")
+    assert orch.assignments.heartbeat(bad, HB, now=T0 + 1).assignments == []
+    [xh] = orch.assignments.heartbeat(honest, HB, now=T0 + 2).assignments
     assert xh.seed == xb.seed and xh.reassigned_from == bad.node_id
     assert _submit(orch, honest, xh, tmp_path).status == "pending"
     assert _family(orch, xb.seed)[1] == ["pending"]

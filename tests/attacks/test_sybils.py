@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 
 from swarmrl.cli import app
 from swarmrl.protocol.client import ApiError, NodeClient, SignedClient
-from swarmrl.protocol.models import Assignment, Node, Submission
 from swarmrl.protocol.node import run_node
 from swarmrl.protocol.orchestrator import Orchestrator, Principal, ProtocolError
 from swarmrl.protocol.schemas import HeartbeatRequest, RegisterRequest
 from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex, save_private_key
+from swarmrl.protocol.tables import Assignment, Node, Submission
 
 FLOOD = Path(__file__).resolve().parents[2] / "benchmarks" / "attacks" / "flood.py"
 T0 = 1_000_000.0
@@ -60,29 +60,29 @@ def test_registration_locks_only_deposited_stake(tmp_path):
     orch = Orchestrator(cfg)
     try:
         node = _principal(generate_key())
-        e = _refused(orch.register, node, RegisterRequest(throughput=10.0, stake=100.0), now=T0)
+        e = _refused(orch.membership.register, node, RegisterRequest(throughput=10.0, stake=100.0), now=T0)
         assert e.status == 403 and "not backed by a deposit" in e.detail and "0.0 deposited" in e.detail, e.detail
-        assert _refused(orch.node_info, node.node_id).status == 404  # refused before anything was stored
+        assert _refused(orch.membership.node_info, node.node_id).status == 404  # refused before anything was stored
         authority = _principal(keys["authority"], "authority")
-        rep = orch.deposit(authority, DepositRequest(public_key=node.public_key, amount=150.0), now=T0)
+        rep = orch.membership.deposit(authority, DepositRequest(public_key=node.public_key, amount=150.0), now=T0)
         assert rep.node_id == node.node_id and rep.deposited == 150.0
-        e = _refused(orch.register, node, RegisterRequest(throughput=10.0, stake=200.0), now=T0)
+        e = _refused(orch.membership.register, node, RegisterRequest(throughput=10.0, stake=200.0), now=T0)
         assert e.status == 403 and "150.0 deposited" in e.detail  # no more than the deposit
-        e = _refused(orch.register, node, RegisterRequest(throughput=10.0, stake=cfg.min_stake - 1), now=T0)
+        e = _refused(orch.membership.register, node, RegisterRequest(throughput=10.0, stake=cfg.min_stake - 1), now=T0)
         assert e.status == 422 and "below the minimum" in e.detail
-        assert orch.register(node, RegisterRequest(throughput=10.0, stake=150.0), now=T0).stake_locked == 150.0
-        bal = orch.balance(node.node_id, now=T0)
+        assert orch.membership.register(node, RegisterRequest(throughput=10.0, stake=150.0), now=T0).stake_locked == 150.0
+        bal = orch.ledger.balance(node.node_id, now=T0)
         assert (bal.stake, bal.deposited, [r.kind for r in bal.entries]) == (150.0, 0.0, ["deposit", "stake"])
         # a deposit by node id, part of it locked
         other = _principal(generate_key())
-        orch.deposit(authority, DepositRequest(node_id=other.node_id, amount=130.0), now=T0)
-        orch.register(other, RegisterRequest(throughput=10.0, stake=100.0), now=T0)
-        bal = orch.balance(other.node_id, now=T0)
+        orch.membership.deposit(authority, DepositRequest(node_id=other.node_id, amount=130.0), now=T0)
+        orch.membership.register(other, RegisterRequest(throughput=10.0, stake=100.0), now=T0)
+        bal = orch.ledger.balance(other.node_id, now=T0)
         assert (bal.stake, bal.deposited) == (100.0, 30.0)
         # only an authority deposits, and not to the validator's or trainer's node
-        e = _refused(orch.deposit, node, DepositRequest(node_id=node.node_id, amount=1e6))
+        e = _refused(orch.membership.deposit, node, DepositRequest(node_id=node.node_id, amount=1e6))
         assert e.status == 403
-        e = _refused(orch.deposit, authority, DepositRequest(public_key=public_key_hex(keys["validator"]), amount=1.0))
+        e = _refused(orch.membership.deposit, authority, DepositRequest(public_key=public_key_hex(keys["validator"]), amount=1.0))
         assert e.status == 409
     finally:
         orch.db.dispose()
@@ -213,15 +213,15 @@ def test_public_reads_are_rate_limited_per_address(tmp_path):
 # ---- idle registrations -------------------------------------------------------------------------------------------
 def _join(orch: Orchestrator, now: float) -> Principal:
     p = _principal(generate_key())
-    orch.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
+    orch.membership.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
     return p
 
 
 def _submit(orch: Orchestrator, p: Principal, a, tmp_path: Path) -> None:  # noqa: ANN001
     path = write(rollouts_for(p.node_id, a), tmp_path / f"{p.node_id[:8]}-{a.assignment_id}.parquet")
     data = path.read_bytes()
-    orch.precheck_upload(p, a.assignment_id)
-    orch.accept_upload(p, a.assignment_id, path, hashlib.sha256(data).hexdigest(), len(data))
+    orch.submissions.precheck_upload(p, a.assignment_id)
+    orch.submissions.accept_upload(p, a.assignment_id, path, hashlib.sha256(data).hexdigest(), len(data))
 
 
 def test_idle_sybils_do_not_starve_an_honest_node(tmp_path):
@@ -234,15 +234,15 @@ def test_idle_sybils_do_not_starve_an_honest_node(tmp_path):
     orch = Orchestrator(cfg)
     try:
         sybils = [_join(orch, T0) for _ in range(300)]
-        handed = sum(len(orch.heartbeat(p, HB, now=T0).assignments) for p in sybils)
+        handed = sum(len(orch.assignments.heartbeat(p, HB, now=T0).assignments) for p in sybils)
         assert handed == 2  # demand mode: the step's work, one open assignment per node
         honest = _join(orch, T0)
         got, t = [], T0
         dead_at = T0 + cfg.heartbeat_interval_s * cfg.dead_after_missed
         while t < dead_at - 1:  # the honest node heartbeats every second, uploads at once what it gets
             t += 1.0
-            orch.sweep(now=t)
-            for a in orch.heartbeat(honest, HB, now=t).assignments:
+            orch.membership.sweep(now=t)
+            for a in orch.assignments.heartbeat(honest, HB, now=t).assignments:
                 got.append((t, a.reassigned_from))
                 _submit(orch, honest, a, tmp_path)
         assert len(got) == 2 and all(r in {s.node_id for s in sybils} for _, r in got), got
@@ -268,16 +268,16 @@ def test_a_node_holds_one_open_assignment(tmp_path):
     orch = Orchestrator(cfg)
     try:
         hoarder, b, c = _join(orch, T0), _join(orch, T0), _join(orch, T0)
-        [mine] = orch.heartbeat(hoarder, HB, now=T0).assignments
-        assert len(orch.heartbeat(b, HB, now=T0).assignments) == len(orch.heartbeat(c, HB, now=T0).assignments) == 1
+        [mine] = orch.assignments.heartbeat(hoarder, HB, now=T0).assignments
+        assert len(orch.assignments.heartbeat(b, HB, now=T0).assignments) == len(orch.assignments.heartbeat(c, HB, now=T0).assignments) == 1
         t = T0
         for _ in range(8):  # b and c fall silent and die; their work is orphaned; the hoarder keeps beating
             t += 5.0
-            orch.sweep(now=t)
-            held = orch.heartbeat(hoarder, HB, now=t).assignments
+            orch.membership.sweep(now=t)
+            held = orch.assignments.heartbeat(hoarder, HB, now=t).assignments
             assert [a.assignment_id for a in held] == [mine.assignment_id], held
         honest = _join(orch, t)
-        [taken] = orch.heartbeat(honest, HB, now=t).assignments  # the orphaned work goes to a node without any
+        [taken] = orch.assignments.heartbeat(honest, HB, now=t).assignments  # the orphaned work goes to a node without any
         assert taken.reassigned_from in (b.node_id, c.node_id)
     finally:
         orch.db.dispose()
@@ -293,10 +293,10 @@ def test_a_working_node_keeps_heartbeating(tmp_path):
         beat_while_working = threading.Event()
 
         def handler(a, reply):  # noqa: ANN001, ANN202
-            start = srv.orch.counters["heartbeats"]
+            start = srv.orch.telemetry.counters["heartbeats"]
             deadline = time.monotonic() + 20.0
             while time.monotonic() < deadline and not beat_while_working.is_set():
-                if srv.orch.counters["heartbeats"] >= start + 3:
+                if srv.orch.telemetry.counters["heartbeats"] >= start + 3:
                     beat_while_working.set()
                 time.sleep(0.01)
             return None

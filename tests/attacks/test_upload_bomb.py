@@ -20,17 +20,17 @@ from protocol_support import make_cfg, rollouts_for, running, write
 
 from attacks._honest import row
 from swarmrl.attacks.bomb import write_bomb
-from swarmrl.config import dump_config
+from swarmrl.config import ConfigError, dump_config, load_config
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.signing import generate_key
 from swarmrl.rl.config import RLConfig
+from swarmrl.rollouts.limits import RolloutLimits
 from swarmrl.rollouts.wire import (
     SCHEMA,
     RolloutError,
-    RolloutLimits,
     metadata_decoded_bytes,
     read_rollouts,
     to_table,
@@ -141,10 +141,10 @@ def test_bomb_upload_refused_with_413_naming_the_limit_then_honest_work_accepted
             node.submit(a.assignment_id, bomb)
         assert e.value.status == 413 and "max_decoded_bytes" in e.value.detail, e.value
         assert list(srv.orch.store.tmp.iterdir()) == []  # nothing kept
-        assert srv.orch.health().ok
+        assert srv.orch.stats.health().ok
         # the node is neither ejected nor slashed (the file was never accepted), and honest work still goes in
-        assert srv.orch.node_info(node.node_id).status == "active"
-        assert srv.orch.balance(node.node_id).stake == pytest.approx(100.0)
+        assert srv.orch.membership.node_info(node.node_id).status == "active"
+        assert srv.orch.ledger.balance(node.node_id).stake == pytest.approx(100.0)
         honest = write(rollouts_for(node.node_id, a), tmp_path / "honest.parquet")
         rep = node.submit(a.assignment_id, honest)
         assert rep.status == "pending" and rep.n_rows == len(a.tasks) * a.contract.group_size
@@ -154,11 +154,11 @@ def test_orchestrator_limits_come_from_its_config(tmp_path):
     # the orchestrator's defaults are the readers' defaults (validator, adapter, trainer): a file the orchestrator
     # admitted is never refused downstream for its size, and so never slashed for it
     ocfg, limits = OrchestratorConfig(), RolloutLimits()
-    assert ocfg.max_upload_bytes == limits.max_bytes
-    for name in ("max_rows", "max_decoded_bytes", "max_string_bytes", "max_prompt_tokens", "max_completion_tokens",
-                 "max_proofs_per_row", "max_proof_bytes", "max_footer_bytes"):
-        assert getattr(ocfg, name) == getattr(limits, name), name
-    cfg, _ = make_cfg(tmp_path, max_prompt_tokens=4, max_string_bytes=40)
+    assert ocfg.rollout_limits == limits  # every field: the orchestrator holds the one declaration of the limits
+    for name in ("max_bytes", "max_rows", "max_decoded_bytes", "max_string_bytes", "max_prompt_tokens",
+                 "max_completion_tokens", "max_proofs_per_row", "max_proof_bytes", "max_footer_bytes"):
+        assert getattr(ocfg.rollout_limits, name) == getattr(limits, name), name
+    cfg, _ = make_cfg(tmp_path, rollout_limits={"max_prompt_tokens": 4, "max_string_bytes": 40})
     with running(cfg, run_sweeper=False) as srv:
         node = NodeClient(srv.url, generate_key())
         node.register(throughput=10.0, stake=100.0)
@@ -173,6 +173,22 @@ def test_orchestrator_limits_come_from_its_config(tmp_path):
         with pytest.raises(ApiError) as e:
             node.submit(a.assignment_id, write(rows, tmp_path / "name.parquet"))
         assert e.value.status == 413 and "max_string_bytes" in e.value.detail, e.value
+
+
+def test_an_old_limit_key_says_where_it_moved(tmp_path):
+    """The limits were fields of the orchestrator's config; a config still setting one is refused, naming the new
+    place, from a TOML file as from an override."""
+    with pytest.raises(ValueError, match=r"max_upload_bytes -> rollout_limits\.max_bytes"):
+        OrchestratorConfig(max_upload_bytes=1 << 20)
+    f = tmp_path / "orchestrator.toml"
+    f.write_text("max_decoded_bytes = 1048576\n")
+    with pytest.raises(ConfigError, match=r"max_decoded_bytes -> rollout_limits\.max_decoded_bytes"):
+        load_config(OrchestratorConfig, f)
+    with pytest.raises(ConfigError, match=r"max_rows -> rollout_limits\.max_rows"):
+        load_config(OrchestratorConfig, None, ["max_rows=5"])
+    assert load_config(OrchestratorConfig, None, ["rollout_limits.max_rows=5"]).rollout_limits.max_rows == 5
+    with pytest.raises(ValueError, match="frozen"):  # one object shared by every read: nobody changes it under them
+        RolloutLimits().max_rows = 5  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("bad,limit", [
@@ -234,6 +250,6 @@ def test_bomb_adversary_is_refused_at_upload(tmp_path, tiny_model_dir):
         assert ev["refused_status"] == 413 and "max_decoded_bytes" in ev["refused"], ev
         assert not list((tmp_path / "work").glob("*.parquet"))  # the node cleans up its bomb
         # refused, not judged: no slash, no ejection; the orchestrator is up and took nothing
-        assert srv.orch.node_info(node.node_id).status == "active"
-        assert srv.orch.balance(node.node_id).stake == pytest.approx(100.0)
-        assert srv.orch.health().ok and srv.orch.counters["uploads"] == 0
+        assert srv.orch.membership.node_info(node.node_id).status == "active"
+        assert srv.orch.ledger.balance(node.node_id).stake == pytest.approx(100.0)
+        assert srv.orch.stats.health().ok and srv.orch.telemetry.counters["uploads"] == 0

@@ -1,4 +1,5 @@
-"""What every part of the orchestrator service shares: the refusal it raises and the caller it admitted."""
+"""What every orchestrator service shares: the refusal it raises (``ProtocolError``) and the caller it admitted
+(``Principal``)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import socket
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -73,15 +74,19 @@ class _TrustHook:
         await self.app(scope, receive, send)
 
 
+# each server's config -> the app wrapped once with its trust hook (gone with the config)
+_TRUST_HOOKS: weakref.WeakKeyDictionary[uvicorn.Config, _TrustHook] = weakref.WeakKeyDictionary()
+
+
 class GuardedH11Protocol(H11Protocol):
     def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.guard = _guard_for(config)
-        hooked = getattr(config, "_trust_hooked_app", None)
+        hooked = _TRUST_HOOKS.get(config)
         if hooked is None or hooked.app is not self.app:
             hooked = _TrustHook(self.app, self.guard)
-            config._trust_hooked_app = hooked  # one wrapper per server, not per connection
+            _TRUST_HOOKS[config] = hooked  # one wrapper per server, not per connection
         self.app = hooked
         self._ip: str | None = None  # set once admitted
         self._phase: str | None = None

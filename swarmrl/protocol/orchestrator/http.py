@@ -1,9 +1,10 @@
-"""The HTTP layer: ``create_app`` wraps an ``Orchestrator`` in a FastAPI app whose request/response bodies
-are the pydantic models in ``schemas`` (the API is documented by its OpenAPI schema at ``/openapi.json``);
-``runner.serve`` runs it under uvicorn behind the connection limits of ``guard``. This module holds the ASGI
-middleware (the JSON body cap, the fast heartbeat path), the error handlers and the lifespan (the sweeper); the
-routes are in ``routes``, one module per group of callers. With ``routes``, ``guard`` and ``runner``, the only
-part of the orchestrator that imports fastapi, starlette or uvicorn."""
+"""The HTTP layer: ``create_app`` puts an ``Orchestrator`` (its services) in a FastAPI app's state and includes the
+routers of ``routes`` (one per group of callers; each endpoint gets its service through a dependency), whose
+request/response bodies are the pydantic models in ``schemas`` (the API is documented by its OpenAPI schema at
+``/openapi.json``); ``runner.serve`` runs it under uvicorn behind the connection limits of ``guard``. This module
+holds the ASGI middleware (the JSON body cap, the fast heartbeat path: ``HotPath``), the error handlers and the
+lifespan (the sweeper). With ``routes``, ``guard`` and ``runner``, the only part of the orchestrator that imports
+fastapi, starlette or uvicorn."""
 
 from __future__ import annotations
 
@@ -21,17 +22,21 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
 from swarmrl.protocol.config import OrchestratorConfig
+from swarmrl.protocol.orchestrator.auth import SignedRequest
 from swarmrl.protocol.orchestrator.errors import ProtocolError
+from swarmrl.protocol.orchestrator.hot_path import HotPath
 from swarmrl.protocol.orchestrator.routes import membership, public, submissions, trainer, validator
 from swarmrl.protocol.orchestrator.routes.deps import (  # noqa: F401  (MAX_ID, IdParam: re-exported by the package)
     MAX_ID,
     UPLOAD_PREFIX,
     VERIFIED,
+    AddressLimits,
     IdParam,
-    RouteDeps,
     scope_signed_path,
 )
 from swarmrl.protocol.orchestrator.service import Orchestrator
+from swarmrl.protocol.orchestrator.telemetry import Telemetry
+from swarmrl.protocol.signing import body_sha256
 from swarmrl.utils.serving import TRUST_EXTENSION
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
@@ -103,12 +108,13 @@ HEARTBEAT_PATH = "/v1/nodes/heartbeat"
 
 
 class _FastHeartbeat:
-    """ASGI middleware, outermost: ``POST /v1/nodes/heartbeat`` goes to ``Orchestrator.fast_heartbeat`` first
-    (no routing, no thread hop; the reply waits for its group commit). What it cannot answer goes on to the
-    FastAPI route with the verified headers, at most ``max_full`` at once (beyond: 503 + Retry-After)."""
+    """ASGI middleware, outermost: ``POST /v1/nodes/heartbeat`` goes to ``HotPath.answer`` first (no routing, no
+    thread hop; the reply waits for its group commit). What it cannot answer goes on to the FastAPI route with the
+    verified headers, at most ``max_full`` at once (beyond: 503 + Retry-After)."""
 
-    def __init__(self, app, orch: Orchestrator, max_bytes: int, max_full: int) -> None:  # noqa: ANN001
-        self.app, self.orch, self.max_bytes, self.max_full = app, orch, max_bytes, max_full
+    def __init__(self, app, hot_path: HotPath, telemetry: Telemetry, max_bytes: int, max_full: int) -> None:  # noqa: ANN001
+        self.app, self.hot_path, self.telemetry = app, hot_path, telemetry
+        self.max_bytes, self.max_full = max_bytes, max_full
         self.full = 0
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
@@ -118,8 +124,8 @@ class _FastHeartbeat:
         if body is None:
             return
         try:
-            h, done, reply = self.orch.fast_heartbeat("POST", scope_signed_path(scope), Headers(scope=scope), body,
-                                                      may_wait=b"wait=" in scope.get("query_string", b""))
+            call = SignedRequest("POST", scope_signed_path(scope), Headers(scope=scope), body_sha256(body))
+            h, done, reply = self.hot_path.answer(call, body, may_wait=b"wait=" in scope.get("query_string", b""))
             if done is not None:
                 try:
                     fresh = await asyncio.wrap_future(done)
@@ -129,13 +135,11 @@ class _FastHeartbeat:
                 if not fresh:
                     raise ProtocolError(401, "replayed nonce")
         except ProtocolError as e:
-            self.orch.counters["refused"] += 1
-            self.orch.prom.refused.labels(str(e.status)).inc()
+            self.telemetry.refused(e.status)
             return await _send_error(send, e.status, e.detail, (e.retry_after or 1) if e.status in (429, 503) else None)
         if done is None:  # the full path
             if self.full >= self.max_full:
-                self.orch.counters["refused"] += 1
-                self.orch.prom.refused.labels("503").inc()
+                self.telemetry.refused(503)
                 return await _send_error(send, 503, f"{self.full} heartbeats in progress; retry later", 1)
             self.full += 1
             try:
@@ -168,18 +172,21 @@ X-Swarm-Content-SHA256 (body hash) and X-Swarm-Signature over
 
 
 def create_app(cfg: OrchestratorConfig, orch: Orchestrator | None = None, run_sweeper: bool = True) -> FastAPI:
-    """The orchestrator's app: the middleware (body cap, fast heartbeats), the error handlers, then the route
-    groups of ``routes`` in the order they were always registered."""
+    """The orchestrator's app: its services in ``app.state.orchestrator`` (built from ``cfg`` when not given), the
+    per-address buckets in ``app.state.address_limits``, the middleware (body cap, fast heartbeats), the error
+    handlers, then the routers of ``routes`` in the order the routes were always registered."""
     orch = orch or Orchestrator(cfg)
     app = FastAPI(title="swarmrl orchestrator", version="1", description=API_DESCRIPTION,
                   lifespan=_lifespan(cfg, orch, run_sweeper))
     app.state.orchestrator = orch
+    app.state.address_limits = AddressLimits.from_config(cfg)  # each app has its own buckets
     app.add_middleware(_BodyCap, max_bytes=cfg.max_json_bytes)
-    app.add_middleware(_FastHeartbeat, orch=orch, max_bytes=cfg.max_json_bytes, max_full=cfg.max_full_heartbeats)
-    _add_error_handlers(app, orch)
-    api = RouteDeps.build(cfg, orch)
+    app.add_middleware(_FastHeartbeat, hot_path=orch.hot_path, telemetry=orch.telemetry, max_bytes=cfg.max_json_bytes,
+                       max_full=cfg.max_full_heartbeats)
+    app.add_exception_handler(ProtocolError, _protocol_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
     for group in (public, membership, submissions, validator, trainer):
-        group.add_routes(app, api)
+        app.include_router(group.router)
     return app
 
 
@@ -194,13 +201,13 @@ def _lifespan(cfg: OrchestratorConfig, orch: Orchestrator, run_sweeper: bool):  
                 while True:
                     await asyncio.sleep(cfg.sweep_interval_s)
                     try:
-                        await run_in_threadpool(orch.sweep)
-                        await run_in_threadpool(orch.maybe_write_metrics)
+                        await run_in_threadpool(orch.membership.sweep)
+                        await run_in_threadpool(orch.stats.maybe_write_snapshot)
                     except Exception:  # keep sweeping; a DB hiccup must not kill membership
                         log.exception("sweep failed")
             task = asyncio.create_task(sweeper())
         yield
-        await run_in_threadpool(orch.beat_writer.close)  # commits what it holds
+        await run_in_threadpool(orch.hot_path.close)  # the heartbeat writer commits what it holds
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -208,22 +215,17 @@ def _lifespan(cfg: OrchestratorConfig, orch: Orchestrator, run_sweeper: bool):  
     return lifespan
 
 
-def _add_error_handlers(app: FastAPI, orch: Orchestrator) -> None:
-    """A ``ProtocolError`` becomes its status with ``{"detail"}`` (counted as refused); a validation error a 422
-    that is valid JSON."""
-    @app.exception_handler(ProtocolError)
-    async def _perr(req: Request, e: ProtocolError) -> JSONResponse:
-        orch.counters["refused"] += 1
-        orch.prom.refused.labels(str(e.status)).inc()
-        if req.url.path.startswith(UPLOAD_PREFIX):
-            orch.prom.submissions.labels("refused").inc()
-        # 429/503 always say when to come back; another refusal only when it may pass later (a stake not yet deposited)
-        later = e.status in (429, 503) or e.retry_after is not None
-        headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if later else None
-        return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
+async def _protocol_error(req: Request, e: ProtocolError) -> JSONResponse:
+    """A ``ProtocolError`` becomes its status with ``{"detail"}`` (counted as refused)."""
+    telemetry: Telemetry = req.app.state.orchestrator.telemetry
+    telemetry.refused(e.status, upload=req.url.path.startswith(UPLOAD_PREFIX))
+    # 429/503 always say when to come back; another refusal only when it may pass later (a stake not yet deposited)
+    later = e.status in (429, 503) or e.retry_after is not None
+    headers = {"Retry-After": str(max(1, math.ceil(e.retry_after or 1)))} if later else None
+    return JSONResponse({"detail": e.detail}, status_code=e.status, headers=headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
-        """422 with pydantic's reasons; a NaN or Infinity they quote (the input refused) is quoted as a string,
-        so the reply is valid JSON instead of a 500."""
-        return JSONResponse({"detail": _json_safe(jsonable_encoder(e.errors()))}, status_code=422)
+
+async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
+    """422 with pydantic's reasons; a NaN or Infinity they quote (the input refused) is quoted as a string, so the
+    reply is valid JSON instead of a 500."""
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(e.errors()))}, status_code=422)

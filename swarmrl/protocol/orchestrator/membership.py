@@ -1,38 +1,65 @@
-"""Membership: stake deposits, registration (locking deposited stake), and the sweep that declares silent nodes
-dead and puts their work, and in demand mode the work of idle nodes, back up for reassignment."""
+"""Membership: the principals the config names (validators, trainers, stake authorities), stake deposits,
+registration (locking deposited stake), a node's public record, and the sweep that declares silent nodes dead and
+puts their work, and in demand mode the work of idle nodes, back up for reassignment (``orphans``)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from swarmrl.protocol import ledger
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
-from swarmrl.protocol.models import Assignment, Node, Nonce
+from swarmrl.protocol.orchestrator.auth import Auth
 from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
-from swarmrl.protocol.orchestrator.hot import NonceCache
-from swarmrl.protocol.schemas import DepositReply, DepositRequest, RegisterReply, RegisterRequest
+from swarmrl.protocol.orchestrator.ledger import Ledger
+from swarmrl.protocol.orchestrator.orphans import Orphans, dirty
+from swarmrl.protocol.schemas import DepositReply, DepositRequest, NodeInfo, RegisterReply, RegisterRequest
 from swarmrl.protocol.signing import node_id_for
+from swarmrl.protocol.tables import Node
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
 
+PRINCIPAL_ROLES = ("validator", "trainer", "authority")
 
-class MembershipMixin:
-    """Joining and liveness, part of ``Orchestrator`` (state set up by its ``__init__``)."""
 
-    cfg: OrchestratorConfig
-    db: Database
-    nonces: NonceCache
-    _orphans_hint: bool
-    _orphans_exist: Callable[..., bool]
-    changes: Changes
-    up_since: float  # when this orchestrator process started taking heartbeats
+class Membership:
+    """Joining and liveness. ``up_since``: when this process started taking heartbeats (no node missed one
+    before)."""
+
+    def __init__(self, cfg: OrchestratorConfig, db: Database, auth: Auth, ledger: Ledger, orphans: Orphans,
+                 changes: Changes) -> None:
+        self._cfg = cfg
+        self._db = db
+        self._auth = auth
+        self._ledger = ledger
+        self._orphans = orphans
+        self._changes = changes
+        self.up_since = time.time()
+
+    def install_principals(self) -> None:
+        """The config's validator, trainer and stake authority keys get their roles; keys dropped from the config
+        lose them (re-listing them restores them)."""
+        cfg = self._cfg
+        now = time.time()
+        by_role = {"validator": cfg.validator_keys, "trainer": cfg.trainer_keys, "authority": cfg.stake_authority_keys}
+        with self._db.tx() as s:
+            for role, keys in by_role.items():
+                for k in keys:
+                    nid = node_id_for(k)
+                    node = s.get(Node, nid)
+                    if node is None:
+                        s.add(Node(id=nid, public_key=k, role=role, status="active", hardware={}, throughput=0.0,
+                                   registered_at=now, last_heartbeat=now))
+                    elif node.role != role and node.status != "ejected":
+                        node.role = role
+            listed = {k for keys in by_role.values() for k in keys}
+            for node in s.execute(select(Node).where(Node.role.in_(PRINCIPAL_ROLES))).scalars():
+                if node.public_key not in listed:
+                    node.role = "retired"
 
     def deposit(self, p: Principal, req: DepositRequest, now: float | None = None) -> DepositReply:
         """A stake authority funds a node (registered or not yet): a ``deposit`` row in the ledger."""
@@ -40,28 +67,27 @@ class MembershipMixin:
         if p.role != "authority":
             raise ProtocolError(403, "only a stake authority key may deposit stake")
         nid = req.node_id or node_id_for(req.public_key)
-        with self.db.tx() as s:
+        with self._db.tx() as s:
             node = s.get(Node, nid)
             if node is not None and node.role != "worker":
                 raise ProtocolError(409, f"node {nid} is a {node.role}, not a worker: it holds no stake")
-            row = ledger.add(s, nid, "deposit", req.amount, now=now,
-                             note=f"deposited by stake authority {p.node_id}" + (f": {req.note}" if req.note else ""))
-            avail = ledger.deposit_available(s, nid)
+            row, avail = self._ledger.deposit(s, nid, req.amount, now=now, note=f"deposited by stake authority "
+                                              f"{p.node_id}" + (f": {req.note}" if req.note else ""))
         log.info("stake authority %s deposited %.1f for %s (available %.1f)", p.node_id, req.amount, nid, avail)
         return DepositReply(node_id=nid, amount=req.amount, deposited=avail, entry_id=row.id)
 
     def register(self, p: Principal, req: RegisterRequest, now: float | None = None) -> RegisterReply:
         """Join, locking ``req.stake`` of the node's deposit (or, with ``self_declared_stake``, whatever it says)."""
         now = time.time() if now is None else now
-        if req.stake < self.cfg.min_stake:
-            raise ProtocolError(422, f"stake {req.stake} is below the minimum {self.cfg.min_stake}")
+        if req.stake < self._cfg.min_stake:
+            raise ProtocolError(422, f"stake {req.stake} is below the minimum {self._cfg.min_stake}")
         try:
-            with self.db.tx() as s:
+            with self._db.tx() as s:
                 node = s.get(Node, p.node_id)
                 if node is not None:
                     raise ProtocolError(409, f"node {p.node_id} is already registered ({node.status})")
-                if not self.cfg.self_declared_stake:
-                    avail = ledger.deposit_available(s, p.node_id)
+                if not self._cfg.self_declared_stake:
+                    avail = self._ledger.available(s, p.node_id)
                     if req.stake > avail:
                         # with Retry-After: a deposit may be on its way (a node started beside its stake authority)
                         raise ProtocolError(403, f"stake {req.stake} is not backed by a deposit: {avail} deposited "
@@ -70,62 +96,57 @@ class MembershipMixin:
                 s.add(Node(id=p.node_id, public_key=p.public_key, role="worker", status="active",
                            hardware=req.hardware, throughput=req.throughput, registered_at=now, last_heartbeat=now))
                 s.flush()
-                ledger.add(s, p.node_id, "stake", req.stake, now=now, note="stake locked at registration")
+                self._ledger.lock_stake(s, p.node_id, req.stake, now)
         except IntegrityError:
             raise ProtocolError(409, f"node {p.node_id} is already registered") from None
         log.info("registered node %s (throughput %.1f tok/s, stake %.1f)", p.node_id, req.throughput, req.stake)
-        return RegisterReply(node_id=p.node_id, heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+        return RegisterReply(node_id=p.node_id, heartbeat_interval_s=self._cfg.heartbeat_interval_s,
                              stake_locked=req.stake)
+
+    def node_info(self, node_id: str) -> NodeInfo:
+        """A node's public record (``GET /v1/nodes/{id}``); 404 for an unknown one."""
+        with self._db.tx() as s:
+            n = s.get(Node, node_id)
+            if n is None:
+                raise ProtocolError(404, f"no node {node_id}")
+            return NodeInfo(node_id=n.id, role=n.role, status=n.status, throughput=n.throughput,
+                            last_heartbeat=n.last_heartbeat, status_reason=n.status_reason)
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Mark nodes that missed ``dead_after_missed`` heartbeats dead, orphan their open work (demand mode: also
         the open work of nodes silent for ``idle_after_missed`` intervals, and work older than
-        ``assignment_timeout_s``), drop old nonces."""
+        ``assignment_timeout_s``), drop old nonces. Returns the nodes it declared dead."""
+        cfg = self._cfg
         now = time.time() if now is None else now
         # heartbeats are only missed while this orchestrator is up to take them: after a restart every node's last
         # beat is as old as the outage, and blaming them would put honest nodes' work in progress up for others.
         # (A caller sweeping a simulated clock from before start-up, as tests do, gets no such grace.)
-        cutoff = now - self.cfg.heartbeat_interval_s * self.cfg.dead_after_missed
-        idle_cutoff = now - self.cfg.heartbeat_interval_s * self.cfg.idle_after_missed
+        cutoff = now - cfg.heartbeat_interval_s * cfg.dead_after_missed
+        idle_cutoff = now - cfg.heartbeat_interval_s * cfg.idle_after_missed
         if now >= self.up_since:
             cutoff = cutoff if cutoff >= self.up_since else float("-inf")
             idle_cutoff = idle_cutoff if idle_cutoff >= self.up_since else float("-inf")
-        with self.db.tx() as s:
+        with self._db.tx() as s:
             dead = s.execute(select(Node).where(Node.role == "worker", Node.status == "active",
                                                 Node.last_heartbeat < cutoff)).scalars().all()
             ids = [n.id for n in dead]
             for n in dead:
-                n.status, n.status_reason = "dead", f"missed {self.cfg.dead_after_missed} heartbeats"
-            dirty = s.info.setdefault("dirty", set())  # nodes whose heartbeat answer changes (hot.Mirror)
-            dirty.update(ids)
-            if ids:
-                self._orphans_hint = True
-                s.execute(update(Assignment).where(Assignment.node_id.in_(ids), Assignment.status == "open")
-                          .values(status="orphaned"))
-            if self.cfg.groups_per_step and self.cfg.idle_after_missed:
+                n.status, n.status_reason = "dead", f"missed {cfg.dead_after_missed} heartbeats"
+            dirty(s, *ids)  # their heartbeat answers change (``Mirror``)
+            self._orphans.of_nodes(s, ids)
+            if cfg.groups_per_step and cfg.idle_after_missed:
                 # a node that took work and fell silent (an idle sybil, a stalled node) stops holding it
-                idle = select(Node.id).where(Node.role == "worker", Node.last_heartbeat < idle_cutoff)
-                holders = s.execute(update(Assignment).where(Assignment.status == "open", Assignment.node_id.in_(idle))
-                                    .values(status="orphaned").returning(Assignment.node_id)
-                                    .execution_options(synchronize_session=False)).scalars().all()
-                if holders:
-                    dirty.update(holders)
+                if holders := self._orphans.of_silent_nodes(s, idle_cutoff):
                     log.info("%d assignments of silent nodes are up for reassignment", len(holders))
-            if self.cfg.groups_per_step and self.cfg.assignment_timeout_s:
-                holders = s.execute(update(Assignment).where(
-                    Assignment.status == "open", Assignment.created_at < now - self.cfg.assignment_timeout_s)
-                    .values(status="orphaned").returning(Assignment.node_id)
-                    .execution_options(synchronize_session=False)).scalars().all()
-                if holders:
-                    dirty.update(holders)
+            if cfg.groups_per_step and cfg.assignment_timeout_s:
+                if holders := self._orphans.expired(s, now - cfg.assignment_timeout_s):
                     log.info("%d assignments timed out; up for reassignment", len(holders))
-            s.execute(Nonce.__table__.delete().where(Nonce.expires_at < now))
+            self._auth.expire_nonces(s, now)
             # look for orphaned work each sweep: bounds any missed update of the hint to one sweep interval
-            self._orphans_hint = self._orphans_exist(s)
-            put_up = bool(dirty)  # this sweep marked nodes dead or orphaned work
-        self.nonces.purge(now)
-        if put_up and self._orphans_hint:
-            self.changes.bump("work")  # idle nodes waiting for work may take it (not again each sweep it stays up)
+            waiting = self._orphans.recheck(s)
+            put_up = bool(s.info["dirty"])  # this sweep marked nodes dead or orphaned work
+        if put_up and waiting:
+            self._changes.bump("work")  # idle nodes waiting for work may take it (not again each sweep it stays up)
         for i in ids:
             log.info("node %s is dead; its open assignments are up for reassignment", i)
         return ids

@@ -1,10 +1,10 @@
 """Prometheus metrics of the orchestrator (served at ``GET /metrics`` by ``http``).
 
 One ``CollectorRegistry`` per ``Orchestrator`` (never the process-wide default: tests build many in one
-process). Event counters are plain ``prometheus_client`` counters incremented beside the service's own
-``counters`` (an ``inc()`` is a fraction of a microsecond); the gauges of database state (worker nodes by status,
-step, policy version) are read at scrape time by one query, cached for ``gauge_ttl_s`` so scrapes cannot load
-the database. No fastapi here: the service imports this module."""
+process), held by its ``Telemetry``. Event counters are plain ``prometheus_client`` counters incremented beside
+``Telemetry.counters`` (an ``inc()`` is a fraction of a microsecond); the gauges of database state (worker nodes by
+status, step, policy version) are read at scrape time by one query (``Stats.gauges``), cached for ``gauge_ttl_s``
+so scrapes cannot load the database. No fastapi here: the services import this module."""
 
 from __future__ import annotations
 
@@ -87,8 +87,14 @@ class OrchestratorMetrics:
                                "by HTTP status", ["status"], registry=r)
         self.state: _StateCollector | None = None
         if read_state is not None:
-            self.state = _StateCollector(read_state, gauge_ttl_s)
-            r.register(self.state)
+            self.watch_state(read_state, gauge_ttl_s)
+
+    def watch_state(self, read_state: StateReader, gauge_ttl_s: float = 5.0) -> None:
+        """Export the database gauges, read by ``read_state`` at most once per ``gauge_ttl_s`` (once per registry)."""
+        if self.state is not None:
+            raise ValueError("the database gauges are exported already")
+        self.state = _StateCollector(read_state, gauge_ttl_s)
+        self.registry.register(self.state)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric (``prometheus_client.CONTENT_TYPE_LATEST``)."""

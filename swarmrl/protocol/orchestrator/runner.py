@@ -29,7 +29,7 @@ def serve(cfg: OrchestratorConfig) -> None:
     if cfg.workers > 1:
         if not cfg.database_url or cfg.database_url.startswith("sqlite"):
             raise ValueError("workers > 1 needs a PostgreSQL database_url (SQLite allows one writer process)")
-        Orchestrator(cfg).db.dispose()  # create tables and principals once, before the workers start
+        Orchestrator(cfg).close()  # create tables and principals once, before the workers start
         os.environ[_CFG_ENV] = cfg.model_dump_json()
         guard.run("swarmrl.protocol.orchestrator:app_from_env", limits, factory=True, host=cfg.host, port=cfg.port,
                   workers=cfg.workers)

@@ -1,8 +1,10 @@
-"""The dashboard's stats (``GET /v1/stats/...``, models in ``swarmrl.dashboard.models``): nodes with their stake,
-credits, verdicts and slashes, the trainer's curves (posted with its step), the policy version and its spread,
-the validation queue. Every answer is bounded (at most ``MAX_NODES`` nodes, ``MAX_POINTS`` points; per-node
-figures are queried for the listed nodes only) and reused for ``STATS_CACHE_S``, so polling dashboards cost the
-database a few grouped queries a second however many there are."""
+"""Stats: the run as operators see it. The dashboard's views (``GET /v1/stats/...``, models in
+``swarmrl.dashboard.schemas``): nodes with their stake, credits, verdicts and slashes, the trainer's curves (posted
+with its step: ``run_state.store_trainer_points``), the policy version and its spread, the validation queue; and the
+operators' counts: health, the metrics file's snapshots, the database gauges of the Prometheus metrics. Every
+dashboard answer is bounded (at most ``MAX_NODES`` nodes, ``MAX_POINTS`` points; per-node figures are queried for
+the listed nodes only) and reused for ``STATS_CACHE_S``, so polling dashboards cost the database a few grouped
+queries a second however many there are."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import case, delete, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from swarmrl.dashboard.models import (
+from swarmrl.dashboard.schemas import (
     MAX_NODES,
     MAX_POINTS,
     MAX_VERSIONS,
@@ -28,57 +30,44 @@ from swarmrl.dashboard.models import (
 )
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
-from swarmrl.protocol.models import Assignment, LedgerEntry, Node, Submission, TrainerMetric
+from swarmrl.protocol.orchestrator.run_state import RunState
+from swarmrl.protocol.orchestrator.telemetry import Telemetry
+from swarmrl.protocol.schemas import Health
+from swarmrl.protocol.tables import Assignment, LedgerEntry, Node, Submission, TrainerMetric
 
 STATS_CACHE_S = 1.0
-MAX_TRAINER_METRICS = 10_000  # versions kept in trainer_metrics
 SPREAD_ASSIGNMENTS = 20_000  # the policy-version spread looks at this many newest assignments
 
 
-class StatsMixin:
-    """Dashboard stats, part of ``Orchestrator`` (state set up by its ``__init__``)."""
+class Stats:
+    """Read-only views of the database (``RunState`` for step, version and weight servers; ``Telemetry`` for the
+    counters and the metrics file)."""
 
-    cfg: OrchestratorConfig
-    db: Database
-    counters: dict[str, int]
-    _stats_cache: dict[tuple, tuple[float, Any]]
-    _state: Callable[[Any], tuple[int, int]]
-    _weights: tuple[list[str], str]
+    def __init__(self, cfg: OrchestratorConfig, db: Database, run: RunState, telemetry: Telemetry) -> None:
+        self._cfg = cfg
+        self._db = db
+        self._run = run
+        self._telemetry = telemetry
+        self._cache: dict[tuple, tuple[float, Any]] = {}  # the dashboard's answers, reused for STATS_CACHE_S
+        self._last_snapshot = 0.0
 
     def _cached(self, key: tuple, make: Callable[[], Any]) -> Any:
         now = time.monotonic()
-        hit = self._stats_cache.get(key)
+        hit = self._cache.get(key)
         if hit is not None and now - hit[0] < STATS_CACHE_S:
             return hit[1]
         value = make()
-        self._stats_cache[key] = (now, value)
+        self._cache[key] = (now, value)
         return value
 
-    # ---- trainer metrics (written by set_step) ----------------------------------------------------
-    @staticmethod
-    def store_trainer_metrics(s: Session, points: list[TrainerPoint], now: float | None = None) -> None:
-        """Merge the trainer's records into ``trainer_metrics`` (one row per version) and drop the oldest
-        beyond ``MAX_TRAINER_METRICS`` versions."""
-        now = time.time() if now is None else now
-        for p in points:
-            values = p.model_dump(exclude_none=True, exclude={"version"})
-            row = s.get(TrainerMetric, p.version)
-            if row is None:
-                s.add(TrainerMetric(version=p.version, record=values, updated_at=now))
-            else:
-                row.record = {**row.record, **values}
-                row.updated_at = now
-        s.flush()
-        newest = max(p.version for p in points)
-        s.execute(delete(TrainerMetric).where(TrainerMetric.version <= newest - MAX_TRAINER_METRICS))
-
     # ---- views -------------------------------------------------------------------------------------
-    def stats_overview(self) -> Overview:
+    def overview(self) -> Overview:
+        """Step, policy version, worker nodes by status, the validation queue and verdict counts."""
         return self._cached(("overview",), self._overview)
 
     def _overview(self) -> Overview:
-        with self.db.tx() as s:
-            step, pv = self._state(s)
+        with self._db.tx() as s:
+            step, pv = self._run.read(s)
             nodes = dict(s.execute(select(Node.status, func.count()).where(Node.role == "worker")
                                    .group_by(Node.status)).all())
             subs = dict(s.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
@@ -89,13 +78,15 @@ class StatsMixin:
                             rejected=int(subs.get("rejected", 0)),
                             oldest_pending_age_s=None if oldest is None else round(max(0.0, now - oldest), 3))
         return Overview(mode="swarm", time=now, step=step, policy_version=pv,
-                        nodes={k: int(v) for k, v in nodes.items()}, validation=q, counters=dict(self.counters))
+                        nodes={k: int(v) for k, v in nodes.items()}, validation=q,
+                        counters=dict(self._telemetry.counters))
 
-    def stats_nodes(self, limit: int = MAX_NODES) -> NodeList:
+    def nodes(self, limit: int = MAX_NODES) -> NodeList:
+        """Worker nodes (at most ``limit``, active first, then by throughput) with their ledger and verdicts."""
         return self._cached(("nodes", limit), lambda: self._nodes(min(limit, MAX_NODES)))
 
     def _nodes(self, limit: int) -> NodeList:
-        with self.db.tx() as s:
+        with self._db.tx() as s:
             total = s.execute(select(func.count()).select_from(Node).where(Node.role == "worker")).scalar_one()
             rows = s.execute(select(Node.id, Node.status, Node.throughput, Node.last_heartbeat, Node.status_reason)
                              .where(Node.role == "worker")
@@ -137,11 +128,12 @@ class StatsMixin:
         """Assignments with a larger id are the newest ``SPREAD_ASSIGNMENTS`` (ids only grow)."""
         return int(s.execute(select(func.coalesce(func.max(Assignment.id), 0))).scalar_one()) - SPREAD_ASSIGNMENTS
 
-    def stats_trainer(self, limit: int = 500) -> TrainerCurves:
+    def trainer(self, limit: int = 500) -> TrainerCurves:
+        """The trainer's newest ``limit`` policy-version records."""
         return self._cached(("trainer", limit), lambda: self._trainer(min(limit, MAX_POINTS)))
 
     def _trainer(self, limit: int) -> TrainerCurves:
-        with self.db.tx() as s:
+        with self._db.tx() as s:
             total = s.execute(select(func.count()).select_from(TrainerMetric)).scalar_one()
             rows = s.execute(select(TrainerMetric.version, TrainerMetric.record)
                              .order_by(TrainerMetric.version.desc()).limit(limit)).all()
@@ -150,18 +142,51 @@ class StatsMixin:
         return TrainerCurves(total=int(total), source="the trainer's step reports (POST /v1/trainer/step)",
                              points=points)
 
-    def stats_policy(self) -> PolicyStats:
+    def policy(self) -> PolicyStats:
+        """The current policy version, the weight servers announced to nodes and the nodes per version."""
         return self._cached(("policy",), self._policy)
 
     def _policy(self) -> PolicyStats:
-        with self.db.tx() as s:
-            step, pv = self._state(s)
+        with self._db.tx() as s:
+            step, pv = self._run.read(s)
             latest = (select(Assignment.node_id, func.max(Assignment.policy_version).label("v"))
                       .where(Assignment.id > self._recent_id(s)).group_by(Assignment.node_id).subquery())
             spread = s.execute(select(latest.c.v, func.count()).group_by(latest.c.v)
                                .order_by(latest.c.v.desc()).limit(MAX_VERSIONS)).all()
-        servers, key = self._weights
+        servers, key = self._run.weights
         return PolicyStats(policy_version=pv, step=step, servers=list(servers), public_key=key,
                            spread=[VersionCount(version=int(v), nodes=int(n)) for v, n in spread],
                            spread_basis="nodes by the policy version of their most recent assignment (the version "
                            "they were told to sample with; nodes do not report what they hold)")
+
+    # ---- operators' counts -------------------------------------------------------------------------------
+    def health(self) -> Health:
+        with self._db.tx() as s:
+            step, pv = self._run.read(s)
+            n = s.execute(select(func.count()).select_from(Node).where(Node.role == "worker",
+                                                                         Node.status == "active")).scalar_one()
+        return Health(ok=True, step=step, policy_version=pv, nodes_active=int(n))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counts by state, for the metrics file and operators."""
+        with self._db.tx() as s:
+            step, pv = self._run.read(s)
+            nodes = dict(s.execute(select(Node.status, func.count()).where(Node.role == "worker")
+                                   .group_by(Node.status)).all())
+            subs = dict(s.execute(select(Submission.status, func.count()).group_by(Submission.status)).all())
+        return {"step": step, "policy_version": pv, **{f"nodes_{k}": int(v) for k, v in nodes.items()},
+                **{f"submissions_{k}": int(v) for k, v in subs.items()}, **self._telemetry.counters}
+
+    def gauges(self) -> tuple[int, int, dict[str, int]]:
+        """Step, policy version and worker nodes by status (one GROUP BY): the database gauges of ``GET /metrics``."""
+        with self._db.tx() as s:
+            step, pv = self._run.read(s)
+            nodes = s.execute(select(Node.status, func.count()).where(Node.role == "worker").group_by(Node.status))
+            return step, pv, {k: int(v) for k, v in nodes.all()}
+
+    def maybe_write_snapshot(self, now: float | None = None) -> None:
+        """A snapshot row in the metrics file, at most every ``metrics_interval_s`` (the sweeper calls it)."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_snapshot >= self._cfg.metrics_interval_s:
+            self._last_snapshot = now
+            self._telemetry.write(event="snapshot", **self.snapshot())

@@ -1,5 +1,6 @@
-"""The orchestrator's HTTP routes, one module per group of callers, each an ``add_routes(app, api)``
-that ``http.create_app`` calls in this order (the order the routes were always registered in):
+"""The orchestrator's HTTP routes: one module-level ``fastapi.APIRouter`` per group of callers, each endpoint
+getting its service and the auth / rate-limit dependencies from ``deps`` (read from the app's state).
+``http.create_app`` includes them in this order (the order the routes were always registered in):
 
 - ``public``: unsigned reads, rate-limited per source address (ping, metrics, health, node and ledger views, the
   dashboard and its ``/v1/stats/...`` API)
@@ -8,5 +9,5 @@ that ``http.create_app`` calls in this order (the order the routes were always r
 - ``validator``: pending submissions (long poll), verdicts
 - ``trainer``: step, weight servers, accepted submissions (long poll)
 
-``deps`` holds what they share: the path and query limits, the error responses, and ``RouteDeps`` (the
-orchestrator, its config and the per-app dependencies that authenticate and rate-limit a request)."""
+``deps`` holds what they share: the path and query limits, the error responses, the service dependencies,
+``signed(...)`` (authentication) and ``JOINS`` / ``PUBLIC`` (the per-address buckets of ``AddressLimits``)."""

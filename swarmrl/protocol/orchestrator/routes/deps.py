@@ -1,22 +1,32 @@
-"""What every route group shares: the limits of paths and query parameters, the documented error responses,
-the request helpers (the path as signed, the trusted-address mark) and ``RouteDeps``, the per-app state a
-group's routes close over (the orchestrator, its config, the rate-limiting and signature dependencies).
+"""What every router shares: the limits of paths and query parameters, the documented error responses, the
+request helpers (the path as signed, the trusted-address mark) and the FastAPI dependencies the endpoints declare:
+one per service (read from ``request.app.state.orchestrator``, the ``Orchestrator`` of the app), ``signed(...)``
+(authenticates the caller), and ``JOINS`` / ``PUBLIC`` (spend a token of the source address's bucket, the app's
+own ``AddressLimits``).
 
-Kept apart from ``http`` so the route modules and the ASGI middleware there import it without a cycle."""
+Kept apart from ``http`` so the routers and the ASGI middleware there import it without a cycle."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi import Path as PathParam
 
 from swarmrl.protocol.config import OrchestratorConfig
-from swarmrl.protocol.orchestrator.auth import RateLimiter
+from swarmrl.protocol.orchestrator.assignments import Assignments
+from swarmrl.protocol.orchestrator.auth import Auth, RateLimiter, SignedRequest
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
+from swarmrl.protocol.orchestrator.ledger import Ledger
+from swarmrl.protocol.orchestrator.membership import Membership
+from swarmrl.protocol.orchestrator.run_state import RunState
 from swarmrl.protocol.orchestrator.service import Orchestrator
+from swarmrl.protocol.orchestrator.stats import Stats
+from swarmrl.protocol.orchestrator.submissions import Submissions
+from swarmrl.protocol.orchestrator.telemetry import Telemetry
+from swarmrl.protocol.orchestrator.verdicts import Verdicts
 from swarmrl.protocol.schemas import ErrorBody
 from swarmrl.protocol.signing import body_sha256
 from swarmrl.utils.serving import TRUST_EXTENSION
@@ -39,8 +49,9 @@ def scope_signed_path(scope) -> str:  # noqa: ANN001
     return path + (f"?{q}" if q else "")
 
 
-def signed_path(request: Request) -> str:
-    return scope_signed_path(request.scope)
+def signed_request(request: Request, body_hash: str | None) -> SignedRequest:
+    """What the signature of ``request`` covers (``body_hash``: of the body read; None: checked later)."""
+    return SignedRequest(request.method, scope_signed_path(request.scope), request.headers, body_hash)
 
 
 def trusted(request: Request) -> None:
@@ -50,48 +61,105 @@ def trusted(request: Request) -> None:
         mark()
 
 
-def per_address(limiter: RateLimiter, what: str) -> Callable[[Request], Any]:
-    """A dependency spending one token of the client address's bucket: 429 with ``Retry-After`` when empty (the
-    address is the TCP peer; uvicorn replaces it by X-Forwarded-For only for proxies it trusts)."""
-    async def dep(request: Request) -> None:
-        host = request.client.host if request.client else "?"
-        wait = limiter.take(host)
-        if wait:
-            raise ProtocolError(429, f"{what} rate limit exceeded for {host}", retry_after=wait)
-    return dep
-
-
 async def raw_body(request: Request) -> bytes:
     return await request.body()
 
 
-@dataclass(frozen=True)
-class RouteDeps:
-    """One app's orchestrator and config, and the dependencies its routes declare: ``joins`` and ``public``
-    spend a token of the source address's bucket (each app has its own buckets), ``signed(...)`` authenticates."""
+# ---- the services (async: no thread hop to read an attribute) --------------------------------------------------
+def orchestrator(request: Request) -> Orchestrator:
+    return request.app.state.orchestrator
 
-    orch: Orchestrator
-    cfg: OrchestratorConfig
-    joins: list[Any]
-    public: list[Any]
+
+async def _auth(request: Request) -> Auth:
+    return orchestrator(request).auth
+
+
+async def _membership(request: Request) -> Membership:
+    return orchestrator(request).membership
+
+
+async def _assignments(request: Request) -> Assignments:
+    return orchestrator(request).assignments
+
+
+async def _submissions(request: Request) -> Submissions:
+    return orchestrator(request).submissions
+
+
+async def _verdicts(request: Request) -> Verdicts:
+    return orchestrator(request).verdicts
+
+
+async def _ledger(request: Request) -> Ledger:
+    return orchestrator(request).ledger
+
+
+async def _run(request: Request) -> RunState:
+    return orchestrator(request).run
+
+
+async def _stats(request: Request) -> Stats:
+    return orchestrator(request).stats
+
+
+async def _telemetry(request: Request) -> Telemetry:
+    return orchestrator(request).telemetry
+
+
+AuthDep = Annotated[Auth, Depends(_auth)]
+MembershipDep = Annotated[Membership, Depends(_membership)]
+AssignmentsDep = Annotated[Assignments, Depends(_assignments)]
+SubmissionsDep = Annotated[Submissions, Depends(_submissions)]
+VerdictsDep = Annotated[Verdicts, Depends(_verdicts)]
+LedgerDep = Annotated[Ledger, Depends(_ledger)]
+RunStateDep = Annotated[RunState, Depends(_run)]
+StatsDep = Annotated[Stats, Depends(_stats)]
+TelemetryDep = Annotated[Telemetry, Depends(_telemetry)]
+
+
+# ---- callers -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AddressLimits:
+    """One app's buckets per source address, apart from the per-key limiter of signed requests: joining (each
+    registration is a new key, so the per-key limiter cannot see a flood of them) and the unsigned public views."""
+
+    joins: RateLimiter
+    public: RateLimiter
 
     @classmethod
-    def build(cls, cfg: OrchestratorConfig, orch: Orchestrator) -> RouteDeps:
-        # per source address, separate from the per-key limiter of signed requests: joining (each registration
-        # is a new key, so the per-key limiter cannot see a flood of them) and the unsigned public views
-        joins = [Depends(per_address(RateLimiter(cfg.register_rate_per_s, cfg.register_burst), "registration"))]
-        public = [Depends(per_address(RateLimiter(cfg.public_rate_per_s, cfg.public_burst), "public API"))]
-        return cls(orch, cfg, joins, public)
+    def from_config(cls, cfg: OrchestratorConfig) -> AddressLimits:
+        return cls(RateLimiter(cfg.register_rate_per_s, cfg.register_burst),
+                   RateLimiter(cfg.public_rate_per_s, cfg.public_burst))
 
-    def signed(self, *roles: str, allow_unregistered: bool = False) -> Callable[..., Principal]:
-        """A dependency authenticating the request as one of ``roles`` (its body hashed once, shared with a
-        route that reads the body through ``raw_body`` too)."""
-        orch = self.orch
 
-        def dep(request: Request, body: bytes = Depends(raw_body)) -> Principal:
-            p = orch.authenticate(request.method, signed_path(request), request.headers, body_sha256(body),
-                                  roles, allow_unregistered)
-            if not allow_unregistered:  # registration vouches for an address only once it succeeds
-                trusted(request)
-            return p
-        return dep
+def _spend(request: Request, limiter: RateLimiter, what: str) -> None:
+    """One token of the client address's bucket: 429 with ``Retry-After`` when empty (the address is the TCP peer;
+    uvicorn replaces it by X-Forwarded-For only for proxies it trusts)."""
+    host = request.client.host if request.client else "?"
+    wait = limiter.take(host)
+    if wait:
+        raise ProtocolError(429, f"{what} rate limit exceeded for {host}", retry_after=wait)
+
+
+async def _limit_joins(request: Request) -> None:
+    _spend(request, request.app.state.address_limits.joins, "registration")
+
+
+async def _limit_public(request: Request) -> None:
+    _spend(request, request.app.state.address_limits.public, "public API")
+
+
+JOINS = [Depends(_limit_joins)]  # registration, per source address
+PUBLIC = [Depends(_limit_public)]  # unsigned reads, per source address
+
+
+def signed(*roles: str, allow_unregistered: bool = False) -> Callable[..., Principal]:
+    """A dependency authenticating the request as one of ``roles`` (its body hashed once, shared with an endpoint
+    that reads the body through ``raw_body`` too)."""
+    def dep(request: Request, body: bytes = Depends(raw_body)) -> Principal:
+        p = orchestrator(request).auth.authenticate(signed_request(request, body_sha256(body)), roles,
+                                                    allow_unregistered)
+        if not allow_unregistered:  # registration vouches for an address only once it succeeds
+            trusted(request)
+        return p
+    return dep

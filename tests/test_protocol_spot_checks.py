@@ -1,4 +1,4 @@
-"""Sampled validation (``swarmrl.protocol.sampling``): the model checks run on a secret, unpredictable share of
+"""Sampled validation (``swarmrl.protocol.spot_checks``): the model checks run on a secret, unpredictable share of
 submissions (and every node's first ones), the cheap checks on all of them; a sampled-out cheater accepted at
 first is caught by an audit and slashed as a challenge; the stake arithmetic is enforced."""
 
@@ -16,9 +16,9 @@ from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
-from swarmrl.protocol.sampling import SAMPLED_CHECKS, cheating_margin, draw, min_stake
 from swarmrl.protocol.schemas import AssignmentSpec, PendingSubmission, SubmissionInfo
 from swarmrl.protocol.signing import generate_key
+from swarmrl.protocol.spot_checks import SAMPLED_CHECKS, cheating_margin, draw, min_stake
 from swarmrl.protocol.validator import Validator
 
 CHEAT = -0.5  # rows with these logprobs fail the (fake) model check, as tokens not sampled from the policy do

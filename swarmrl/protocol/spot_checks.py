@@ -12,7 +12,7 @@ A sampled-out submission that passes the cheap checks is accepted (credited, loc
 with probability ``audit_rate`` (a second, independent draw) it is queued for an AUDIT: judged in full when the
 validator has nothing pending, while its challenge window is open. A finding then is posted as a challenge:
 the accepted submission is rejected, the stake slashed, every credit still in its window revoked, the node
-ejected (``orchestrator.submissions.verdict``).
+ejected (``orchestrator.verdicts.Verdicts.verdict``).
 
 The arithmetic (``docs/protocol.md``, "Sampled validation"): a submission credits ``G = credit_per_sample x
 rows``; cheating on it saves the node at most ``G`` (work that costs more than it pays is not done honestly

@@ -1,6 +1,8 @@
 """The ledger: append-only rows; deposits, stakes, credits locked for a challenge window, slashing.
 
-Balances are sums. A stake authority's ``deposit`` row funds a node; registering locks part of it as a
+The functions are the bookkeeping rules over a session (the caller's transaction); ``Ledger`` is the service the
+rest of the orchestrator calls, with the run's amounts (``credit_per_sample``, ``challenge_window_s``,
+``slash_fraction``) and the public balance view. Balances are sums. A stake authority's ``deposit`` row funds a node; registering locks part of it as a
 ``stake`` row (what is deposited and not locked is ``deposit_available``). A credit carries ``unlock_at`` (end of
 its challenge window); slashing a node appends a ``slash`` row (a fraction of its stake) and one ``revoke`` row
 per credit still inside its window, each referencing the credit it cancels.
@@ -14,7 +16,11 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from swarmrl.protocol.models import LedgerEntry
+from swarmrl.protocol.config import OrchestratorConfig
+from swarmrl.protocol.db import Database
+from swarmrl.protocol.orchestrator.errors import ProtocolError
+from swarmrl.protocol.schemas import Balance, LedgerRow
+from swarmrl.protocol.tables import LedgerEntry, Node
 
 
 def add(s: Session, node_id: str, kind: str, amount: float, *, submission_id: int | None = None,
@@ -95,3 +101,58 @@ def balances(s: Session, node_id: str, now: float | None = None) -> Balances:
     deposited = max(0.0, sum(r.amount for r in rows if r.kind == "deposit")
                     - sum(r.amount for r in rows if r.kind == "stake"))
     return Balances(stake, locked, unlocked, deposited)
+
+
+class Ledger:
+    """The ledger service: deposits, locked stakes, credits for accepted work, slashes, and a node's balance.
+    Every method but ``balance`` writes inside the caller's transaction (``s``), so a verdict's credit or a
+    registration's stake commits with the rest of it."""
+
+    def __init__(self, cfg: OrchestratorConfig, db: Database) -> None:
+        self._cfg = cfg
+        self._db = db
+
+    @staticmethod
+    def deposit(s: Session, node_id: str, amount: float, note: str, now: float) -> tuple[LedgerEntry, float]:
+        """A stake authority's deposit for ``node_id``; returns its row and what the node may now lock."""
+        row = add(s, node_id, "deposit", amount, now=now, note=note)
+        return row, deposit_available(s, node_id)
+
+    @staticmethod
+    def available(s: Session, node_id: str) -> float:
+        """Deposited for the node and not locked as stake."""
+        return deposit_available(s, node_id)
+
+    @staticmethod
+    def lock_stake(s: Session, node_id: str, amount: float, now: float) -> None:
+        add(s, node_id, "stake", amount, now=now, note="stake locked at registration")
+
+    def credit(self, s: Session, node_id: str, submission_id: int, n_rows: int, now: float) -> float:
+        """Credit accepted work (``credit_per_sample`` per row, locked for ``challenge_window_s``); the amount."""
+        amount = self._cfg.credit_per_sample * n_rows
+        credit(s, node_id, amount, submission_id, self._cfg.challenge_window_s, now=now)
+        return amount
+
+    @staticmethod
+    def credited_in_window(s: Session, node_id: str, submission_id: int, now: float) -> bool:
+        """Whether the credit of this submission is still inside its challenge window (and not revoked)."""
+        return any(c.submission_id == submission_id for c in credits_in_window(s, node_id, now))
+
+    def slash(self, s: Session, node_id: str, reason: str, submission_id: int, now: float) -> SlashResult:
+        """Slash ``slash_fraction`` of the node's stake and revoke its credits still in their window."""
+        return slash(s, node_id, self._cfg.slash_fraction, reason, submission_id=submission_id, now=now)
+
+    def balance(self, node_id: str, now: float | None = None) -> Balance:
+        """A node's balances and ledger rows (``GET /v1/nodes/{id}/ledger``); 404 for an unknown node."""
+        with self._db.tx() as s:
+            node = s.get(Node, node_id)
+            if node is None:
+                raise ProtocolError(404, f"no node {node_id}")
+            b = balances(s, node_id, now)
+            rows = s.execute(select(LedgerEntry).where(LedgerEntry.node_id == node_id).order_by(LedgerEntry.id)
+                             ).scalars().all()
+            return Balance(node_id=node_id, status=node.status, stake=b.stake, credits_locked=b.credits_locked,
+                           credits_unlocked=b.credits_unlocked, deposited=b.deposited,
+                           entries=[LedgerRow(id=r.id, kind=r.kind, amount=r.amount, submission_id=r.submission_id,
+                                              ref_id=r.ref_id, unlock_at=r.unlock_at, created_at=r.created_at,
+                                              note=r.note) for r in rows])

@@ -1,12 +1,14 @@
-"""The heartbeat hot path's in-memory state: used nonces, the per-node mirror of what a heartbeat would answer,
-and the group-commit writer that persists heartbeats in batches.
+"""What the heartbeat hot path keeps in memory: the nonces seen (``NonceCache``), the per-node mirror of what a
+heartbeat would answer (``Mirror``), and the group-commit writer that persists heartbeats in batches
+(``BeatWriter``). ``hot_path.HotPath`` answers from them; the other services only drop what a commit changed.
 
 Nothing here is the source of truth: the database is. The mirror lets a steady-state heartbeat (a node whose
 work at the current step is already assigned, nothing orphaned waiting for a taker) be answered without a
 database read; its writes (the nonce, ``last_heartbeat``) are committed in one transaction per batch *before*
 the reply goes out, so a crash loses nothing a reply promised. Every other state change drops the mirror of the
-nodes it touched (``Mirror.dirty``) after its commit; the next heartbeat of such a node takes the full path,
-which rebuilds the mirror under a generation check (a change committed meanwhile wins).
+nodes it touched (``Mirror.after_commit``, called by ``Database.tx`` with the transaction's ``info``); the next
+heartbeat of such a node takes the full path, which rebuilds the mirror under a generation check (a change
+committed meanwhile wins).
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ class Mirror:
         with self._lock:
             self._epoch += 1
             self.nodes.clear()
+
+    def after_commit(self, info: dict) -> None:
+        """A transaction that changed nodes or assignments committed (``Database.after_commit``): drop what the
+        mirror knew of the nodes it names in ``info["dirty"]`` (all of them with ``info["dirty_all"]``)."""
+        if info.get("dirty_all"):
+            self.dirty_all()
+        elif info.get("dirty"):
+            self.dirty(info["dirty"])
 
     def touch(self, node_id: str, now: float) -> None:
         hot = self.nodes.get(node_id)
