@@ -279,7 +279,7 @@ def test_worker_rows_of_tiny_model_episodes_with_proofs_pass_the_validator(vf_pa
 
     model = load_model(tiny_model_dir)
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo")
-    cfg = RLConfig(contract=contract, sampling={"max_turn_tokens": 16})
+    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 16, "max_turn_tokens": 16})
     res = rollout_batch(model, tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0, policy_version=0,
                         seed=seed, budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) and r.proofs for r in res.rows)
@@ -298,7 +298,7 @@ def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf
 
     model = load_model(tiny_model_dir)
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_calc")
-    cfg = RLConfig(contract=contract, sampling={"max_turn_tokens": 120})
+    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 1024, "max_turn_tokens": 120})
     res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, cfg, worker_id="n" * 16, step=0,
                         policy_version=0, seed=seed, budgets=None)
     assert all(r.task_reward == pytest.approx(1.0) and 0 in r.completion_mask for r in res.rows)

@@ -23,7 +23,7 @@ def test_each_limit_follows_the_one_before_unless_set():
     assert _limits(TokenLimits(max_new_tokens=6)) == (6, 6, 6)  # a config from before the names: as it sampled
     assert _limits(TokenLimits(max_trajectory_tokens=80)) == (8, 80, 80)
     assert _limits(TokenLimits(max_trajectory_tokens=80, max_turn_tokens=20)) == (8, 80, 20)
-    assert _limits(TokenLimits(max_turn_tokens=20)) == (8, 8, 20)
+    assert _limits(TokenLimits(max_turn_tokens=5)) == (8, 8, 5)
     assert TokenLimits(max_new_tokens=6, max_trajectory_tokens=80).row_limit(multiturn=False) == 6
     assert TokenLimits(max_new_tokens=6, max_trajectory_tokens=80).row_limit(multiturn=True) == 80
 
@@ -52,3 +52,12 @@ def test_setting_a_limit_later_moves_the_ones_that_follow_it():
     t = TokenLimits(max_trajectory_tokens=80)
     t.max_new_tokens = 6
     assert _limits(t) == (6, 80, 80)
+
+
+def test_a_turn_longer_than_its_trajectory_is_refused():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_turn_tokens \\(120\\) is over max_trajectory_tokens \\(8\\)"):
+        SamplingParams(max_turn_tokens=120)
+    assert _limits(SamplingParams(max_trajectory_tokens=400, max_turn_tokens=120)) == (8, 400, 120)

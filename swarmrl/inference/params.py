@@ -8,7 +8,10 @@ The token limit has three meanings, each with one name and one default, declared
   environment's replies together (``swarmrl.episodes.turns``); by default ``max_new_tokens``;
 - ``max_turn_tokens``: one model turn inside an episode (each call of ``episodes.turns``; each chat request of a
   verifiers episode, ``swarmrl.episodes.vf``); by default ``max_trajectory_tokens`` (a turn may fill the
-  trajectory).
+  trajectory), never more.
+
+A verifiers episode's length is bounded by its environment (its turns, its context); the trainer counts its rows,
+like every episode's, against ``max_trajectory_tokens`` (``row_limit``).
 
 The two later ones default to the one before because a single field used to serve all three: a config that sets
 only ``max_new_tokens`` samples every kind of task as it did.
@@ -41,6 +44,10 @@ class TokenLimits(StrictModel):
             self.__dict__["max_trajectory_tokens"] = self.max_new_tokens
         if "max_turn_tokens" not in given or self.max_turn_tokens is None:
             self.__dict__["max_turn_tokens"] = self.max_trajectory_tokens
+        if self.max_turn_tokens > self.max_trajectory_tokens:  # type: ignore[operator]
+            raise ValueError(f"max_turn_tokens ({self.max_turn_tokens}) is over max_trajectory_tokens "
+                             f"({self.max_trajectory_tokens}): a model turn is part of its trajectory; set "
+                             "max_trajectory_tokens to the whole episode's limit")
         return self
 
     def token_limits(self) -> TokenLimits:
