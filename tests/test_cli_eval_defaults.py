@@ -78,3 +78,15 @@ def test_eval_runs_on_the_recorded_task(run_dir, tiny_model_dir):
     res = json.loads(r.stdout)
     assert res["task"] == "add" and res["n"] == 4 and res["model"] == str(run_dir / "final_model")
     assert "eval: task add" in r.stderr
+
+
+def test_eval_takes_the_runs_token_limits_an_older_run_dir_naming_one(run_dir):
+    out, _ = _eval("--model", str(run_dir / "final_model"))
+    assert "max_new_tokens = 6" in out and "max_trajectory_tokens = 6" in out  # as the run's rl.toml records them
+    old = (run_dir / "rl.toml").read_text()
+    old = "\n".join(x for x in old.splitlines() if not x.startswith(("max_trajectory_tokens", "max_turn_tokens")))
+    (run_dir / "rl.toml").write_text(old.replace("max_new_tokens = 6", "max_new_tokens = 12"))
+    out, _ = _eval("--model", str(run_dir / "final_model"))  # a run from before the names: one limit for all
+    assert all(f"{k} = 12" in out for k in ("max_new_tokens", "max_trajectory_tokens", "max_turn_tokens")), out
+    out, _ = _eval("--model", str(run_dir / "final_model"), "--set", "max_trajectory_tokens=40")
+    assert "max_new_tokens = 12" in out and "max_trajectory_tokens = 40" in out

@@ -184,8 +184,8 @@ def test_token_in_token_out_across_turns_and_the_replay(vf_packages, tok):
     t = env.sample(0, 1)[0]
     d = env.vf_task(t).data
     backend = ScriptedBackend(_calc_turns(tok, d.a, d.b), tok.eos_token_id, tok.pad_token_id)
-    with ServedEndpoint(ChatEndpoint(backend, tok)) as served:
-        row = asyncio.run(rollout(env, t, served, max_tokens=200))
+    with ServedEndpoint(ChatEndpoint(backend, tok, ChatLimits(max_turn_tokens=200))) as served:
+        row = asyncio.run(rollout(env, t, served, max_turn_tokens=200))
     assert row.reward == pytest.approx(1.0)
     assert [m["role"] for m in row.messages] == ["user", "assistant", "tool", "assistant"]
     model = [row.completion_ids[s.start:s.end] for s in segments(row.mask) if s.model]
@@ -215,8 +215,9 @@ def test_single_turn_episode_with_the_tiny_model_over_the_endpoint(vf_packages, 
     env = make_env("vf:swarmrl_vf_echo")
     model = load_model(tiny_model_dir)
     backend = OursBackend(model, tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(0))
-    with ServedEndpoint(ChatEndpoint(backend, tok)) as served:
-        rows = [asyncio.run(rollout(env, t, served, max_tokens=24, seed=i)) for i, t in enumerate(env.sample(0, 3))]
+    with ServedEndpoint(ChatEndpoint(backend, tok, ChatLimits(max_turn_tokens=24))) as served:
+        rows = [asyncio.run(rollout(env, t, served, max_turn_tokens=24, seed=i))
+                for i, t in enumerate(env.sample(0, 3))]
     for t, row in zip(env.sample(0, 3), rows):
         assert row.mask and all(m == 1 for m in row.mask) and 1 <= len(row.completion_ids) <= 24
         assert len(row.logprobs) == len(row.completion_ids) and all(lp <= 0 for lp in row.logprobs)
@@ -278,7 +279,7 @@ def test_worker_rows_of_tiny_model_episodes_with_proofs_pass_the_validator(vf_pa
 
     model = load_model(tiny_model_dir)
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo")
-    cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 16})
+    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 16, "max_turn_tokens": 16})
     res = rollout_batch(model, tok, contract.task.build(), tasks, contract=cfg.contract, sampling=cfg.sampling,
                         origin=BatchOrigin("n" * 16, 0, 0, seed), budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) and r.proofs for r in res.rows)
@@ -297,7 +298,7 @@ def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf
 
     model = load_model(tiny_model_dir)
     contract, seed, tasks, a = _assignment("vf:swarmrl_vf_calc")
-    cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 120})
+    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 1024, "max_turn_tokens": 120})
     res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, contract=cfg.contract, sampling=cfg.sampling,
                         origin=BatchOrigin("n" * 16, 0, 0, seed), budgets=None)
     assert all(r.task_reward == pytest.approx(1.0) and 0 in r.completion_mask for r in res.rows)
@@ -326,14 +327,14 @@ def test_an_episode_ends_where_its_next_prompt_would_be_over_the_context_and_rep
     t = env.sample(0, 1)[0]
     d = env.vf_task(t).data
     with ServedEndpoint(ChatEndpoint(ScriptedBackend(_calc_turns(tok, d.a, d.b), tok.eos_token_id,
-                                                     tok.pad_token_id), tok)) as served:
-        full = asyncio.run(rollout(env, t, served, max_tokens=200))
+                                                     tok.pad_token_id), tok, ChatLimits(max_turn_tokens=200))) as served:
+        full = asyncio.run(rollout(env, t, served, max_turn_tokens=200))
     second = len(full.prompt_ids) + segments(full.mask)[2].start  # the second model turn's prompt length
     short = make_env("vf:swarmrl_vf_calc", max_context_tokens=second - 1)
     endpoint = ChatEndpoint(ScriptedBackend(_calc_turns(tok, d.a, d.b), tok.eos_token_id, tok.pad_token_id), tok,
-                            ChatLimits(max_prompt_tokens=second - 1))
+                            ChatLimits(max_turn_tokens=200, max_prompt_tokens=second - 1))
     with ServedEndpoint(endpoint) as served:
-        cut = asyncio.run(rollout(short, t, served, max_tokens=200))
+        cut = asyncio.run(rollout(short, t, served, max_turn_tokens=200))
     assert cut.completion_ids == full.completion_ids[: segments(full.mask)[0].end] and all(cut.mask)
     assert cut.messages[-1]["role"] == "tool" and cut.reward == pytest.approx(0.2)  # the tool, no answer
     assert replay_problem(short, t, cut.prompt_ids, cut.completion_ids, cut.mask, tok, reward=cut.reward) is None

@@ -24,7 +24,7 @@ def tok(tiny_model_dir):
 # ---- the endpoint's bounds ---------------------------------------------------------------------------------------
 def test_bad_requests_get_4xx_and_the_endpoint_keeps_serving(tok):
     backend = ScriptedBackend([byte_ids(tok, "hi") + [tok.eos_token_id]] * 3, tok.eos_token_id, tok.pad_token_id)
-    limits = ChatLimits(max_body_bytes=4096, max_messages=4, max_tokens=16, max_prompt_tokens=300)
+    limits = ChatLimits(max_body_bytes=4096, max_messages=4, max_turn_tokens=16, max_prompt_tokens=300)
     user = [{"role": "user", "content": "hello"}]
     with ServedEndpoint(ChatEndpoint(backend, tok, limits)) as served:
         url = served.base_url + "/chat/completions"
@@ -104,7 +104,8 @@ def test_token_in_token_out_keeps_the_sampled_ids_where_the_text_would_tokenize_
     turn2 = byte_ids(tok, "done") + [tok.eos_token_id]
     backend = ScriptedBackend([turn1, turn2], tok.eos_token_id, tok.pad_token_id)
     convo = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
-    with ServedEndpoint(ChatEndpoint(backend, tok)) as served, httpx.Client(timeout=30) as c:
+    with ServedEndpoint(ChatEndpoint(backend, tok, ChatLimits(max_turn_tokens=64))) as served, \
+            httpx.Client(timeout=30) as c:
         url, head = served.base_url + "/chat/completions", {SESSION_HEADER: "e"}
         r1 = c.post(url, json={"messages": convo, "logprobs": True}, headers=head).json()
         assert r1["choices"][0]["token_ids"] == turn1

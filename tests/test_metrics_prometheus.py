@@ -16,7 +16,7 @@ from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, Validat
 from swarmrl.protocol.orchestrator.metrics import OrchestratorMetrics
 from swarmrl.protocol.schemas import VerdictRequest
 from swarmrl.protocol.signing import generate_key
-from swarmrl.shardcast import Origin, Relay, fetch_async
+from swarmrl.shardcast import FetchOptions, Origin, Relay, fetch_async
 from swarmrl.shardcast.layout import shard_name
 
 Samples = dict[tuple[str, frozenset], float]
@@ -151,7 +151,8 @@ def test_shardcast_origin_and_relay_metrics(tmp_path):
         url = await relay.start()
         relay.server.metrics.cache_s = 0.0
         origin.publish(ckpt, version=5).result(30)
-        res = await fetch_async([url], tmp_path / "out.bin", origin.public_key, version=5, wait_s=20, parallel=4)
+        res = await fetch_async([url], tmp_path / "out.bin", origin.public_key, version=5,
+                                options=FetchOptions(wait_s=20, parallel=4))
         assert res.version == 5 and (tmp_path / "out.bin").read_bytes() == ckpt.read_bytes()
         async with aiohttp.ClientSession() as s:
             st, text = await get(s, url + "/metrics")

@@ -199,7 +199,7 @@ def test_the_sampling_loop_appends_sampled_ids_and_replies_tokenized_once(tiny_m
     kept1 = len(enc("hm <calc>2*(3+4)</calc>"))
     turn2 = enc(f"<answer>{ans}</answer>") + [tok.eos_token_id]
     backend = ScriptedBackend([turn1, turn2], tok.eos_token_id, tok.pad_token_id)
-    cfg = RLConfig(contract=RLContract(group_size=2, task={"name": "calc"}), sampling={"max_new_tokens": 128})
+    cfg = RLConfig(contract=RLContract(group_size=2, task={"name": "calc"}), sampling={"max_trajectory_tokens": 128})
     res = rollout_batch(backend, tok, env, [task], contract=cfg.contract, sampling=cfg.sampling,
                         origin=BatchOrigin("w", 0, 0, 0), budgets=None)
     reply = encode_reply(tok, "<result>14</result>")
@@ -225,10 +225,35 @@ def test_hidden_states_of_the_model_tokens_only_in_order(tiny_model_dir):
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     t1, t2 = enc("<calc>1</calc>xx"), enc("done") + [tok.eos_token_id]
     out = sample_turns(ScriptedBackend([t1, t2], tok.eos_token_id, tok.pad_token_id), tok, env, [task],
-                       [enc("p")], SamplingParams(max_new_tokens=64), capture_hidden=True)
+                       [enc("p")], SamplingParams(max_trajectory_tokens=64), capture_hidden=True)
     h = out.hidden[0].float().tolist()
     assert h == [[0, j] for j in range(len(t1) - 2)] + [[1, j] for j in range(len(t2))]
     assert len(h) == sum(out.masks[0])
+
+
+def test_each_turn_is_bounded_by_the_turn_limit_and_the_trajectory_by_its_own(tiny_model_dir):
+    from swarmrl.episodes.turns import sample_turns
+    from swarmrl.inference.params import SamplingParams
+
+    tok = load_tokenizer(tiny_model_dir)
+    env = make_env("calc")
+    task = env.sample(0, 1)[0]
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    t1, t2 = enc("<calc>1</calc>"), enc("a long answer that goes on") + [tok.eos_token_id]
+    reply = encode_reply(tok, "<result>1</result>")
+
+    def run(**limits):  # noqa: ANN003, ANN202
+        backend = ScriptedBackend([t1, t2], tok.eos_token_id, tok.pad_token_id)
+        out = sample_turns(backend, tok, env, [task], [enc("p")], SamplingParams(**limits))
+        return backend, out
+
+    backend, whole = run(max_trajectory_tokens=200)  # the turn limit follows the trajectory's
+    assert whole.completion_ids[0] == t1 + reply + t2 and whole.finished[0]
+    backend, cut = run(max_trajectory_tokens=200, max_turn_tokens=len(t1) + 2)
+    assert cut.completion_ids[0] == t1 + reply + t2[: len(t1) + 2] and not cut.finished[0]  # cut: the episode ends
+    assert backend.calls == 2
+    _, short = run(max_trajectory_tokens=len(t1) + len(reply) + 3)  # the second turn gets the room that is left
+    assert short.completion_ids[0] == t1 + reply + t2[:3] and not short.finished[0]
 
 
 # ---- the loss -------------------------------------------------------------------------------------------------
@@ -277,7 +302,7 @@ def honest(tiny_model_dir, tmp_path_factory):
     tasks = env.sample(seed, 3)
     a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=seed, contract=contract, target_length=None,
                        tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
-    cfg = RLConfig(contract=contract, sampling={"max_new_tokens": 40})
+    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 40})
     res = rollout_batch(model, tok, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
                         origin=BatchOrigin("n" * 16, 0, 0, seed),
                         budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
@@ -348,7 +373,7 @@ def test_the_multiturn_adversaries_uploads_are_rejected_by_the_replay(honest, ki
     node.tokenizer = tok
     env = item.assignment.contract.task.build()
     tasks = env.sample(item.assignment.seed, 3)
-    rl = RLConfig(contract=item.assignment.contract, sampling={"max_new_tokens": 40})
+    rl = RLConfig(contract=item.assignment.contract, sampling={"max_trajectory_tokens": 40})
     bad = node.tamper([dataclasses.replace(r) for r in rows], tasks, env, rl, item.assignment)
     for r, b in zip(rows, bad):
         assert [t for t, m in zip(b.completion_ids, b.model_mask()) if m] == \
@@ -448,9 +473,11 @@ def test_held_out_evaluation_of_a_tool_task_runs_the_tool(tiny_model_dir):
     """``evaluate`` samples a multi-turn task turn by turn with the environment's replies, as training does: a
     policy that only copies the tool's result scores on every item, and nothing without the replies."""
     from swarmrl.eval.heldout import evaluate
+    from swarmrl.inference.params import TokenLimits
 
     tok = load_tokenizer(tiny_model_dir)
     env = make_env("calc", max_operand=50)
-    res = evaluate(ToolUser(tok), tok, env, n=32, max_new_tokens=96)
+    res = evaluate(ToolUser(tok), tok, env, n=32, limits=TokenLimits(max_trajectory_tokens=96))
     assert res == {"accuracy": 1.0, "n": 32}
-    assert evaluate(ToolUser(tok), tok, env, n=8, max_new_tokens=20)["accuracy"] == 0.0  # no room for the answer
+    short = TokenLimits(max_trajectory_tokens=20)
+    assert evaluate(ToolUser(tok), tok, env, n=8, limits=short)["accuracy"] == 0.0  # no room for the answer

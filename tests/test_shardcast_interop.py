@@ -19,7 +19,7 @@ import pytest
 from _shardcast_util import make_file, raw_http, same_file, status_of, wait_until
 from typer.testing import CliRunner
 
-from swarmrl.shardcast import FetchError, Origin, Relay, ShardServer, fetch
+from swarmrl.shardcast import FetchError, FetchOptions, Origin, Relay, ShardServer, fetch
 from swarmrl.shardcast.signing import generate_key, public_key_hex
 
 SHARD = 50_000
@@ -64,11 +64,11 @@ def origin_03x(tmp_path):
 
 def test_insecure_client_reads_a_03x_origin_and_warns(tmp_path, origin_03x, capsys):
     url, _, src = origin_03x
-    res = fetch([url], tmp_path / "out.bin", None, insecure=True)
+    res = fetch([url], tmp_path / "out.bin", None, options=FetchOptions(insecure=True))
     assert res.version == 2 and not res.signed and res.manifest is None
     assert same_file(res.path, src)
     assert "WARNING" in capsys.readouterr().err
-    res = fetch([url + "/"], tmp_path / "v1.bin", None, insecure=True, version=1)
+    res = fetch([url + "/"], tmp_path / "v1.bin", None, version=1, options=FetchOptions(insecure=True))
     assert res.version == 1 and res.size == SHARD + 5
 
 
@@ -79,7 +79,8 @@ def test_03x_origin_refused_without_insecure(tmp_path, origin_03x):
         fetch([url], tmp_path / "out.bin", pub)
     with pytest.raises(ValueError, match="origin public key is required"):
         fetch([url], tmp_path / "out.bin", None)
-    res = fetch([url], tmp_path / "out.bin", pub, insecure=True)  # a key, but nothing signed: falls back loudly
+    # a key, but nothing signed: falls back loudly
+    res = fetch([url], tmp_path / "out.bin", pub, options=FetchOptions(insecure=True))
     assert res.version == 2 and not res.signed
 
 
@@ -90,14 +91,14 @@ def test_03x_checksum_mismatch_and_bad_layouts_rejected(tmp_path, origin_03x):
     data[10] ^= 1
     shard.write_bytes(bytes(data))
     with pytest.raises(FetchError, match="whole-file BLAKE3"):
-        fetch([url], tmp_path / "out.bin", None, insecure=True)
+        fetch([url], tmp_path / "out.bin", None, options=FetchOptions(insecure=True))
     assert not (tmp_path / "out.bin").exists()
     shard.write_bytes(bytes(data[:100]))  # a short middle shard: not one file cut in equal shards
     with pytest.raises(FetchError, match="shard sizes"):
-        fetch([url], tmp_path / "out.bin", None, insecure=True)
+        fetch([url], tmp_path / "out.bin", None, options=FetchOptions(insecure=True))
     (root / "v2" / "shard_00007.bin").unlink()  # listed but missing: bounded retries, then a clear error
     with pytest.raises(FetchError, match="shard 7 of v2"):
-        fetch([url], tmp_path / "out.bin", None, insecure=True, max_attempts=2)
+        fetch([url], tmp_path / "out.bin", None, options=FetchOptions(insecure=True, max_attempts=2))
     assert not list(tmp_path.glob(".out.bin*"))
 
 
@@ -190,7 +191,7 @@ def test_relay_streams_a_shard_onward_while_it_arrives(tmp_path):
             writer.close()
             assert first + rest == src.read_bytes()
             res = await __import__("swarmrl.shardcast", fromlist=["fetch_async"]).fetch_async(
-                [url], tmp_path / "c.bin", o.public_key, wait_s=10)
+                [url], tmp_path / "c.bin", o.public_key, options=FetchOptions(wait_s=10))
             assert same_file(res.path, src)
         finally:
             await relay.stop()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,7 +17,8 @@ import pytest
 from _shardcast_util import flip_byte, make_file, raw_http, same_file, status_of, wait_until
 from aiohttp import web
 
-from swarmrl.shardcast import FetchError, Origin, Relay, ShardServer, fetch, fetch_async
+from swarmrl.shardcast import FetchError, FetchOptions, Origin, Relay, ShardServer, fetch, fetch_async
+from swarmrl.shardcast.client.options import RELAY_UPSTREAM
 from swarmrl.shardcast.layout import MANIFEST_NAME, Manifest, ShardInfo, atomic_write, shard_name
 from swarmrl.shardcast.signing import generate_key, sign_manifest, verify_manifest
 
@@ -47,7 +49,7 @@ def test_origin_to_two_relays_to_clients(tmp_path, origin, ckpt):
         origin.publish(ckpt, version=100)
         outs = [tmp_path / f"out{i}.bin" for i in range(4)]
         results = await asyncio.gather(*(fetch_async([ra_url, rb_url], o, origin.public_key, version=100,
-                                                     wait_s=20, parallel=4) for o in outs))
+                                                     options=FetchOptions(wait_s=20, parallel=4)) for o in outs))
         await wait_until(lambda: ra.synced == [100] and rb.synced == [100])
         for r, o in zip(results, outs):
             assert r.version == 100 and same_file(o, ckpt)
@@ -82,7 +84,7 @@ def test_relay_pipelines_shards_while_still_receiving(tmp_path, ckpt):
         srv_holder["s"] = srv
         o.publish_sync(ckpt, version=1)
         srv.refresh()
-        relay = Relay(tmp_path / "r", [srv.url], o.public_key, parallel=2)
+        relay = Relay(tmp_path / "r", [srv.url], o.public_key, upstream_options=replace(RELAY_UPSTREAM, parallel=2))
         url = await relay.start()
         seen = []
 
@@ -90,8 +92,8 @@ def test_relay_pipelines_shards_while_still_receiving(tmp_path, ckpt):
             part = relay.server.partial.get(1)
             seen.append(len(part.have) if part else total)
 
-        res = await fetch_async([url], tmp_path / "out.bin", o.public_key, wait_s=20, parallel=4,
-                                on_shard=on_shard)
+        res = await fetch_async([url], tmp_path / "out.bin", o.public_key, on_shard=on_shard,
+                                options=FetchOptions(wait_s=20, parallel=4))
         assert same_file(res.path, ckpt)
         # when the client finished its first shard, the relay did not yet hold all 21
         assert seen[0] < 21
@@ -135,8 +137,8 @@ def test_relay_killed_mid_transfer_clients_finish_from_others(tmp_path, origin, 
                 pa.send_signal(signal.SIGKILL)  # relay A dies while serving its in-flight shards
                 killed.set()
 
-        res = fetch([ua, ub], tmp_path / "out.bin", origin.public_key, version=5, wait_s=30, parallel=4,
-                    on_shard=on_shard)
+        res = fetch([ua, ub], tmp_path / "out.bin", origin.public_key, version=5, on_shard=on_shard,
+                    options=FetchOptions(wait_s=30, parallel=4))
         assert killed.is_set() and pa.wait(10) == -signal.SIGKILL
         assert same_file(res.path, ckpt)
         assert res.bytes_by_server[ub] > 0
@@ -157,12 +159,14 @@ def test_corrupt_relay_shard_caught_refetched_and_relay_excluded(tmp_path, origi
         await wait_until(lambda: bad.synced == [2])
         for i in range(1, 22):  # the relay's disk (or the relay itself) now serves altered bytes
             flip_byte(tmp_path / "bad" / "v2" / shard_name(i), at=100)
-        res = await fetch_async([bad_url, origin.url], tmp_path / "out.bin", origin.public_key, parallel=2)
+        res = await fetch_async([bad_url, origin.url], tmp_path / "out.bin", origin.public_key,
+                                options=FetchOptions(parallel=2))
         assert same_file(res.path, ckpt)
         assert "corrupt shard" in res.excluded[bad_url]
         assert origin.url not in res.excluded
         # a downstream relay fed by the bad relay and the origin also ends up with good data only
-        down = Relay(tmp_path / "down", [bad_url, origin.url], origin.public_key, parallel=2)
+        down = Relay(tmp_path / "down", [bad_url, origin.url], origin.public_key,
+                     upstream_options=replace(RELAY_UPSTREAM, parallel=2))
         await down.start()
         await wait_until(lambda: down.synced == [2])
         for i in range(1, 22):
@@ -171,7 +175,7 @@ def test_corrupt_relay_shard_caught_refetched_and_relay_excluded(tmp_path, origi
         assert "corrupt" in (down.pool.servers[bad_url].reason or "")
         # with only the bad server the client gives up with a clear, bounded error
         with pytest.raises(FetchError, match="corrupt"):
-            await fetch_async([bad_url], tmp_path / "out2.bin", origin.public_key, max_attempts=3)
+            await fetch_async([bad_url], tmp_path / "out2.bin", origin.public_key, options=FetchOptions(max_attempts=3))
         assert not (tmp_path / "out2.bin").exists()
         await down.stop()
         await bad.stop()
@@ -315,7 +319,7 @@ def test_restarted_relay_resumes_partial_version(tmp_path, ckpt):
     async def main():
         slow = ShardServer(o.root, rate_limit_bps=1_000_000)
         await slow.start()
-        relay = Relay(tmp_path / "r", [slow.url], o.public_key, parallel=1)
+        relay = Relay(tmp_path / "r", [slow.url], o.public_key, upstream_options=replace(RELAY_UPSTREAM, parallel=1))
         await relay.start()
         await wait_until(lambda: 4 in relay.server.partial and len(relay.server.partial[4].have) >= 5)
         await relay.stop()  # interrupted mid-version
@@ -374,8 +378,8 @@ def test_client_resumes_interrupted_shard_with_range(tmp_path, origin, ckpt):
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        res = await fetch_async([url], tmp_path / "out.bin", origin.public_key, parallel=2,
-                                max_server_failures=100)
+        res = await fetch_async([url], tmp_path / "out.bin", origin.public_key,
+                                options=FetchOptions(parallel=2, max_server_failures=100))
         assert same_file(res.path, ckpt)
         assert len(ranges) == 21 and all(r.startswith("bytes=") and not r.startswith("bytes=0-") for r in ranges)
         await runner.cleanup()
@@ -440,10 +444,10 @@ def test_interrupted_fetch_resumes_verified_shards_next_run(tmp_path, origin, ck
 
     out = tmp_path / "out.bin"
     with pytest.raises(Stop):
-        fetch([origin.url], out, origin.public_key, parallel=2, on_shard=boom)
+        fetch([origin.url], out, origin.public_key, on_shard=boom, options=FetchOptions(parallel=2))
     assert not out.exists() and (tmp_path / ".out.bin.part").exists()
     flip_byte(tmp_path / ".out.bin.part", at=0)  # damage in the temp file is caught: shard 1 re-fetched
-    res = fetch([origin.url], out, origin.public_key, parallel=2)
+    res = fetch([origin.url], out, origin.public_key, options=FetchOptions(parallel=2))
     assert 4 <= res.resumed_shards < 21
     assert same_file(out, ckpt)
     assert not (tmp_path / ".out.bin.part").exists() and not (tmp_path / ".out.bin.part.json").exists()
@@ -456,7 +460,8 @@ def test_client_prefers_the_faster_server(tmp_path, origin, ckpt):
     async def main():
         slow = ShardServer(origin.root, rate_limit_bps=400_000)
         await slow.start()
-        res = await fetch_async([slow.url, origin.url], tmp_path / "out.bin", origin.public_key, parallel=4)
+        res = await fetch_async([slow.url, origin.url], tmp_path / "out.bin", origin.public_key,
+                                options=FetchOptions(parallel=4))
         assert same_file(res.path, ckpt)
         assert res.bytes_by_server[slow.url] <= 4 * SHARD < res.bytes_by_server[origin.url]
         await slow.stop()
@@ -472,9 +477,11 @@ def test_not_yet_arrived_shards_do_not_burn_retries(tmp_path, ckpt):
     async def main():
         slow = ShardServer(o.root, rate_limit_bps=1_000_000)
         await slow.start()
-        relay = Relay(tmp_path / "r", [slow.url], o.public_key, parallel=1, hold_s=0.1)
+        relay = Relay(tmp_path / "r", [slow.url], o.public_key, upstream_options=replace(RELAY_UPSTREAM, parallel=1),
+                      hold_s=0.1)
         url = await relay.start()
-        res = await fetch_async([url], tmp_path / "out.bin", o.public_key, wait_s=20, parallel=8, max_attempts=2)
+        res = await fetch_async([url], tmp_path / "out.bin", o.public_key,
+                                options=FetchOptions(wait_s=20, parallel=8, max_attempts=2))
         assert same_file(res.path, ckpt) and not res.excluded
         await relay.stop()
         await slow.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _shardcast_util import make_file, same_file, wait_until
 
-from swarmrl.shardcast import Origin, Relay, fetch_async
+from swarmrl.shardcast import FetchOptions, Origin, Relay, fetch_async
 from swarmrl.utils.procs import free_port
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,8 @@ def test_three_level_tree_successive_versions(tmp_path):
         for v, f in files.items():
             o.publish(f, version=v)
             res = await asyncio.gather(*(fetch_async([u1, u2, u3], tmp_path / f"c{i}_{v}.bin", o.public_key,
-                                                     version=v, wait_s=60, parallel=6) for i in range(6)))
+                                                     version=v, options=FetchOptions(wait_s=60, parallel=6))
+                                         for i in range(6)))
             for r in res:
                 assert r.version == v and same_file(r.path, f) and not r.excluded
         await wait_until(lambda: all(30 in r.synced for r in (r1, r2, r3)), timeout=60)

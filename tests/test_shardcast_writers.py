@@ -15,7 +15,7 @@ import pytest
 from _shardcast_util import make_file, same_file
 from aiohttp import web
 
-from swarmrl.shardcast import FetchError, Origin, fetch_async
+from swarmrl.shardcast import FetchError, FetchOptions, Origin, fetch_async
 from swarmrl.shardcast.client import download as dl
 from swarmrl.shardcast.client.http_get import BUFFERS, RawPool
 from swarmrl.shardcast.client.pool import ServerPool, discover, get_manifest, new_session
@@ -128,7 +128,8 @@ def test_a_write_failure_here_ends_the_fetch_and_blames_no_server(tmp_path, monk
             sink = dl.FileSink(tmp_path / "out.bin", m)
             try:
                 with pytest.raises(FetchError, match="could not write it here.*No space left"):
-                    await dl.download_shards(session, pool, m, list(range(1, m.num_shards + 1)), sink, parallel=2)
+                    await dl.download_shards(session, pool, m, list(range(1, m.num_shards + 1)), sink,
+                                             options=FetchOptions(parallel=2))
             finally:
                 sink.close()
         (s,) = pool.servers.values()
@@ -146,7 +147,7 @@ def test_fetch_through_writer_threads_is_whole_and_verified(tmp_path):
     ckpt = make_file(tmp_path / "ckpt.bin", 7 * SHARD + 4321, seed=6)
     origin.publish_sync(ckpt, version=1)
     try:
-        res = asyncio.run(fetch_async([url], tmp_path / "out.bin", origin.public_key, parallel=3))
+        res = asyncio.run(fetch_async([url], tmp_path / "out.bin", origin.public_key, options=FetchOptions(parallel=3)))
     finally:
         origin.close()
     assert same_file(res.path, ckpt) and res.blake3 == blake3.blake3(ckpt.read_bytes()).hexdigest()

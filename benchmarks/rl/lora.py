@@ -30,7 +30,7 @@ from pathlib import Path
 from swarmrl.models import ModelInitConfig, init_model, load_model, load_tokenizer
 from swarmrl.rl.config import LoraSection
 from swarmrl.rl.lora import LoraPolicy
-from swarmrl.shardcast import Origin, fetch
+from swarmrl.shardcast import FetchOptions, Origin, fetch
 from swarmrl.shardcast.server.relay import Relay
 
 
@@ -86,7 +86,7 @@ def transfer_times(files: dict[str, Path], work: Path, versions: int) -> dict[st
                 v += 1
                 t0 = time.perf_counter()
                 origin.publish_sync(path, version=v)
-                fetch([url], work / f"got-{v}.bin", origin.public_key, version=v, wait_s=120)
+                fetch([url], work / f"got-{v}.bin", origin.public_key, version=v, options=FetchOptions(wait_s=120))
                 times.append(time.perf_counter() - t0)
                 (work / f"got-{v}.bin").unlink()
             out[kind] = round(statistics.median(times), 4)

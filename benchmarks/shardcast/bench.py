@@ -57,7 +57,7 @@ async def main():
     kw = {}
     if float(sys.argv[4]) > 0:
         kw["max_upload_mbps"] = float(sys.argv[4])
-    r = Relay(sys.argv[1], sys.argv[3].split(","), sys.argv[2], parallel=4, metrics=sys.argv[1] + ".jsonl", **kw)
+    r = Relay(sys.argv[1], sys.argv[3].split(","), sys.argv[2], metrics=sys.argv[1] + ".jsonl", **kw)  # 4 in flight
     print(await r.start(), flush=True)
     await asyncio.Event().wait()
 asyncio.run(main())
@@ -66,7 +66,12 @@ asyncio.run(main())
 CLIENT = r"""
 import json, sys, time
 from swarmrl.shardcast import fetch
-res = fetch(sys.argv[1].split(","), sys.argv[2], sys.argv[3], version=int(sys.argv[4]), wait_s=600)
+try:  # the fetch settings are one FetchOptions since issue 41; --code may name a checkout from before
+    from swarmrl.shardcast import FetchOptions
+    kw = {"options": FetchOptions(wait_s=600)}
+except ImportError:
+    kw = {"wait_s": 600}
+res = fetch(sys.argv[1].split(","), sys.argv[2], sys.argv[3], version=int(sys.argv[4]), **kw)
 print(json.dumps({"end": time.time(), "seconds": res.seconds, "size": res.size,
                   "excluded": res.excluded}), flush=True)
 """

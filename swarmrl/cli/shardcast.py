@@ -145,8 +145,9 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
     from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
-        relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep, parallel=cfg.parallel,
-                      poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s, hold_s=cfg.hold_s,
+        relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep,
+                      upstream_options=cfg.upstream_options(), poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s,
+                      hold_s=cfg.hold_s,
                       metrics=cfg.metrics, limits=ConnLimits.from_config(cfg),
                       max_upload_mbps=cfg.max_upload_mbps)
         url = await relay.start(cfg.host, cfg.port)
@@ -188,10 +189,7 @@ def fetch_cmd(server: Annotated[Optional[list[str]], typer.Option("--server", he
                    "on its whole-file checksum alone, which the same untrusted server supplies.", err=True)
     from swarmrl.shardcast.client.fetch import FetchError, fetch  # noqa: PLC0415  # lazy: startup
 
-    kwargs = {"version": cfg.version, "parallel": cfg.parallel, "max_attempts": cfg.max_attempts,
-              "max_server_failures": cfg.max_server_failures, "wait_s": cfg.wait_s, "verify_whole": cfg.verify_whole,
-              "fsync": cfg.fsync, "stall_s": cfg.stall_s, "min_bps": cfg.min_bps, "window_s": cfg.window_s,
-              "insecure": cfg.insecure}
+    kwargs = {"version": cfg.version, "options": cfg.options()}
     try:
         if sys.stderr.isatty():  # a progress bar on a terminal only (rich is loaded for it, and only then)
             from rich.progress import Progress  # noqa: PLC0415  # lazy: startup (a terminal only)

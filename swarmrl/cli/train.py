@@ -58,8 +58,11 @@ def sft(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = 
 def _recorded(model: Path) -> tuple[Path, dict] | None:
     """The task and evaluation settings recorded next to ``model``: the ``rl.toml`` of the run dir it belongs to
     (``model`` = RUN, RUN/final_model or RUN/policy/vN) or the ``summary.json`` of the ``swarmrl sft`` output it
-    is the model of (OUT/model). Returns (the file, {task, chat_template, max_new_tokens}) or None."""
+    is the model of (OUT/model). Returns (the file, {task, chat_template, limits: the run's eval token limits})
+    or None."""
     import tomllib  # noqa: PLC0415  # lazy: startup
+
+    from swarmrl.inference.params import TokenLimits  # noqa: PLC0415  # lazy: startup
 
     for d in (model, model.parent, model.parent.parent):
         rl, sft = d / "rl.toml", d / "summary.json"
@@ -68,8 +71,10 @@ def _recorded(model: Path) -> tuple[Path, dict] | None:
                 data = tomllib.loads(rl.read_text(encoding="utf-8"))
                 contract = data.get("contract") if isinstance(data.get("contract"), dict) else {}
                 if isinstance(contract.get("task"), dict):
+                    ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+                    limits = {k: v for k, v in ev.items() if k in TokenLimits.model_fields}
                     return rl, {"task": contract["task"], "chat_template": contract.get("chat_template"),
-                                "max_new_tokens": (data.get("eval") or {}).get("max_new_tokens")}
+                                "limits": TokenLimits.model_validate(limits) if limits else None}
             if sft.is_file():
                 data = json.loads(sft.read_text(encoding="utf-8"))
                 if isinstance(data, dict) and isinstance(data.get("task"), dict):
@@ -114,9 +119,12 @@ def apply_recorded(cfg, explicit_task: bool) -> str:  # noqa: ANN001
     name = t.name if name_set else rt.name
     params = t.params if params_set else rt.params if name == rt.name else t.params
     cfg.task = TaskConfig(name=name, params=params)
-    for field in ("chat_template", "max_new_tokens"):
-        if r.get(field) is not None and field not in cfg.model_fields_set:
-            setattr(cfg, field, r[field])
+    if r.get("chat_template") is not None and "chat_template" not in cfg.model_fields_set:
+        cfg.chat_template = r["chat_template"]
+    if r.get("limits") is not None:  # the run's eval token limits, each unless set here
+        for field in type(r["limits"]).model_fields:
+            if field not in cfg.model_fields_set:
+                setattr(cfg, field, getattr(r["limits"], field))
     if (name, params) == (rt.name, rt.params):
         how = f"from {src}" + (" (--task/--set agree)" if name_set or params_set else "; --task/--set override it")
     else:

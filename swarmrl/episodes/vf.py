@@ -75,12 +75,13 @@ def episode_client(base_url: str, session_id: str, timeout_s: float = 300.0) -> 
                        default_headers={SESSION_HEADER: session_id})
 
 
-def openai_chat(client: AsyncOpenAI, *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+def openai_chat(client: AsyncOpenAI, *, max_turn_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                 seed: int | None = None) -> ChatFn:
-    """The model behind an OpenAI-compatible endpoint (``client``: see ``episode_client``)."""
+    """The model behind an OpenAI-compatible endpoint (``client``: see ``episode_client``); each request asks for
+    at most ``max_turn_tokens`` (OpenAI's ``max_tokens``)."""
 
     async def chat(messages: list[Message], tools: list[Message] | None) -> Message:
-        kw: dict[str, Any] = {"model": "swarmrl", "messages": messages, "max_tokens": max_tokens,
+        kw: dict[str, Any] = {"model": "swarmrl", "messages": messages, "max_tokens": max_turn_tokens,
                               "temperature": temperature, "top_p": top_p}
         if tools:
             kw["tools"] = tools
@@ -114,13 +115,14 @@ class VfRow:
     hidden: list[Any] | None = None  # per model turn, the backend's final-norm states (capture_hidden)
 
 
-async def rollout(env: VerifiersEnv, task: Task, served: Any, *, max_tokens: int, temperature: float = 1.0,
+async def rollout(env: VerifiersEnv, task: Task, served: Any, *, max_turn_tokens: int, temperature: float = 1.0,
                   top_p: float = 1.0, seed: int | None = None) -> VfRow:
     """One episode against ``served`` (a ``ServedEndpoint``: ``base_url`` and its ``endpoint.pop_episode``)."""
     sid = uuid.uuid4().hex
     try:
         async with episode_client(served.base_url, sid) as client:
-            chat = openai_chat(client, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+            chat = openai_chat(client, max_turn_tokens=max_turn_tokens, temperature=temperature, top_p=top_p,
+                               seed=seed)
             messages = await run_episode(env, task, chat)
     finally:
         ep = served.endpoint.pop_episode(sid)
@@ -230,15 +232,15 @@ def sample_episodes(backend: Any, tokenizer: Any, env: VerifiersEnv, tasks: Sequ
                     limits: ChatLimits | None = None, capture_hidden: bool = False) -> EpisodeBatch:
     """One episode per task (repeat a task for a group), all against one endpoint over ``backend`` on
     127.0.0.1, run concurrently (the backend samples one request at a time). ``params``: SamplingParams, its
-    ``max_new_tokens`` per model turn."""
-    limits = limits or ChatLimits(max_tokens=params.max_new_tokens, max_prompt_tokens=env.max_context_tokens)
+    ``max_turn_tokens`` per model turn (the verifiers environment bounds the episode: its turns and context)."""
+    limits = limits or ChatLimits(max_turn_tokens=params.max_turn_tokens, max_prompt_tokens=env.max_context_tokens)
 
     async def run_all(served: ServedEndpoint) -> list[VfRow]:
         gate = asyncio.Semaphore(min(limits.max_in_flight, limits.max_episodes))  # under the endpoint's 429s
 
         async def one(t: Task) -> VfRow:
             async with gate:
-                return await rollout(env, t, served, max_tokens=params.max_new_tokens,
+                return await rollout(env, t, served, max_turn_tokens=params.max_turn_tokens,
                                      temperature=params.temperature, top_p=params.top_p)
 
         return list(await asyncio.gather(*[one(t) for t in tasks]))

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from swarmrl.config import StrictModel
 from swarmrl.envs.config import TaskConfig
 from swarmrl.inference.config import InferenceConfig
+from swarmrl.inference.params import TokenLimits
 
 
-class EvalConfig(StrictModel):
+class EvalConfig(TokenLimits):
+    """`swarmrl eval`: greedy held-out accuracy under the token limits (``TokenLimits``: a single-turn completion's
+    ``max_new_tokens``, a multi-turn trajectory's ``max_trajectory_tokens``)."""
+
     model: str = "runs/sft/model"
     task: TaskConfig = Field(default_factory=TaskConfig)
     n: int = Field(512, ge=1)
     batch_size: int = Field(256, ge=1)
-    max_new_tokens: int = Field(8, ge=1)
     chat_template: bool = False
     seed: int = 1234
     threads: int | None = None

@@ -1,6 +1,6 @@
 """Held-out accuracy of a model on a task (greedy decoding, batched, through an inference backend). A multi-turn
 task is evaluated as it is trained: turn by turn with the environment's replies (``swarmrl.episodes.turns``),
-scored on the whole trajectory's text; ``max_new_tokens`` is then the whole trajectory's budget."""
+scored on the whole trajectory's text, under ``max_trajectory_tokens`` (``swarmrl.inference.params.TokenLimits``)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ from swarmrl.envs.multiturn import is_multiturn
 from swarmrl.episodes.turns import sample_turns
 from swarmrl.eval.config import EvalConfig
 from swarmrl.inference.backend import InferenceBackend, as_backend, make_backend
-from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.params import SamplingParams, TokenLimits
 from swarmrl.inference.prompts import decode_completion, encode_prompt
 from swarmrl.models.io import load_tokenizer
 
 
 def evaluate(policy: InferenceBackend | torch.nn.Module, tokenizer, env: Environment, n: int = 512,
-             batch_size: int = 256, max_new_tokens: int = 8, chat_template: bool = False,
+             batch_size: int = 256, limits: TokenLimits | None = None, chat_template: bool = False,
              seed: int = 1234) -> dict[str, float]:
     """``policy``: an inference backend, or an in-memory model (sampled with ``ours``; put in eval mode for the
-    duration, as the trainer and SFT evaluate the model they are training)."""
+    duration, as the trainer and SFT evaluate the model they are training). ``limits``: the token limits (None:
+    their defaults)."""
     tasks = env.heldout_set(n, seed=seed)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    params = SamplingParams.greedy(limits or TokenLimits())
     backend = as_backend(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
     module = policy if isinstance(policy, torch.nn.Module) else None
     correct = 0.0
@@ -51,7 +52,7 @@ def evaluate_path(cfg: EvalConfig) -> dict[str, float]:
     tok = load_tokenizer(cfg.model)
     backend = make_backend(cfg.inference, cfg.model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     try:
-        res = evaluate(backend, tok, cfg.task.build(), cfg.n, cfg.batch_size, cfg.max_new_tokens, cfg.chat_template,
+        res = evaluate(backend, tok, cfg.task.build(), cfg.n, cfg.batch_size, cfg.token_limits(), cfg.chat_template,
                        cfg.seed)
     finally:
         backend.close()

@@ -27,7 +27,7 @@ class FilterConfig(StrictModel):
     n_tasks: int = Field(512, ge=1)
     samples: int = Field(8, ge=1)
     band: tuple[float, float] = (0.1, 0.8)
-    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=8, temperature=1.0))
+    sampling: SamplingParams = Field(default_factory=SamplingParams)  # single-turn: max_new_tokens, temperature
     batch_prompts: int = Field(64, ge=1)
     out: str = "runs/filtered_tasks.jsonl"
     seed: int = 0

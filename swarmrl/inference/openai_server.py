@@ -15,9 +15,10 @@ prompt of this call) and ``choices[0].token_ids`` (the sampled ids, EOS included
 ``choices[0].logprobs.content`` when ``logprobs`` is set (the sampled tokens' logprobs; no alternatives).
 
 Bounds (``ChatLimits``; a request over one gets 4xx, never a crash): the body's size as read (413), the messages
-per request, ``max_tokens``, the prompt's tokens (400; code ``context_length_exceeded``, which ends a verifiers
-episode), the episodes held (429: pop them), the requests in flight
-(429). ``n`` must be 1, ``stream`` false; one request at a time per episode (409). The backend samples one request
+per request, the tokens a request asks for (OpenAI's ``max_tokens`` / ``max_completion_tokens``: at most
+``max_turn_tokens``, which is also what a request naming neither gets), the prompt's tokens (400; code
+``context_length_exceeded``, which ends a verifiers episode), the episodes held (429: pop them), the requests in
+flight (429). ``n`` must be 1, ``stream`` false; one request at a time per episode (409). The backend samples one request
 at a time (it is not thread-safe); requests wait for it in a worker thread, not on the event loop.
 """
 
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.chat_tokens import SESSION_HEADER, ChatError, EpisodeTokens, parse_assistant
-from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.params import SamplingParams, TokenLimits
 from swarmrl.inference.prompts import decode_completion
 
 
@@ -48,7 +49,7 @@ class ChatLimits:
     max_body_bytes: int = 1 << 20
     max_messages: int = 256
     max_tools: int = 64
-    max_tokens: int = 1024  # per model turn
+    max_turn_tokens: int = TokenLimits().max_turn_tokens  # per model turn (a request); TokenLimits' default
     max_prompt_tokens: int = 8192  # the whole prompt of one call (the episode so far)
     max_episodes: int = 4096
     max_in_flight: int = 64
@@ -133,9 +134,9 @@ class ChatEndpoint:
             raise _Reject(400, f"{len(req.messages)} messages, over {lim.max_messages}")
         if req.tools is not None and len(req.tools) > lim.max_tools:
             raise _Reject(400, f"{len(req.tools)} tools, over {lim.max_tools}")
-        want = req.max_completion_tokens or req.max_tokens or lim.max_tokens
-        if want > lim.max_tokens:
-            raise _Reject(400, f"max_tokens {want} is over {lim.max_tokens}")
+        want = req.max_completion_tokens or req.max_tokens or lim.max_turn_tokens
+        if want > lim.max_turn_tokens:
+            raise _Reject(400, f"max_tokens {want} is over {lim.max_turn_tokens}")
         return SamplingParams(max_new_tokens=want, temperature=req.temperature, top_p=req.top_p)
 
     def _sample(self, prompt: list[int], params: SamplingParams, seed: int | None) -> tuple[list[int], list[float], Any]:

@@ -21,7 +21,7 @@ def eval_settings(run: RunConfig) -> dict[str, Any]:
     """``EvalConfig``: the run's final held-out evaluation, on the run's initial model (``--model`` picks another)."""
     rl = run.rl
     return {"model": rl.model, "task": rl.contract.task.model_dump(mode="json"), "n": run.final_eval_n,
-            "max_new_tokens": rl.eval.max_new_tokens, "chat_template": rl.contract.chat_template}
+            **rl.eval.token_limits().model_dump(), "chat_template": rl.contract.chat_template}
 
 
 def sft_settings(run: RunConfig) -> dict[str, Any]:

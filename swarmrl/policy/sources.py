@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -34,7 +35,7 @@ from swarmrl.models.adapter_file import (
 )
 from swarmrl.rundir import RunLayout
 from swarmrl.rundir.policy_versions import PolicyDir
-from swarmrl.shardcast import FetchError, fetch
+from swarmrl.shardcast import FetchError, FetchOptions, fetch
 
 
 class PolicyUnavailable(RuntimeError):
@@ -115,11 +116,13 @@ class ShardcastPolicySource:
     trainer's origin publishes them: policy version N is SHARDCAST version N, and version 0 is the initial
     model every holder starts from (``base_model_dir``, whose config and tokenizer files are copied next to
     each fetched version). Servers and the manifest key may change during a run (``set_servers``, or a
-    ``discover`` callable asked before each fetch). Keeps the newest ``keep`` versions on disk."""
+    ``discover`` callable asked before each fetch). Keeps the newest ``keep`` versions on disk. ``options``: how
+    each version is fetched (``FetchOptions``; its ``wait_s`` is each ``fetch``'s ``timeout_s``)."""
 
     def __init__(self, servers: list[str], origin_pubkey: str, cache_dir: str | Path, base_model_dir: str | Path,
-                 keep: int = 4, discover: Discover | None = None) -> None:
+                 keep: int = 4, discover: Discover | None = None, options: FetchOptions = FetchOptions()) -> None:
         self.servers, self.origin_pubkey = list(servers), origin_pubkey
+        self.options = options
         self.cache = Path(cache_dir)
         self.cache.mkdir(parents=True, exist_ok=True)
         self.base = Path(base_model_dir)
@@ -160,7 +163,8 @@ class ShardcastPolicySource:
             if f.is_file() and not f.name.endswith((".safetensors", ".pt", ".bin")):
                 shutil.copy2(f, d / f.name)
         try:
-            res = fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version, wait_s=timeout_s)
+            res = fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version,
+                        options=replace(self.options, wait_s=timeout_s))
         except (FetchError, OSError) as e:
             raise PolicyUnavailable(f"policy v{version} via SHARDCAST: {e}") from None
         _name_adapter(d)
@@ -194,10 +198,10 @@ class AnnouncedPolicySource:
     one-machine setup) while no server has been announced."""
 
     def __init__(self, fallback: PolicySource, cache_dir: str | Path, base_model_dir: str | Path,
-                 pinned_pubkey: str = "") -> None:
+                 pinned_pubkey: str = "", options: FetchOptions = FetchOptions()) -> None:
         self.fallback = fallback
         self.pinned = pinned_pubkey
-        self.shardcast = ShardcastPolicySource([], pinned_pubkey, cache_dir, base_model_dir)
+        self.shardcast = ShardcastPolicySource([], pinned_pubkey, cache_dir, base_model_dir, options=options)
         self.using_shardcast = False
 
     def update(self, servers: list[str], pubkey: str) -> None:
@@ -230,20 +234,22 @@ class _Unannounced(_NoDownloads):
 
 
 def make_policy_source(spec: str, cache_dir: str | Path = "", base_model_dir: str | Path = "",
-                       fallback_run_dir: str | Path = "") -> PolicySource:
+                       fallback_run_dir: str | Path = "", options: FetchOptions = FetchOptions()) -> PolicySource:
     """``spec``: a run directory (``rundir:PATH`` or a bare path); ``shardcast:PUBKEY@URL[,URL...]`` (the origin's
     public key, hex, and relay/origin URLs); ``shardcast:PUBKEY`` or ``""``: the servers heartbeats announce
     (``AnnouncedPolicySource``: pinned key, or the announced one with ``""``), falling back to
-    ``fallback_run_dir`` until they do. SHARDCAST sources need ``cache_dir`` and ``base_model_dir``."""
+    ``fallback_run_dir`` until they do. SHARDCAST sources need ``cache_dir`` and ``base_model_dir``, and fetch with
+    ``options``."""
     kind, sep, rest = spec.partition(":")
     if not spec or (sep and kind == "shardcast" and "@" not in rest):
         fallback = RunDirPolicySource(fallback_run_dir) if fallback_run_dir else _Unannounced()
-        return AnnouncedPolicySource(fallback, cache_dir, base_model_dir, pinned_pubkey=rest if spec else "")
+        return AnnouncedPolicySource(fallback, cache_dir, base_model_dir, pinned_pubkey=rest if spec else "",
+                                     options=options)
     if sep and kind == "shardcast":
         pub, _, urls = rest.partition("@")
         if not urls:
             raise ValueError("shardcast policy source: use shardcast:PUBKEY@URL[,URL...]")
-        return ShardcastPolicySource(urls.split(","), pub, cache_dir, base_model_dir)
+        return ShardcastPolicySource(urls.split(","), pub, cache_dir, base_model_dir, options=options)
     if sep and kind == "rundir":
         return RunDirPolicySource(rest)
     return RunDirPolicySource(spec)

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from swarmrl.config import StrictModel
 from swarmrl.contract import RLContract
 from swarmrl.inference.config import InferenceConfig
-from swarmrl.inference.params import SamplingParams
+from swarmrl.inference.params import SamplingParams, TokenLimits
 from swarmrl.models.adapter_file import DEFAULT_TARGETS, MAX_RANK
 from swarmrl.rl.losses.objective import Correction, Normalization, Objective
 from swarmrl.rl.losses.registry import get_loss
@@ -89,10 +89,11 @@ class OptimConfig(StrictModel):
     grad_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
-class EvalSection(StrictModel):
+class EvalSection(TokenLimits):
+    """The trainer's held-out evaluations (greedy) and the run's final one, under their own token limits."""
+
     every_steps: int = Field(5, ge=0)  # 0: only at the end
     n: int = Field(256, ge=1)
-    max_new_tokens: int = Field(8, ge=1)
 
 
 class WorkerSection(StrictModel):
@@ -160,7 +161,7 @@ class RLConfig(StrictModel):
     # usable groups a step got beyond prompts_per_step train the next step while its window still serves their
     # policy version, instead of being dropped (work comes in whole assignments, so a step usually gets more)
     carry_surplus: bool = True
-    sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=8, temperature=1.0))
+    sampling: SamplingParams = Field(default_factory=SamplingParams)  # workers' and nodes' token limits, temperature
     inference: InferenceConfig = Field(default_factory=InferenceConfig)  # workers' and nodes' sampling backend
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 import torch
 
 from swarmrl.contract import Rollout
+from swarmrl.envs.multiturn import is_multiturn
+from swarmrl.envs.vf import is_verifiers_env
 from swarmrl.eval.heldout import evaluate
 from swarmrl.models.io import load_tokenizer
 from swarmrl.rl.config import RLConfig
@@ -71,10 +73,11 @@ class Batch:
     stats: dict = field(default_factory=dict)  # what the selection kept and dropped (``GroupRule.select``)
 
 
-def overlong(row: Rollout, max_new_tokens: int) -> bool:
-    """Was the completion cut by the token budget: no EOS and the whole budget used? (A multi-turn trajectory the
-    environment ended has no EOS either, but was not cut; one single-turn completion without EOS used it all.)"""
-    return not row.finished and len(row.completion_ids) >= max_new_tokens
+def overlong(row: Rollout, limit: int) -> bool:
+    """Was the completion cut by its token limit (``TokenLimits.row_limit``): no EOS and the whole limit used? (A
+    multi-turn trajectory the environment ended has no EOS either, but was not cut; one single-turn completion
+    without EOS used it all.)"""
+    return not row.finished and len(row.completion_ids) >= limit
 
 
 class Trainer:
@@ -253,10 +256,11 @@ class Trainer:
         """One optimizer step on ``groups`` (every rank); returns the update's fields of the step record."""
         cfg = self.cfg
         seqs: list[Sequence] = []
+        limit = cfg.sampling.row_limit(multiturn=is_multiturn(self.env) or is_verifiers_env(self.env))
         for g in groups:
             adv = cfg.loss.advantages([r.reward for r in g])  # the loss's rule, from the rewards (rows carry none)
             for r, a in zip(g, adv):
-                if cfg.loss.overlong_filter and overlong(r, cfg.sampling.max_new_tokens):  # left out of the loss
+                if cfg.loss.overlong_filter and overlong(r, limit):  # left out of the loss
                     continue
                 seqs.append(Sequence(r.prompt_ids, r.completion_ids, r.logprobs, a, r.temperature,
                                      r.completion_mask))
@@ -265,7 +269,7 @@ class Trainer:
         passes = self.par.micro_batches([len(seqs[r:: self.world]) for r in range(self.world)], cfg.optim.micro_batch)
         self.opt.zero_grad(set_to_none=True)
         st = accumulate_gradients(self.model, mine, cfg.loss, self.tokenizer.pad_token_id, cfg.optim.micro_batch,
-                                  max_tokens=cfg.sampling.max_new_tokens, world_size=self.par.loss_scale,
+                                  max_tokens=limit, world_size=self.par.loss_scale,
                                   total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model,
                                   micro_batches=passes, share_prompts=cfg.optim.share_prompts)
         self.par.reduce_grads()
@@ -297,7 +301,7 @@ class Trainer:
     def evaluate(self, full: torch.nn.Module) -> float:
         """Rank 0, on ``full`` (the gathered model: ``par.gather``)."""
         res = evaluate(full, self.tokenizer, self.env, n=self.cfg.eval.n,
-                       max_new_tokens=self.cfg.eval.max_new_tokens, chat_template=self.cfg.contract.chat_template)
+                       limits=self.cfg.eval, chat_template=self.cfg.contract.chat_template)
         self.model.train()
         return res["accuracy"]
 

@@ -11,6 +11,7 @@ import torch
 
 from swarmrl.envs.base import Task
 from swarmrl.eval.heldout import evaluate
+from swarmrl.inference.params import TokenLimits
 from swarmrl.inference.prompts import encode_prompt
 from swarmrl.models.io import load_model, load_tokenizer, save_model
 from swarmrl.models.tiny import init_model
@@ -60,7 +61,8 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
     t0 = time.perf_counter()
     train_time = 0.0  # excludes evaluation time, so "after N minutes" means N minutes of training
     step = 0
-    max_new = max(len(str(t.demonstration)) for t in env.heldout_set(64)) + 2
+    longest = max(len(str(t.demonstration)) for t in env.heldout_set(64)) + 2  # room for the longest answer
+    limits = TokenLimits(max_new_tokens=longest)  # (a multi-turn task's trajectory: the same)
     while True:
         if cfg.steps is not None and step >= cfg.steps:
             break
@@ -80,11 +82,11 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
         row = {"step": step, "train_s": round(train_time, 2), "loss": float(loss.detach())}
         while evals and train_time >= evals[0] * 60:
             evals.pop(0)
-            acc = evaluate(model, tok, env, n=cfg.eval_n, max_new_tokens=max_new, chat_template=cfg.chat_template)
+            acc = evaluate(model, tok, env, n=cfg.eval_n, limits=limits, chat_template=cfg.chat_template)
             row["heldout_acc"] = acc["accuracy"]
             results.append({"train_minutes": round(train_time / 60, 2), "step": step, "heldout_acc": acc["accuracy"]})
         if cfg.stop_at_accuracy is not None and step % cfg.stop_check_every == 0:
-            chk = evaluate(model, tok, env, n=cfg.stop_check_n, max_new_tokens=max_new,
+            chk = evaluate(model, tok, env, n=cfg.stop_check_n, limits=limits,
                            chat_template=cfg.chat_template, seed=cfg.seed + 777)
             row["check_acc"] = chk["accuracy"]
             if chk["accuracy"] >= cfg.stop_at_accuracy:
@@ -95,7 +97,7 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
             on_progress(row)
         if not math.isfinite(row["loss"]):
             raise FloatingPointError(f"loss became {row['loss']} at step {step}")
-    final = evaluate(model, tok, env, n=cfg.eval_n, max_new_tokens=max_new, chat_template=cfg.chat_template)
+    final = evaluate(model, tok, env, n=cfg.eval_n, limits=limits, chat_template=cfg.chat_template)
     results.append({"train_minutes": round(train_time / 60, 2), "step": step, "heldout_acc": final["accuracy"]})
     metrics.write(step=step, train_s=round(train_time, 2), heldout_acc=final["accuracy"], final=True)
     metrics.close()

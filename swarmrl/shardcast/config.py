@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from pydantic import Field, field_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.shardcast.client.config import FetchConfig
+from swarmrl.shardcast.client.options import RELAY_UPSTREAM, FetchOptions
 from swarmrl.shardcast.layout import DEFAULT_SHARD_SIZE
 from swarmrl.shardcast.urls import normalize_urls
 from swarmrl.utils.serving import ConnLimits
@@ -65,10 +67,14 @@ class RelayConfig(ServerLimits):
     host: str = "127.0.0.1"
     port: int = Field(8601, ge=0, le=65535)
     keep: int = Field(5, ge=1)
-    parallel: int = Field(4, ge=1, le=64)
+    parallel: int = Field(RELAY_UPSTREAM.parallel, ge=1, le=64)  # shards fetched from the upstreams at a time
     poll_s: float = Field(1.0, gt=0, le=30)
     longpoll_s: float = Field(20.0, gt=0, le=60)
     hold_s: float = Field(20.0, gt=0, le=60)
     max_upload_mbps: Optional[float] = Field(None, gt=0, description="upload cap of this server in megabits per "
                                              "second, all shard downloads together (default: none)")
     metrics: Optional[str] = Field(None, description="JSONL file: one row per version mirrored")
+
+    def upstream_options(self) -> FetchOptions:
+        """How the relay fetches from its upstreams (``Relay(upstream=...)``)."""
+        return replace(RELAY_UPSTREAM, parallel=self.parallel)

@@ -34,6 +34,8 @@ import torch
 from swarmrl.config import load_config
 from swarmrl.contract import Rollout, assigned_tasks
 from swarmrl.envs import Environment, Task, make_env
+from swarmrl.envs.multiturn import is_multiturn
+from swarmrl.envs.vf import is_verifiers_env
 from swarmrl.generation.batch import BatchOrigin, BatchResult, rollout_batch
 from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt
@@ -54,12 +56,15 @@ from swarmrl.utils.threads import set_role_threads
 log = logging.getLogger("swarmrl.swarm.node")
 
 
-def measure_throughput(backend: InferenceBackend, tokenizer, cfg: RLConfig, n: int = 8) -> float:  # noqa: ANN001
-    """Generation tokens/s on a short batch (what the orchestrator sizes thinking budgets with); fixed seeds, so
-    the backend's own random stream is left as it was."""
+def measure_throughput(backend: InferenceBackend, tokenizer, cfg: RLConfig, n: int = 8,  # noqa: ANN001
+                       multiturn: bool = False) -> float:
+    """Generation tokens/s on a short batch (what the orchestrator sizes thinking budgets with), completions as
+    long as the run's rows may be (``multiturn``: a trajectory's limit); fixed seeds, so the backend's own random
+    stream is left as it was."""
     prompts = [encode_prompt(tokenizer, "1+1=", cfg.contract.chat_template)] * n
+    params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.sampling.row_limit(multiturn)})
     t0 = time.perf_counter()
-    out = backend.generate(prompts, cfg.sampling, seeds=list(range(n)))
+    out = backend.generate(prompts, params, seeds=list(range(n)))
     dt = time.perf_counter() - t0
     return round(sum(len(c) for c in out.completion_ids) / max(dt, 1e-6), 1)
 
@@ -125,7 +130,11 @@ class SwarmNode:
 
     # ---- membership ----------------------------------------------------------------------------
     def register(self) -> float:
-        tps = self.cfg.throughput or measure_throughput(self.policy.backend, self.tokenizer, self.rl)
+        tps = self.cfg.throughput
+        if not tps:
+            env = self.env(self.rl.contract.task.name, self.rl.contract.task.params)
+            tps = measure_throughput(self.policy.backend, self.tokenizer, self.rl,
+                                     multiturn=is_multiturn(env) or is_verifiers_env(env))
         ensure_registered(self.client, tps, self.cfg.stake,
                           {"cpu_threads": self.cfg.threads, "os_cpus": os.cpu_count(), "device": "cpu"})
         return tps

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from transformers import AutoModelForCausalLM
 
 from swarmrl.config import StrictModel
@@ -64,7 +64,9 @@ class CalibrateConfig(StrictModel):
     task: TaskConfig = Field(default_factory=TaskConfig)
     chat_template: bool = False  # prompts in the model's chat template (as a run with chat_template = true)
     n_prompts: int = Field(16, ge=1)
-    max_new_tokens: int = Field(96, ge=2)
+    # each completion's token limit (single-turn sampling, ``TokenLimits.max_new_tokens``); None: three proof chunks
+    # (3 x proof.chunk: 96 at the default geometry), so every completion can commit several chunks
+    max_new_tokens: int | None = Field(None, ge=2)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     proof: ProofGeometry = Field(default_factory=ProofGeometry)  # the run's contract.proof
@@ -81,6 +83,12 @@ class CalibrateConfig(StrictModel):
     out: str = ""  # the calibration file ("": <model>/toploc_thresholds.json, where verifiers look)
     write: bool = True  # false: report only
     metrics: str | None = None  # JSONL file for per-scenario results
+
+    @model_validator(mode="after")
+    def _chunks(self) -> CalibrateConfig:
+        if self.max_new_tokens is None:
+            self.__dict__["max_new_tokens"] = 3 * self.proof.chunk
+        return self
 
 
 # ----------------------------------------------------------------------------------------------

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from _shardcast_util import make_file, same_file
 from aiohttp import web
 
-import swarmrl.shardcast.client.download as download_mod  # the constants it tunes
-from swarmrl.shardcast import FetchError, Origin, fetch_async
+from swarmrl.shardcast import FetchError, FetchOptions, Origin, fetch_async
 from swarmrl.shardcast.layout import MANIFEST_NAME, shard_name
 
 SHARD = 64 * 1024
@@ -30,11 +30,8 @@ def origin(tmp_path):
     o.close()
 
 
-@pytest.fixture
-def quick(monkeypatch):
-    """Progress deadline of 1 s without a byte, minimum rate over a 1 s window (defaults: 10 s)."""
-    monkeypatch.setattr(download_mod, "STALL_S", 1.0, raising=False)
-    monkeypatch.setattr(download_mod, "STALL_WINDOW_S", 1.0)
+# progress deadline of 1 s without a byte, minimum rate over a 1 s window (defaults: 10 s)
+QUICK = FetchOptions(stall_s=1.0, window_s=1.0)
 
 
 class Hostile:
@@ -88,17 +85,17 @@ REASONS = {"stall": "no bytes for 1 s (after 10 bytes)", "trickle": "under the m
 
 
 @pytest.mark.parametrize("mode", ["stall", "trickle", "silent"])
-def test_a_stalling_server_is_dropped_and_the_good_one_finishes(tmp_path, origin, quick, mode):
+def test_a_stalling_server_is_dropped_and_the_good_one_finishes(tmp_path, origin, mode):
     ckpt = make_file(tmp_path / "model.safetensors", SIZE, seed=3)
     origin.publish_sync(ckpt, version=4)
-    kw = {"read_timeout": 1.0} if mode == "silent" else {}
+    options = replace(QUICK, parallel=3, **({"read_timeout": 1.0} if mode == "silent" else {}))
 
     async def main():
         bad = Hostile(origin.root, mode)
         bad_url = await bad.start()
         try:
             res = await fetch_async([bad_url, origin.url], tmp_path / "out.bin", origin.public_key, version=4,
-                                    parallel=3, **kw)
+                                    options=options)
         finally:
             await bad.stop()
         return bad, bad_url, res
@@ -115,7 +112,7 @@ def test_a_stalling_server_is_dropped_and_the_good_one_finishes(tmp_path, origin
     assert origin.url not in res.excluded
 
 
-def test_a_lone_stalling_server_gets_its_failures_then_a_clear_error(tmp_path, origin, quick):
+def test_a_lone_stalling_server_gets_its_failures_then_a_clear_error(tmp_path, origin):
     """With no other server to fail over to, a stall counts as a failure (not an instant exclusion), and the fetch
     ends with an error that says what happened instead of hanging."""
     ckpt = make_file(tmp_path / "model.safetensors", 2 * SHARD, seed=4)
@@ -126,8 +123,8 @@ def test_a_lone_stalling_server_gets_its_failures_then_a_clear_error(tmp_path, o
         bad_url = await bad.start()
         try:
             with pytest.raises(FetchError) as e:
-                await fetch_async([bad_url], tmp_path / "out.bin", origin.public_key, version=5, parallel=1,
-                                  max_attempts=3, max_server_failures=2)
+                await fetch_async([bad_url], tmp_path / "out.bin", origin.public_key, version=5,
+                                  options=replace(QUICK, parallel=1, max_attempts=3, max_server_failures=2))
         finally:
             await bad.stop()
         return bad, str(e.value)

@@ -2,8 +2,8 @@
 checks and exclusion of bad servers (``download_shards``) and the sinks shards are written to (the whole-file
 hash that follows the download is in ``swarmrl.shardcast.client.wholehash``).
 
-Progress deadline: a server must answer a shard request within ``head_s`` (the read timeout, longer than a
-relay's pipelining hold), then keep bytes coming: no byte for ``stall_s`` seconds, or fewer than ``min_bps``
+Progress deadline (``FetchOptions``): a server must answer a shard request within ``read_timeout`` (longer than
+a relay's pipelining hold), then keep bytes coming: no byte for ``stall_s`` seconds, or fewer than ``min_bps``
 bytes per second over the last ``window_s`` seconds, and the server is dropped for this shard (excluded
 from the fetch when another server offers the version, else a failure is counted) and the shard is fetched
 from another; the bytes already verified-so-far are kept and resumed with a Range request. So one slow or
@@ -26,12 +26,9 @@ from typing import Any, Protocol
 import blake3
 
 from swarmrl.shardcast.client.http_get import BadResponse, HTTPStatus, RawPool, RawResponse
+from swarmrl.shardcast.client.options import FetchOptions
 from swarmrl.shardcast.client.pool import FetchError, ServerPool, ServerState, discover
 from swarmrl.shardcast.layout import Manifest, shard_relpath
-
-STALL_WINDOW_S = 10.0  # window_s: the window the minimum rate is measured over
-DEFAULT_MIN_BPS = 32 * 1024  # min_bps
-STALL_S = 10.0  # stall_s: no byte of a shard's body for this long drops the server for that shard
 
 
 class Stalled(TimeoutError):
@@ -39,13 +36,14 @@ class Stalled(TimeoutError):
 
 
 class _Deadline:
-    """The progress deadline of one shard request: ``head_s`` to the response headers, then ``stall_s`` after
-    each byte, and a minimum rate over a sliding window. ``check`` raises ``Stalled`` when it is missed; the
-    timer (``asyncio.timeout``) fires it when nothing arrives at all."""
+    """The progress deadline of one shard request (``FetchOptions``): ``read_timeout`` to the response headers,
+    then ``stall_s`` after each byte, and a minimum rate over a sliding window. ``data`` raises ``Stalled`` when
+    it is missed; the timer (``asyncio.timeout``) fires it when nothing arrives at all."""
 
-    def __init__(self, head_s: float, stall_s: float, min_bps: float, window_s: float) -> None:
+    def __init__(self, options: FetchOptions) -> None:
         self.loop = asyncio.get_running_loop()
-        self.head_s, self.stall_s, self.min_bps, self.window_s = head_s, stall_s, min_bps, window_s
+        self.head_s, self.stall_s = options.read_timeout, options.stall_s
+        self.min_bps, self.window_s = options.min_bps, options.window_s
         self.t0 = self.loop.time()
         self.body_t0: float | None = None
         self.got = 0
@@ -177,14 +175,11 @@ class _BodyState:
     write_failed: bool = False  # a writer thread's write or hash failed: what is held is unknown
 
 
-async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: int,
-                           sink: ShardSink, max_attempts: int, read_timeout: float,
-                           min_bps: float | None = None, not_ready_s: float = 600.0, stall_s: float | None = None,
-                           window_s: float | None = None, writer: ThreadPoolExecutor | None = None) -> None:
+async def _fetch_one_shard(raw: RawPool, pool: ServerPool, m: Manifest, index: int, sink: ShardSink,
+                           options: FetchOptions, writer: ThreadPoolExecutor | None = None) -> None:
     """``writer``: a one-thread executor that writes and hashes each received buffer while the event loop reads
     the next (a ``threadsafe`` sink only); without it both happen on the event loop."""
-    f = _ShardFetch(raw, pool, m, index, sink, max_attempts, read_timeout, min_bps, not_ready_s, stall_s, window_s,
-                    writer)
+    f = _ShardFetch(raw, pool, m, index, sink, options, writer)
     while True:
         if f.got == f.info.size and f.verified():
             return
@@ -213,14 +208,11 @@ class _ShardFetch:
     the servers to avoid for it, the attempts and errors so far. ``_fetch_one_shard`` runs the loop; the methods
     are its steps (only ``request`` awaits, once per attempt: the per-buffer callbacks are as they were)."""
 
-    def __init__(self, raw: RawPool, pool: ServerPool, m: Manifest, index: int, sink: ShardSink, max_attempts: int,
-                 read_timeout: float, min_bps: float | None, not_ready_s: float, stall_s: float | None,
-                 window_s: float | None, writer: ThreadPoolExecutor | None) -> None:
+    def __init__(self, raw: RawPool, pool: ServerPool, m: Manifest, index: int, sink: ShardSink,
+                 options: FetchOptions, writer: ThreadPoolExecutor | None) -> None:
         self.raw, self.pool, self.m, self.index, self.sink, self.writer = raw, pool, m, index, sink, writer
-        self.max_attempts, self.read_timeout, self.not_ready_s = max_attempts, read_timeout, not_ready_s
-        self.min_bps = DEFAULT_MIN_BPS if min_bps is None else min_bps  # module defaults read per call (tests tune them)
-        self.stall_s = STALL_S if stall_s is None else stall_s
-        self.window_s = STALL_WINDOW_S if window_s is None else window_s
+        self.options = options
+        self.max_attempts, self.not_ready_s = options.max_attempts, options.not_ready_s
         self.info = m.shards[index - 1]
         self.t0 = time.monotonic()
         self.got, self.hasher = sink.resume_from(index)
@@ -280,7 +272,7 @@ class _ShardFetch:
         raw, pool, m, index, sink, info, writer = self.raw, self.pool, self.m, self.index, self.sink, self.info, self.writer
         t0 = time.perf_counter()
         self.local_failure = False
-        deadline = _Deadline(self.read_timeout, self.stall_s, self.min_bps, self.window_s)
+        deadline = _Deadline(self.options)
         got = self.got
         headers = {"Range": f"bytes={got}-{info.size - 1}"} if got else {}
         state = _BodyState(got, self.hasher, self.sources, got)
@@ -384,19 +376,16 @@ def _write_and_hash(sink: ShardSink, index: int, pos: int, view: memoryview, st:
         raise
 
 
-async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indices: list[int],
-                          sink: ShardSink, *, parallel: int = 8, max_attempts: int = 6,
-                          read_timeout: float = 30.0, on_shard: Callable[[int], None] | None = None,
-                          refresh_s: float | None = None, stall_s: float | None = None,
-                          min_bps: float | None = None, window_s: float | None = None) -> None:
-    """Fetch ``indices`` of ``m`` into ``sink``. ``refresh_s``: re-ask servers that do not list the
-    version yet that often (a relay that is still learning of it joins in when it does). ``read_timeout``
-    bounds the wait for a shard's response headers; ``stall_s``, ``min_bps`` over ``window_s``: the progress
-    deadline of its body (module defaults ``STALL_S``, ``DEFAULT_MIN_BPS``, ``STALL_WINDOW_S``)."""
+async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indices: list[int], sink: ShardSink, *,
+                          options: FetchOptions = FetchOptions(), on_shard: Callable[[int], None] | None = None,
+                          refresh_s: float | None = None) -> None:
+    """Fetch ``indices`` of ``m`` into ``sink``, ``options.streams(servers)`` shards at a time, each under the
+    options' attempts and progress deadline. ``refresh_s``: re-ask servers that do not list the version yet that
+    often (a relay that is still learning of it joins in when it does)."""
     queue = list(indices)
     queue.reverse()
     raw = session
-    n_workers = max(1, min(parallel, len(indices)))
+    n_workers = max(1, min(options.streams(len(pool.servers)), len(indices)))
     # a threadsafe sink is written and hashed on one thread per worker (in order per shard), off the event loop
     writers = [ThreadPoolExecutor(1, thread_name_prefix="shardcast-write") for _ in range(n_workers)] \
         if getattr(sink, "threadsafe", False) else []
@@ -404,8 +393,7 @@ async def download_shards(session: RawPool, pool: ServerPool, m: Manifest, indic
     async def worker(writer: ThreadPoolExecutor | None) -> None:
         while queue:
             idx = queue.pop()
-            await _fetch_one_shard(raw, pool, m, idx, sink, max_attempts, read_timeout, min_bps,
-                                   stall_s=stall_s, window_s=window_s, writer=writer)
+            await _fetch_one_shard(raw, pool, m, idx, sink, options, writer)
             if on_shard:
                 on_shard(idx)
 

@@ -2,8 +2,11 @@
 
     from swarmrl.shardcast import fetch
     res = fetch(["http://relay-a:8601", "http://relay-b:8601"], out="model.safetensors",
-                origin_pubkey="origin.key.pub", version="latest")
+                origin_pubkey="origin.key.pub", version="latest", options=FetchOptions(wait_s=30))
     res.version, res.path, res.blake3
+
+The settings of a fetch are one frozen ``FetchOptions`` (``swarmrl.shardcast.client.options``), passed whole;
+the names below (``parallel``, ``max_server_failures``, ...) are its fields.
 
 How it works: ask every server what it has (``/versions.json``, long-poll capable; a plain static
 server's ``distribution.txt`` also works for discovery), pick the version, get its manifest from any
@@ -31,19 +34,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from swarmrl.shardcast.client.download import (  # noqa: F401  (re-exported)
-    DEFAULT_MIN_BPS,
-    STALL_S,
-    STALL_WINDOW_S,
     FileSink,
     ShardSink,
     Stalled,
     download_shards,
 )
+from swarmrl.shardcast.client.options import FetchOptions
 from swarmrl.shardcast.client.pool import (  # noqa: F401  (re-exported)
     FetchError,
     ManifestNotVerified,
@@ -59,8 +60,8 @@ from swarmrl.shardcast.client.wholehash import InOrderHasher, hash_file
 from swarmrl.shardcast.layout import Manifest, atomic_write
 from swarmrl.shardcast.signing import load_public_key
 
-__all__ = ["FetchError", "FetchResult", "ManifestNotVerified", "ServerPool", "fetch", "fetch_async", "discover", "get_manifest",
-           "download_shards", "ShardSink", "FileSink", "hash_file"]
+__all__ = ["FetchError", "FetchOptions", "FetchResult", "ManifestNotVerified", "ServerPool", "fetch", "fetch_async",
+           "discover", "get_manifest", "download_shards", "ShardSink", "FileSink", "hash_file"]
 
 
 @dataclass
@@ -70,7 +71,7 @@ class FetchResult:
     size: int
     blake3: str
     seconds: float
-    manifest: Manifest | None  # None: an unsigned 0.3.x version fetched with ``insecure=True``
+    manifest: Manifest | None  # None: an unsigned 0.3.x version fetched with ``FetchOptions(insecure=True)``
     bytes_by_server: dict[str, int]
     excluded: dict[str, str]
     resumed_shards: int = 0
@@ -83,45 +84,36 @@ class FetchResult:
 
 
 async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, *,
-                      version: int | str = "latest", parallel: int | None = None, max_attempts: int = 6,
-                      max_server_failures: int = 3, wait_s: float = 0.0, verify_whole: bool = True,
-                      fsync: bool = False, read_timeout: float = 30.0, min_version: int = 0,
-                      on_shard: Callable[[int, int], None] | None = None, stall_s: float | None = None,
-                      min_bps: float | None = None, window_s: float | None = None,
-                      insecure: bool = False) -> FetchResult:
+                      version: int | str = "latest", min_version: int = 0,
+                      on_shard: Callable[[int, int], None] | None = None,
+                      options: FetchOptions = FetchOptions()) -> FetchResult:
     """Async fetch; see module docstring. ``version``: an int or "latest" (highest version any
-    server advertises whose signed manifest verifies, and >= ``min_version``). ``wait_s``: keep
-    polling that long for the version to appear. ``on_shard(done, total)``: progress callback.
-    ``parallel``: shard downloads in flight (default two per server, at most 8).
-    Progress deadline per shard request (``swarmrl.shardcast.client.download``): headers within ``read_timeout``,
-    then no gap of ``stall_s`` without a byte and at least ``min_bps`` over ``window_s``, else that server
-    is dropped for the shard (and out of this fetch when another server has the version).
-    ``insecure``: when no server offers a signed manifest for the version (a plain SHARDCAST 0.3.x server), or
-    ``origin_pubkey`` is None, fetch it anyway, checked only against the whole-file checksum the same untrusted
+    server advertises whose signed manifest verifies, and >= ``min_version``). ``on_shard(done, total)``: progress
+    callback. ``options``: how (``FetchOptions``: attempts, parallelism, progress deadline, ``wait_s`` to keep
+    polling for the version to appear, ...).
+    ``options.insecure``: when no server offers a signed manifest for the version (a plain SHARDCAST 0.3.x server),
+    or ``origin_pubkey`` is None, fetch it anyway, checked only against the whole-file checksum the same untrusted
     server lists (``unsigned``); a warning goes to stderr. A manifest that is offered but does not verify is still
     an error."""
     t0 = time.perf_counter()
-    if origin_pubkey is None and not insecure:
-        raise ValueError("an origin public key is required (or insecure=True for an unsigned 0.3.x server)")
+    if origin_pubkey is None and not options.insecure:
+        raise ValueError("an origin public key is required (or FetchOptions(insecure=True) for an unsigned 0.3.x "
+                         "server)")
     pub = load_public_key(origin_pubkey) if origin_pubkey is not None else None
     servers = list(servers)
-    if parallel is None:  # two streams per server keep the in-order whole-file hash just behind the download
-        parallel = min(8, 2 * max(len(servers), 1))
+    options = replace(options, parallel=options.streams(len(servers)))  # counted as given (repeats included)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pool = ServerPool(servers, max_failures=max_server_failures)
+    pool = ServerPool(servers, max_failures=options.max_server_failures)
     want = None if version == "latest" else int(version)
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + options.wait_s
     async with new_session() as session:
-        manifest = await _signed_manifest(session, pool, pub, want, min_version, insecure, deadline)
+        manifest = await _signed_manifest(session, pool, pub, want, min_version, options.insecure, deadline)
         if manifest is None:  # insecure: a plain 0.3.x server
             # a fresh pool: a 0.3.x server's missing manifests are not failures of the server
-            fresh = ServerPool(servers, max_failures=max_server_failures)
-            return await _fetch_unsigned(session, fresh, out, want, min_version, parallel, max_attempts,
-                                         read_timeout, stall_s, min_bps, window_s, t0, deadline)
-        part = await _download_part(session, pool, manifest, out, parallel=parallel, max_attempts=max_attempts,
-                                    read_timeout=read_timeout, on_shard=on_shard, stall_s=stall_s, min_bps=min_bps,
-                                    window_s=window_s, verify_whole=verify_whole, fsync=fsync)
+            fresh = ServerPool(servers, max_failures=options.max_server_failures)
+            return await _fetch_unsigned(session, fresh, out, want, min_version, options, t0, deadline)
+        part = await _download_part(session, pool, manifest, out, options, on_shard)
     if part.hasher is not None:
         digest = await asyncio.to_thread(part.hasher.finish)
         if digest != manifest.blake3:
@@ -207,10 +199,8 @@ class _Part:
     resumed: int
 
 
-async def _download_part(session: Any, pool: ServerPool, manifest: Manifest, out: Path, *, parallel: int,
-                         max_attempts: int, read_timeout: float, on_shard: Callable[[int, int], None] | None,
-                         stall_s: float | None, min_bps: float | None, window_s: float | None, verify_whole: bool,
-                         fsync: bool) -> _Part:
+async def _download_part(session: Any, pool: ServerPool, manifest: Manifest, out: Path, options: FetchOptions,
+                         on_shard: Callable[[int, int], None] | None) -> _Part:
     """Every shard of ``manifest`` into ``.NAME.part`` beside ``out`` (those a previous fetch verified are kept),
     hashed in order behind the download when ``verify_whole``; progress is recorded at most every 0.5 s and
     when the download fails."""
@@ -227,7 +217,7 @@ async def _download_part(session: Any, pool: ServerPool, manifest: Manifest, out
         resumed = len(done)
         todo = [i for i in range(1, manifest.num_shards + 1) if i not in done]
         progress.last_save = time.monotonic()
-        hasher = InOrderHasher(tmp, manifest, done) if verify_whole else None
+        hasher = InOrderHasher(tmp, manifest, done) if options.verify_whole else None
         if hasher is not None:
             sink.on_write, sink.on_reset = hasher.progress, hasher.reset
 
@@ -241,16 +231,15 @@ async def _download_part(session: Any, pool: ServerPool, manifest: Manifest, out
                 on_shard(len(done), manifest.num_shards)
 
         try:
-            await download_shards(session, pool, manifest, todo, sink, parallel=parallel,
-                                  max_attempts=max_attempts, read_timeout=read_timeout, on_shard=shard_done,
-                                  refresh_s=1.0, stall_s=stall_s, min_bps=min_bps, window_s=window_s)
+            await download_shards(session, pool, manifest, todo, sink, options=options, on_shard=shard_done,
+                                  refresh_s=1.0)
         except BaseException:
             if done:
                 progress.save()  # the next fetch of this version into ``out`` resumes from here
             if hasher is not None:
                 hasher.close()
             raise
-        if fsync:
+        if options.fsync:
             await asyncio.to_thread(os.fsync, sink.fd)
     finally:
         sink.close()
@@ -258,14 +247,11 @@ async def _download_part(session: Any, pool: ServerPool, manifest: Manifest, out
 
 
 async def _fetch_unsigned(session: Any, pool: ServerPool, out: Path, want: int | None, min_version: int,
-                          parallel: int, max_attempts: int, read_timeout: float, stall_s: float | None,
-                          min_bps: float | None, window_s: float | None, t0: float, deadline: float
-                          ) -> FetchResult:
+                          options: FetchOptions, t0: float, deadline: float) -> FetchResult:
     from swarmrl.shardcast.client.unsigned import INSECURE_WARNING, fetch_unsigned  # noqa: PLC0415  # rarely used
 
-    res = await fetch_unsigned(session, pool, out, want=want, min_version=min_version, parallel=parallel,
-                               max_attempts=max_attempts, read_timeout=read_timeout, stall_s=stall_s,
-                               min_bps=min_bps, window_s=window_s, wait_until=deadline)
+    res = await fetch_unsigned(session, pool, out, want=want, min_version=min_version, options=options,
+                               wait_until=deadline)
     print(INSECURE_WARNING.format(version=res.version, servers=", ".join(res.bytes_by_server) or "the server"),
           file=sys.stderr, flush=True)
     return FetchResult(version=res.version, path=out, size=res.size, blake3=res.blake3,
@@ -273,10 +259,13 @@ async def _fetch_unsigned(session: Any, pool: ServerPool, out: Path, want: int |
                        excluded={s.url: s.reason for s in pool if s.reason}, signed=False)
 
 
-def fetch(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, **kw: Any) -> FetchResult:
+def fetch(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, *, version: int | str = "latest",
+          min_version: int = 0, on_shard: Callable[[int, int], None] | None = None,
+          options: FetchOptions = FetchOptions()) -> FetchResult:
     """Synchronous wrapper of :func:`fetch_async` (for worker code without an event loop)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(fetch_async(list(servers), out, origin_pubkey, **kw))
+        return asyncio.run(fetch_async(list(servers), out, origin_pubkey, version=version, min_version=min_version,
+                                       on_shard=on_shard, options=options))
     raise RuntimeError("fetch() called from a running event loop; await fetch_async() instead")

@@ -56,11 +56,12 @@ class ServerState:
 class ServerPool:
     """Health and throughput bookkeeping for a set of servers.
 
+    ``max_failures``: failures in a row that exclude a server (``FetchOptions.max_server_failures``).
     ``exclude_s``: how long an excluded server stays out (``float('inf')`` for a one-shot fetch;
     a long-running relay uses a finite time so a healed upstream comes back).
     """
 
-    def __init__(self, urls: Iterable[str], *, max_failures: int = 3, exclude_s: float = float("inf")) -> None:
+    def __init__(self, urls: Iterable[str], *, max_failures: int, exclude_s: float = float("inf")) -> None:
         norm = [normalize_url(u) for u in urls]
         self.servers = {u: ServerState(u) for u in norm}
         if not self.servers:

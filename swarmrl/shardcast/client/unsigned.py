@@ -1,11 +1,12 @@
-"""Reading a plain SHARDCAST 0.3.x server (``fetch(..., insecure=True)`` / ``swarmrl shardcast fetch --insecure``).
+"""Reading a plain SHARDCAST 0.3.x server (``fetch(..., options=FetchOptions(insecure=True))`` / ``swarmrl shardcast
+fetch --insecure``).
 
 Such a server has only the public layout: ``distribution.txt`` (``v<N>: <blake3 of the whole file>|<shards>``)
 and ``v<N>/shard_<IIIII>.bin``; no signed manifest, so neither the shard sizes nor per-shard hashes are known,
 and the only check is the whole-file BLAKE3 taken from the same server. Anyone who controls that server can
 substitute data and checksum alike; the caller warns loudly. Bounds all the same: every shard at most
 ``max_shard_bytes``, the whole at most ``max_total_bytes``, every request under the progress deadline of
-``download``, at most ``max_attempts`` tries per shard.
+``download``, at most ``max_attempts`` tries per shard (``FetchOptions``).
 
 Shards land in their own files (their sizes are learnt from the responses), then are joined in order into
 ``.<out>.part`` while hashed, and the result is renamed to ``out`` only if the checksum matches.
@@ -22,14 +23,9 @@ from pathlib import Path
 
 import blake3
 
-from swarmrl.shardcast.client.download import (
-    DEFAULT_MIN_BPS,
-    STALL_S,
-    STALL_WINDOW_S,
-    Stalled,
-    _Deadline,
-)
+from swarmrl.shardcast.client.download import Stalled, _Deadline
 from swarmrl.shardcast.client.http_get import BadResponse, HTTPStatus, RawPool, RawResponse
+from swarmrl.shardcast.client.options import FetchOptions
 from swarmrl.shardcast.client.pool import FetchError, ServerPool, ServerState
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
@@ -65,12 +61,13 @@ async def _listing(session: RawPool, s: ServerState) -> list[DistEntry]:
 
 
 async def fetch_unsigned(session: RawPool, pool: ServerPool, out: Path, *, want: int | None, min_version: int = 0,
-                         parallel: int = 4, max_attempts: int = 6, read_timeout: float = 30.0,
-                         stall_s: float | None = None, min_bps: float | None = None, window_s: float | None = None,
-                         max_shard_bytes: int = MAX_SHARD_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES,
-                         wait_until: float = 0.0) -> UnsignedResult:
+                         options: FetchOptions = FetchOptions(), max_shard_bytes: int = MAX_SHARD_BYTES,
+                         max_total_bytes: int = MAX_TOTAL_BYTES, wait_until: float = 0.0) -> UnsignedResult:
     """Fetch version ``want`` (None: the newest listed, >= ``min_version``) from 0.3.x-layout servers into
-    ``out``, checked only against the listed whole-file BLAKE3. Raises FetchError."""
+    ``out``, checked only against the listed whole-file BLAKE3, ``options.streams(servers)`` shards at a time.
+    ``wait_until`` (``time.monotonic``): how long to poll for the version (the caller's deadline, from
+    ``options.wait_s``). Raises FetchError."""
+    max_attempts = options.max_attempts
     while True:  # until a server lists the version, or ``wait_until`` (time.monotonic) passes
         listings: dict[str, dict[int, DistEntry]] = {}
         for s in pool.healthy():
@@ -114,8 +111,8 @@ async def fetch_unsigned(session: RawPool, pool: ServerPool, out: Path, *, want:
                         raise FetchError(f"shard {idx} of v{version}: no usable server left ({pool.report()})")
                     s = live[(idx + attempt + k) % len(live)]
                     try:
-                        got = await _get_shard(session, s, version, idx, tmpdir / f"{idx:05d}", read_timeout,
-                                               stall_s, min_bps, window_s, max_shard_bytes)
+                        got = await _get_shard(session, s, version, idx, tmpdir / f"{idx:05d}", options,
+                                               max_shard_bytes)
                     except (TimeoutError, OSError) as e:
                         errors.append(f"{s.url}: {type(e).__name__}: {e}")
                         pool.failure(s, f"shard {idx}: {type(e).__name__}: {e}")
@@ -131,7 +128,7 @@ async def fetch_unsigned(session: RawPool, pool: ServerPool, out: Path, *, want:
                     raise FetchError(f"shard {idx} of v{version}: gave up after {max_attempts} attempts: "
                                      + "; ".join(errors[-max_attempts:]))
 
-        await asyncio.gather(*(worker(k) for k in range(max(1, min(parallel, n)))))
+        await asyncio.gather(*(worker(k) for k in range(max(1, min(options.streams(len(pool.servers)), n)))))
         first = sizes[1]
         if any(sizes[i] != first for i in range(1, n)) or sizes[n] > first or sizes[n] == 0:
             raise FetchError(f"v{version}: shard sizes are not those of one file cut in equal shards: "
@@ -147,11 +144,9 @@ async def fetch_unsigned(session: RawPool, pool: ServerPool, out: Path, *, want:
     return UnsignedResult(version, sum(sizes.values()), entry.checksum, by_server)
 
 
-async def _get_shard(session: RawPool, s: ServerState, version: int, idx: int, path: Path, read_timeout: float,
-                     stall_s: float | None, min_bps: float | None, window_s: float | None, limit: int) -> int:
-    deadline = _Deadline(read_timeout, STALL_S if stall_s is None else stall_s,
-                         DEFAULT_MIN_BPS if min_bps is None else min_bps,
-                         STALL_WINDOW_S if window_s is None else window_s)
+async def _get_shard(session: RawPool, s: ServerState, version: int, idx: int, path: Path, options: FetchOptions,
+                     limit: int) -> int:
+    deadline = _Deadline(options)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     got = [0]
 

@@ -9,6 +9,8 @@
 * Survives restarts: verified shards stay, interrupted ``.part`` files resume with Range, a
   version enters ``distribution.txt`` (atomically rewritten) only once every shard is there.
 * Keeps the last ``keep`` versions.
+* Fetches from its upstreams with the client's options (``upstream_options``: ``FetchOptions``, by default
+  ``RELAY_UPSTREAM``: four shards in flight, four tries per shard in a round; the relay retries the round).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from swarmrl.shardcast.client.fetch import (
     server_versions,
 )
 from swarmrl.shardcast.client.http_get import RawPool
+from swarmrl.shardcast.client.options import RELAY_UPSTREAM, FetchOptions
 from swarmrl.shardcast.layout import (
     DISTRIBUTION_NAME,
     MANIFEST_NAME,
@@ -114,8 +117,8 @@ class _RelaySink:
 
 class Relay:
     def __init__(self, root: str | Path, upstreams: Iterable[str], origin_pubkey: Any, *, keep: int = 5,
-                 parallel: int = 4, poll_s: float = 1.0, longpoll_s: float = 20.0, hold_s: float = 20.0,
-                 exclude_s: float = 10.0, rate_limit_bps: float | None = None,
+                 upstream_options: FetchOptions = RELAY_UPSTREAM, poll_s: float = 1.0, longpoll_s: float = 20.0,
+                 hold_s: float = 20.0, exclude_s: float = 10.0, rate_limit_bps: float | None = None,
                  metrics: str | Path | None = None, limits: ConnLimits | None = None,
                  max_upload_mbps: float | None = None) -> None:
         self.root = Path(root).resolve()
@@ -125,12 +128,12 @@ class Relay:
             raise ValueError("a relay needs at least one upstream")
         self.pub = load_public_key(origin_pubkey)
         self.keep = keep
-        self.parallel = parallel
+        self.upstream_options = upstream_options
         self.poll_s = poll_s
         self.longpoll_s = longpoll_s
         self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps, limits=limits,
                                   max_upload_mbps=max_upload_mbps)
-        self.pool = ServerPool(self.upstreams, max_failures=3, exclude_s=exclude_s)
+        self.pool = ServerPool(self.upstreams, max_failures=upstream_options.max_server_failures, exclude_s=exclude_s)
         self.prom = RelayMetrics(self.server.metrics.registry, lambda: list(self.pool))  # on the server's /metrics
         self._tasks: set[asyncio.Task[Any]] = set()
         self._syncing: dict[int, asyncio.Task[None]] = {}
@@ -294,8 +297,7 @@ class Relay:
                 if not todo:
                     break
                 try:
-                    await download_shards(self._session, self.pool, m, todo, sink, parallel=self.parallel,
-                                          max_attempts=4)
+                    await download_shards(self._session, self.pool, m, todo, sink, options=self.upstream_options)
                 except FetchError as e:
                     if not any(v in s.versions for s in self.pool):
                         log.warning("relay %s: v%d withdrawn upstream; abandoning it", self.root, v)
