@@ -225,3 +225,76 @@ def test_the_class_readers_see_mixins_and_private_reaches(tmp_path):
     assert [m.split(" ", 1)[1] for m in _mixins(pkg)] == ["Service(A, B)", "HostMixin()", "StatsMixin()"]
     assert [r.split(" ", 1)[1] for r in _private_reaches(pkg / "protocol" / "orchestrator")] == [
         "other._state", "getattr(other, '_z')", "self.db._lock", "self._verify"]
+
+
+def _dotted(node: ast.AST) -> str:
+    """``torch.optim.AdamW`` for the expression ``torch.optim.AdamW`` (the called name of a call)."""
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+_OPTIMIZER_CALL = re.compile(r"(^|\.)(optim\.[A-Z]\w*|lr_scheduler\.\w+|AdamW|Adam|SGD|LambdaLR)$")
+BUILT_BY_BUILDERS = ("rl/trainer.py", "sft/train.py", "diloco/worker.py")
+
+
+def optimizer_constructions(pkg: Path = PKG) -> list[str]:
+    """Every torch optimizer or learning-rate scheduler constructed, and every warm-up rule written (a function
+    or lambda on a ``warmup`` name), outside ``swarmrl/training/``."""
+    found = []
+    for p in sorted(pkg.rglob("*.py")):
+        rel = p.relative_to(pkg)
+        if rel.parts[0] == "training":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Call) and _OPTIMIZER_CALL.search(_dotted(node.func)):
+                found.append(f"{rel}:{node.lineno} {_dotted(node.func)}(")
+            elif isinstance(node, (ast.FunctionDef, ast.Lambda)) and (
+                    "warmup" in getattr(node, "name", "") or (isinstance(node, ast.Lambda) and any(
+                        "warmup" in (getattr(n, "id", "") or getattr(n, "attr", "")) for n in ast.walk(node.body)))):
+                found.append(f"{rel}:{node.lineno} a warm-up rule")
+    return found
+
+
+def test_optimizers_and_schedules_are_built_by_the_shared_builders():
+    """The RL trainer, SFT and DiLoCo build their AdamW and learning-rate schedule through ``swarmrl.training``
+    (``build_optimizer``, ``build_scheduler``, the one warm-up rule): no module outside it constructs a torch
+    optimizer or scheduler or writes a warm-up of its own."""
+    assert not optimizer_constructions(), optimizer_constructions()
+    for rel in BUILT_BY_BUILDERS:
+        names = _imports(PKG / rel)
+        assert {"swarmrl.training.optim.build_optimizer", "swarmrl.training.schedule.build_scheduler"} <= names, rel
+
+
+def test_the_training_builders_sit_below_the_commands():
+    g = _graph()
+    assert g["training"] <= {"config", "utils", "models", "eval", "rundir"}, g["training"]
+    assert {"training"} <= g["rl"] & g["sft"] & g["diloco"]
+
+
+RANK_ONLY_PARTS = {"source", "recorder", "evaluator", "versions", "publishers", "metrics", "tracker"}
+
+
+def rank_branches(path: Path) -> tuple[list[int], list[int]]:
+    """Lines of ``path`` that test the rank (a comparison with ``rank``, a ``lead`` flag), and lines that check a
+    rank-0-only part (``source``, ``metrics``, ``tracker``, ...) for None."""
+    ranks, nones = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Name) and node.id == "lead":
+            ranks.add(node.lineno)
+        if not isinstance(node, ast.Compare):
+            continue
+        leaves = {getattr(x, "id", None) or getattr(x, "attr", None) for x in (node.left, *node.comparators)}
+        if "rank" in leaves:
+            ranks.add(node.lineno)
+        if any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) and leaves & RANK_ONLY_PARTS:
+            nones.add(node.lineno)
+    return sorted(ranks), sorted(nones)
+
+
+def test_the_rl_trainer_loop_has_no_rank_branches():
+    """What rank 0 alone does is done by rank-aware parts (``rl.parts``: a do-nothing one on the other ranks) and
+    the collectives by the parallel strategy (``training.parallel``): the trainer compares no rank and checks no
+    part for None (before: 13 rank tests, 6 None checks)."""
+    ranks, nones = rank_branches(PKG / "rl" / "trainer.py")
+    assert not ranks and not nones, (ranks, nones)

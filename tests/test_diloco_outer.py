@@ -1,6 +1,5 @@
 """DiLoCo core math against hand-computed values (no processes, no network)."""
 
-import math
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from swarmrl.diloco.outer import (
     params_digest,
     pseudo_gradient,
     unflatten_into,
-    warmup_cosine,
     wire_bytes,
 )
 
@@ -105,15 +103,6 @@ def test_flatten_unflatten_roundtrip():
     with pytest.raises(ValueError):
         unflatten_into(torch.zeros(3), dst)
     assert params_digest(flat) == params_digest(flat.clone()) != params_digest(flat + 1)
-
-
-def test_warmup_cosine_schedule():
-    assert warmup_cosine(0, 10, 110) == pytest.approx(0.1)
-    assert warmup_cosine(9, 10, 110) == pytest.approx(1.0)
-    assert warmup_cosine(10, 10, 110) == pytest.approx(1.0)
-    assert warmup_cosine(60, 10, 110, min_ratio=0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
-    assert warmup_cosine(110, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
-    assert warmup_cosine(500, 10, 110, min_ratio=0.1) == pytest.approx(0.1)
 
 
 def test_peer_state_is_validated_before_use():

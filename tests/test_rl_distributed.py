@@ -9,9 +9,9 @@ import torch.multiprocessing as mp
 
 from swarmrl.models import load_model
 from swarmrl.rl.config import LossConfig
-from swarmrl.rl.parallel import allreduce_grads
 from swarmrl.rl.train_step import accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
+from swarmrl.training.parallel import allreduce_grads
 from swarmrl.utils.procs import free_port
 
 

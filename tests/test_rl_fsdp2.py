@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, OptimConfig, RLConfig, TrainerSection
-from swarmrl.rl.state import read_saved_state
 from swarmrl.rl.trainer import Trainer
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir.writer import RunDir
+from swarmrl.training.checkpoint import read_saved_state
 from swarmrl.utils.metrics import read_metrics
 from swarmrl.utils.procs import free_port
 

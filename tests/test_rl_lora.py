@@ -16,8 +16,8 @@ from swarmrl.models.adapter_file import ADAPTER_FILE, BASE_MARKER
 from swarmrl.policy.holder import PolicyHolder
 from swarmrl.policy.sources import RunDirPolicySource
 from swarmrl.rl.config import LoraSection, LossConfig, OptimConfig, RLConfig, TrainerSection
-from swarmrl.rl.state import read_saved_state
 from swarmrl.rl.trainer import Trainer
+from swarmrl.training.checkpoint import read_saved_state
 
 torch.set_num_threads(1)
 LORA = LoraSection(enabled=True, rank=2, alpha=4.0, target_modules=["q_proj", "v_proj"])

@@ -1,4 +1,4 @@
-"""The trainer's optimizer (swarmrl.rl.optim): the low-memory AdamW makes torch's AdamW update, in float32 to
+"""The trainer's optimizer (swarmrl.training.optim): the low-memory AdamW makes torch's AdamW update, in float32 to
 rounding and with bfloat16 moments or gradients to bfloat16's precision; its gradients live off ``param.grad``,
 are clipped by the global norm and summed over micro-batches; a trainer with bfloat16 state saves and resumes it."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import swarmrl.rl.optim as optim
-from swarmrl.rl.optim import LowMemoryAdamW, build_optimizer, clip_gradients
+import swarmrl.training.optim as optim
+from swarmrl.training.optim import LowMemoryAdamW, build_optimizer, clip_gradients
 
 torch.set_num_threads(1)
 

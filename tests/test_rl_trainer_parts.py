@@ -1,6 +1,6 @@
 """The trainer's parts as interfaces: a rollout source and weight publishers written here and used by a real
-trainer, the deadline that ends a run whether or not the trainer waits, and the pruning of trained steps'
-rollout files."""
+trainer, the deadline that ends a run whether or not the trainer waits, the pruning of trained steps' rollout
+files, and the parts of a rank other than 0, which do nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from attacks._honest import row
 
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
-from swarmrl.rl.config import EvalSection, RLConfig
+from swarmrl.rl.config import EvalSection, RLConfig, ShardcastSection
+from swarmrl.rl.parts import build_parts
 from swarmrl.rl.trainer import Trainer
 from swarmrl.rollouts.wire import write_rollouts
 from swarmrl.rundir import read_trainer_log
@@ -121,3 +122,25 @@ def test_activation_checkpointing_is_switched_on_and_steps_record_the_peak_rss(t
 
 def _checkpointed(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def test_the_parts_of_a_rank_other_than_0_do_nothing(tmp_path, tiny_model_dir):
+    """Rank 0 collects, evaluates, records, commits and publishes; the parts another rank holds take the same calls
+    and leave no trace (its batch comes by broadcast, its state part is the checkpointer's)."""
+    cfg = _cfg(tmp_path, tiny_model_dir, 2).model_copy(update={"shardcast": ShardcastSection(enabled=True)})
+    run, pub = RunDir(cfg.run_dir), CountingPublisher()
+    parts = build_parts(cfg, run, 1, cfg.contract.window(last_step=1), tokenizer=None, env=None,
+                        source=MemorySource(2), publishers=[pub])
+    src = parts.source
+    src.start(0)
+    assert src.poll(0) == [] and src.announced(0) == (0, True) and src.is_done()
+    parts.recorder.event("final", step=2, version=2, heldout_acc=None)
+    parts.recorder.recover({"step": 1, "version": 2, "reward": 0.0})
+    assert parts.evaluator(None) is None
+    parts.versions.stage(1, None)
+    parts.versions.commit(1)
+    parts.versions.close(2)
+    parts.recorder.close()
+    assert pub.bytes == {} and pub.closed == 0  # the publishers passed in are rank 0's
+    assert not any(run.metrics.iterdir()) and not run.done_flag.exists() and not any(run.policy.iterdir())
+    assert not run.shardcast.exists()  # no SHARDCAST origin started

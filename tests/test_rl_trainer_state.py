@@ -30,7 +30,7 @@ def _trainer(tmp_path, model, steps: int, monkeypatch):
                    keep_versions=10, prompts_per_step=1,
                    eval=EvalSection(every_steps=0, n=2, max_new_tokens=2))
     t = Trainer(cfg)
-    monkeypatch.setattr(t, "gather", lambda step, deadline: Batch([_group(step)], [f"f{step}"], 0.0))
+    monkeypatch.setattr(t, "collect_batch", lambda step, deadline: Batch([_group(step)], [f"f{step}"], 0.0))
     return t
 
 

@@ -1,4 +1,4 @@
-"""One rank's trainer-state save: one ``torch.save`` file (what ``rl.state.Checkpointer`` does for one rank)
+"""One rank's trainer-state save: one ``torch.save`` file (what ``training.checkpoint.Checkpointer`` does for one rank)
 against ``torch.distributed.checkpoint`` (what it does for several ranks), same state, same invocation.
 
     python benchmarks/rl/checkpoint.py [--model DIR] [--reps 15]
@@ -30,7 +30,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from swarmrl.models import ModelInitConfig, init_model
-    from swarmrl.rl.state import TrainerState
+    from swarmrl.training.checkpoint import TrainerState
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")

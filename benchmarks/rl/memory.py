@@ -4,7 +4,7 @@ is its own (variants alternate, ``--repeats`` times each; ratios against the fir
 - ``chunked``: one sequence per row, the LM head over completion positions in chunks (the default until prompt
   sharing; the baseline);
 - ``shared_foreach``: a group's completions in one row behind one copy of its prompt (``optim.share_prompts``),
-  stepped by torch's ``foreach`` AdamW (the trainer's optimizer before ``swarmrl.rl.optim``);
+  stepped by torch's ``foreach`` AdamW (the trainer's optimizer before ``swarmrl.training.optim``);
 - ``shared``: the same with the fused AdamW (the default);
 - ``shared_ac``: the same with activation checkpointing (``optim.activation_checkpointing``);
 - ``low``: activation checkpointing, bfloat16 moments and bfloat16 gradients (``optim.state_dtype`` /
@@ -62,7 +62,7 @@ def one(model: str, variant: str, steps: int, prompt_len: int, completion_len: i
     fields, chunked, foreach = VARIANTS[variant]
     if not chunked:
         packing._plain_head = lambda m: None  # the path every model took before the chunked one
-    if foreach:  # torch's AdamW as the trainer built it before swarmrl.rl.optim
+    if foreach:  # torch's AdamW as the trainer built it before swarmrl.training.optim
         import swarmrl.rl.trainer as trainer_mod
 
         trainer_mod.build_optimizer = lambda params, lr, betas, weight_decay, **_: torch.optim.AdamW(
@@ -98,7 +98,7 @@ def optimizer_only(model: str, repeats: int) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from swarmrl.rl.optim import LowMemoryAdamW, clip_gradients
+    from swarmrl.training.optim import LowMemoryAdamW, clip_gradients
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -60,7 +60,7 @@ def one(model: str, variant: str, updates: int, keep: int, tmp: Path) -> dict:
         for n in range(updates):
             t.update(groups)
             t.state.step = n + 1
-            t._commit(n + 1, consumed=[], full=t.par.gather())
+            t._commit(n + 1, consumed=[], full=t.par.gather_full_model())
             sizes.append(du(root))
         newest = t.run.version_dir(updates)
         row = {"variant": variant, "bytes_after_each_commit": sizes, "final_bytes": sizes[-1],

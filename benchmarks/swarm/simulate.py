@@ -445,7 +445,7 @@ class Sim:
         if have >= need:
             self.gathered[self.step] = self.t
             left = need
-            for it in items:  # the trainer's gather: usable groups in submission order, the first `need` of them
+            for it in items:  # the trainer's collect_batch: usable groups in submission order, the first `need` of them
                 if left <= 0:
                     break
                 take = min(left, it.informative)

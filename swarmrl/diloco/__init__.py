@@ -18,11 +18,10 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "DilocoConfig": "swarmrl.diloco.config", "HivemindConfig": "swarmrl.diloco.config",
     "OuterNesterov": "swarmrl.diloco.outer", "pseudo_gradient": "swarmrl.diloco.outer",
-    "compress": "swarmrl.diloco.outer", "decompress": "swarmrl.diloco.outer", "warmup_cosine": "swarmrl.diloco.outer",
+    "compress": "swarmrl.diloco.outer", "decompress": "swarmrl.diloco.outer",
 }
 
-__all__ = ["DilocoConfig", "HivemindConfig", "OuterNesterov", "pseudo_gradient", "compress", "decompress",
-           "warmup_cosine", "run"]
+__all__ = ["DilocoConfig", "HivemindConfig", "OuterNesterov", "pseudo_gradient", "compress", "decompress", "run"]
 
 
 def run(cfg: DilocoConfig, on_progress=None) -> dict:

@@ -28,7 +28,6 @@ new anchor plus the progress it made meanwhile.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -36,7 +35,7 @@ import torch
 
 __all__ = [
     "WireDtype", "flatten", "unflatten_into", "pseudo_gradient", "OuterNesterov", "compress", "decompress",
-    "wire_bytes", "warmup_cosine", "params_digest", "Int8Chunked", "int8_levels", "apply_delayed",
+    "wire_bytes", "params_digest", "Int8Chunked", "int8_levels", "apply_delayed",
 ]
 
 WireDtype = Literal["fp32", "fp16", "bf16", "int8"]
@@ -204,16 +203,6 @@ class OuterNesterov:
         self.anchor = anchor.detach().to(device="cpu", dtype=torch.float32).clone()
         self.buf = None if buf is None else buf.detach().to(device="cpu", dtype=torch.float32).clone()
         self.steps = int(steps)
-
-
-def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """LR multiplier: linear warmup over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    if total <= warmup:
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def params_digest(flat: torch.Tensor) -> str:

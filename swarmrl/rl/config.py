@@ -84,7 +84,7 @@ class OptimConfig(StrictModel):
     # a pass falls from all layers' activations to one layer's, for about one more forward pass of compute
     activation_checkpointing: bool = False
     # AdamW's two moments (state_dtype) and the gradients between backward and the step (grad_dtype) in bfloat16
-    # instead of float32: 2 bytes a parameter each instead of 4 (swarmrl.rl.optim; one whole model per rank)
+    # instead of float32: 2 bytes a parameter each instead of 4 (swarmrl.training.optim; one whole model per rank)
     state_dtype: Literal["float32", "bfloat16"] = "float32"
     grad_dtype: Literal["float32", "bfloat16"] = "float32"
 

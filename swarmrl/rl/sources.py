@@ -8,6 +8,9 @@ of them, is the trainer's business (``contract.GroupRule``), not the source's.
 ``RunDirRolloutSource``: files under ``run_dir/rollouts/step_N/``, written there by trusted local workers
 (``rl.worker``) or, in swarm mode, by the adapter with the submissions the validator accepted
 (``swarm.adapter``); files of the next steps are parsed ahead in a background thread (``ReadAhead``).
+
+``NoRollouts``: the source of the trainer's ranks other than 0, which read no rollouts (rank 0 collects each
+step's batch and broadcasts it: ``training.parallel``); it hands out nothing and says the run is over.
 """
 
 from __future__ import annotations
@@ -91,3 +94,25 @@ class RunDirRolloutSource:
     def stop(self) -> None:
         if self.readahead is not None:
             self.readahead.stop()
+
+
+class NoRollouts:
+    """A source with nothing in it: the ranks other than 0 get their batch by broadcast."""
+
+    def start(self, step: int) -> None:
+        pass
+
+    def poll(self, step: int) -> list[tuple[str, list[Rollout]]]:
+        return []
+
+    def announced(self, step: int) -> tuple[int, bool]:
+        return 0, True
+
+    def report_shortfall(self, step: int, missing: int) -> None:
+        pass
+
+    def is_done(self) -> bool:
+        return True  # nothing will ever come: a trainer asking this source waits for nothing
+
+    def stop(self) -> None:
+        pass

@@ -111,9 +111,10 @@ class _Trackio:
 
 
 class SafeTracker:
-    """A tracker whose failures are logged and then ignore it: tracking never stops training."""
+    """A tracker whose failures are logged and then ignore it: tracking never stops training. Around None (no
+    backend, or a rank other than 0) it does nothing."""
 
-    def __init__(self, inner: Tracker) -> None:
+    def __init__(self, inner: Tracker | None) -> None:
         self.inner: Tracker | None = inner
 
     def log(self, step: int, values: dict[str, float]) -> None:

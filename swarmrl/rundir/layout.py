@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 POLICY, ROLLOUTS, METRICS, SHARDCAST, CACHE, DONE = "policy", "rollouts", "metrics", "shardcast", "cache", "DONE"
-STATE_DIR = "trainer_state"  # in the newest version's directory: the trainer's own state (``swarmrl.rl.state``)
+STATE_DIR = "trainer_state"  # in the newest version's directory: the trainer's state (``swarmrl.training.checkpoint``)
 ROLLOUT_FILE = re.compile(r"^(?P<worker>[A-Za-z0-9_.-]+)-(?P<t>\d+)-g(?P<g>\d+)\.parquet$")
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 

@@ -1,4 +1,9 @@
-"""SFT warm start: next-token loss on the demonstration (plus EOS), prompt tokens masked out."""
+"""SFT warm start: next-token loss on the demonstration (plus EOS), prompt tokens masked out.
+
+The model, optimizer and schedule come from the shared builders (``swarmrl.training``): the model of ``model`` or a
+fresh tiny one, AdamW with torch's fused kernel (the update of torch's default AdamW, SFT's before, up to float
+rounding), the warm-up of ``warmup_steps`` and the global-norm clip at 1.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,15 @@ from swarmrl.envs.base import Task
 from swarmrl.eval.heldout import evaluate
 from swarmrl.inference.params import TokenLimits
 from swarmrl.inference.prompts import encode_prompt
-from swarmrl.models.io import load_model, load_tokenizer, save_model
-from swarmrl.models.tiny import init_model
+from swarmrl.models.io import save_model
 from swarmrl.sft.config import SFTConfig
+from swarmrl.training.model import build_model, prepare_model
+from swarmrl.training.optim import build_optimizer, clip_gradients
+from swarmrl.training.schedule import build_scheduler
 from swarmrl.utils.metrics import MetricsWriter
+
+BETAS = (0.9, 0.999)  # torch's AdamW default, what SFT has always trained with
+GRAD_CLIP = 1.0
 
 
 def _batch(tokenizer, tasks: list[Task], chat_template: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,17 +57,14 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.model:
-        model, tok = load_model(cfg.model), load_tokenizer(cfg.model)
-    else:
-        model, tok = init_model(cfg.init)
+    model, tok = build_model(cfg.model, cfg.init)
     env = cfg.task.build()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    opt = build_optimizer(model.parameters(), cfg.lr, BETAS, cfg.weight_decay)
+    sched = build_scheduler(opt, cfg.warmup_steps)
     evals = sorted(cfg.eval_at_minutes)
     results: list[dict] = []
     metrics = MetricsWriter(out / "metrics.jsonl")
-    model.train()
+    prepare_model(model)
     t0 = time.perf_counter()
     train_time = 0.0  # excludes evaluation time, so "after N minutes" means N minutes of training
     step = 0
@@ -74,7 +81,7 @@ def run_sft(cfg: SFTConfig, on_progress: Callable[[dict], None] | None = None) -
         loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        clip_gradients(model.parameters(), opt, GRAD_CLIP)
         opt.step()
         sched.step()
         step += 1

@@ -6,7 +6,7 @@ the dashboard), polls ``accepted(m)`` for the steps nodes may be working on (n .
 downloads each accepted submission into ``run_dir/rollouts/step_m/`` under the ``RunDir`` name
 pattern ``s<submission>.<node>-<time_ns>-g<usable groups>.parquet``. With SHARDCAST on it also
 announces the weight servers (the launcher's relays, else the trainer's origin) and the origin's
-manifest key, which heartbeat replies hand to the nodes. ``Trainer.gather`` then works
+manifest key, which heartbeat replies hand to the nodes. ``Trainer.collect_batch`` then works
 exactly as in local mode: it only ever sees work the validator accepted (or, with the orchestrator's
 ``optimistic = true``, work still pending). The submission id in the name makes the adapter
 restartable: files already fetched are not fetched again.

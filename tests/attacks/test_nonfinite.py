@@ -15,8 +15,8 @@ from swarmrl.envs.config import TaskConfig
 from swarmrl.protocol.client import ApiError, NodeClient
 from swarmrl.protocol.signing import generate_key, sign_request
 from swarmrl.rl.config import EvalSection, RLConfig
-from swarmrl.rl.state import read_saved_state
 from swarmrl.rollouts.wire import RolloutError, read_rollouts, write_rollouts
+from swarmrl.training.checkpoint import read_saved_state
 from swarmrl.utils.metrics import read_metrics
 
 FLOATS = ["reward", "task_reward", "length_penalty", "temperature"]
@@ -99,7 +99,7 @@ def test_nonfinite_step_is_skipped_counted_and_the_run_goes_on(tmp_path, tiny_mo
     t = Trainer(cfg)
     # step 0's group has a NaN reward (its advantages, and so the loss, are NaN); step 1's is honest
     batches = {0: Batch([_group(float("nan"))], ["bad"], 0.0), 1: Batch([_group(1.0)], ["good"], 0.0)}
-    monkeypatch.setattr(t, "gather", lambda step, deadline: batches[step])
+    monkeypatch.setattr(t, "collect_batch", lambda step, deadline: batches[step])
     assert t.run_loop() == 2  # no FloatingPointError: the run finishes
 
     def weights(v: int) -> dict[str, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""How the trainer's ranks share the model (``trainer.parallel``): every rank holds all of it, or FSDP2 shards it.
+"""How a trainer's ranks share the model (``trainer.parallel``): every rank holds all of it, or FSDP2 shards it; and
+the collectives the ranks meet in.
 
 ``"ddp"`` (``Replicated``): every rank holds the whole model and its optimizer state; after the backward passes
 the gradients are summed with one all-reduce (each rank's weights already carry the global normalisation).
@@ -10,19 +11,25 @@ materialised, with rank 0 reading the weights file and broadcasting each rank it
 (when ``kl_coef > 0``) is sharded the same way. A forward pass all-gathers a layer's parameters and a backward
 pass reduce-scatters its gradients (averaged over the ranks, so each rank's loss is scaled by the world size),
 so every rank must run as many forward/backward passes as the busiest one: ``micro_batches`` says how many.
-Publishing a version needs the whole weights once: ``gather`` (a collective) assembles them into a model on
-rank 0 that lives only while that version is evaluated and written, so a published version is the same HF
-safetensors directory as under "ddp". The optimizer's state is never gathered: ``rl.state`` saves each rank's
-shard by parameter name through ``torch.distributed.checkpoint``, so a checkpoint resumes under either mode and
-any world size.
+Publishing a version needs the whole weights once: ``gather_full_model`` (a collective) assembles them into a
+model on rank 0 that lives only while that version is evaluated and written, so a published version is the same HF
+safetensors directory as under "ddp". The optimizer's state is never gathered: ``training.checkpoint`` saves each
+rank's shard by parameter name through ``torch.distributed.checkpoint``, so a checkpoint resumes under either mode
+and any world size.
 
-With one rank there is nothing to shard or reduce: both modes are the plain single-process trainer.
+Every collective the trainer's loop needs is the strategy's: ``broadcast_from_lead`` (rank 0 computes a value,
+the batch of a step, and every rank gets it), ``barrier``, ``sum_over_ranks`` (the whole batch's loss) and
+``gather_full_model``; ``init_distributed`` joins torchrun's process group. With one rank there is nothing to
+shard, reduce or wait for: both modes are the plain single-process trainer.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from accelerate import init_empty_weights
@@ -33,6 +40,18 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from swarmrl.models.io import load_model
+
+T = TypeVar("T")
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment (0, 1 without it); with several ranks, the default process
+    group is joined (gloo on CPU, NCCL with CUDA) unless it already is."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+    return rank, world
 
 
 class Replicated:
@@ -48,9 +67,31 @@ class Replicated:
         model.train()
         return cls(model, world, rank)
 
-    def gather(self) -> torch.nn.Module | None:
+    def gather_full_model(self) -> torch.nn.Module | None:
         """The whole model with the current weights on rank 0 (None elsewhere); every rank calls it."""
         return self.model if self.rank == 0 else None
+
+    def broadcast_from_lead(self, make: Callable[[], T]) -> T:
+        """Rank 0 calls ``make`` and every rank gets what it returned (pickled); every rank calls it."""
+        value = make() if self.rank == 0 else None
+        if self.world > 1:
+            box = [value]
+            torch.distributed.broadcast_object_list(box, src=0)
+            value = box[0]
+        return value  # type: ignore[return-value]
+
+    def barrier(self) -> None:
+        """Wait until every rank has come here."""
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def sum_over_ranks(self, x: float) -> float:
+        """The sum of every rank's ``x`` (the same number on every rank)."""
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=next(self.model.parameters()).device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        return float(t.item())
 
     def micro_batches(self, shares: list[int], micro_batch: int) -> int | None:
         """Forward/backward passes every rank must run, given each rank's sequences (None: its own number)."""
@@ -74,7 +115,7 @@ class FullySharded(Replicated):
         model.train()
         return cls(model, world, rank)
 
-    def gather(self) -> torch.nn.Module | None:
+    def gather_full_model(self) -> torch.nn.Module | None:
         """Collective: the full weights, as a model on rank 0 built around them (None elsewhere)."""
         weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
@@ -150,7 +191,7 @@ def allreduce_grads(model: torch.nn.Module) -> None:
         off += g.numel()
 
 
-def load_parallel(mode: str, model_dir: str | Path, world: int, rank: int) -> Replicated:
+def build_parallel(mode: str, model_dir: str | Path, world: int, rank: int) -> Replicated:
     """``trainer.parallel``'s strategy with the model of ``model_dir`` loaded its way ("fsdp2" with more than one
     rank: sharded; otherwise a whole copy)."""
     if mode == "fsdp2" and world > 1:
@@ -158,4 +199,5 @@ def load_parallel(mode: str, model_dir: str | Path, world: int, rank: int) -> Re
     return Replicated.load(model_dir, world, rank)
 
 
-__all__ = ["Replicated", "FullySharded", "load_parallel", "load_sharded", "decoder_layers", "allreduce_grads"]
+__all__ = ["Replicated", "FullySharded", "build_parallel", "init_distributed", "load_sharded", "decoder_layers",
+           "allreduce_grads"]

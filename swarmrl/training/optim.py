@@ -1,4 +1,4 @@
-"""The trainer's optimizer: AdamW, and where its memory goes.
+"""AdamW as every training loop builds it (the RL trainer, SFT, DiLoCo's inner steps), and where its memory goes.
 
 Full fine-tuning in float32 holds, besides the weights (4 bytes a parameter), their gradients (4) and AdamW's
 two moments (8): on SmolLM2-135M that is 2.15 GB before any activation. ``build_optimizer`` picks:
@@ -19,7 +19,10 @@ bitsandbytes 0.50's CPU AdamW8bit took ~3.5 s a step and torchao 0.18's AdamW8bi
 ``torch.compile``), against ~0.2 s for the fused AdamW, and their float32 temporaries per parameter left peaks of
 2.8-3.0 GB, where bfloat16 moments gave 2.9 GB.
 
-``clip_gradients`` is the trainer's one call for the global norm clip, wherever the gradients are held.
+``build_optimizer(..., fused=False)`` is torch's AdamW as torch picks its implementation (a loop over the tensors on
+CPU, ``foreach`` on a GPU): DiLoCo's inner optimizer, whose figures and DDP comparisons were measured with it.
+
+``clip_gradients`` is the one call for the global norm clip, wherever the gradients are held.
 """
 
 from __future__ import annotations
@@ -170,16 +173,17 @@ class LowMemoryAdamW(torch.optim.Optimizer):
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float],
                     weight_decay: float, state_dtype: str = "float32", grad_dtype: str = "float32",
-                    sharded: bool = False, world: int = 1) -> torch.optim.Optimizer:
-    """The trainer's AdamW (see the module docstring). ``sharded``: FSDP2's DTensor parameters, which only
-    torch's AdamW steps (bfloat16 moments or gradients are refused there with a clear error); ``world``: trainer
-    processes (bfloat16 gradients, held off ``param.grad``, are refused with more than one)."""
+                    sharded: bool = False, world: int = 1, fused: bool = True) -> torch.optim.Optimizer:
+    """AdamW (see the module docstring). ``sharded``: FSDP2's DTensor parameters, which only torch's AdamW steps
+    (bfloat16 moments or gradients are refused there with a clear error); ``world``: trainer processes (bfloat16
+    gradients, held off ``param.grad``, are refused with more than one); ``fused``: torch's fused kernel where the
+    parameters allow it (float32 on CPU or CUDA), else torch's own choice of implementation."""
     if grad_dtype != "float32" and world > 1:
         raise ValueError("optim.grad_dtype = 'bfloat16' holds the gradients outside the parameters, where the "
                          "ranks' all-reduce does not see them: use it with one trainer process")
     params = list(params)
     if state_dtype == "float32" and grad_dtype == "float32":
-        fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
+        fused = fused and all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
         opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
         if fused:
             opt.register_step_post_hook(

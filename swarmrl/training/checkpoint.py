@@ -1,10 +1,12 @@
-"""The trainer's own state, saved with every committed version and restored on resume.
+"""A trainer's own state (what it needs besides the weights), saved into a directory and restored on resume: the RL
+trainer saves it with every committed version.
 
 ``TrainerState`` follows ``torch.distributed.checkpoint``'s ``Stateful`` protocol (``state_dict`` /
 ``load_state_dict``): the optimizer's state by parameter name (``get_optimizer_state_dict``: under FSDP2 each
 rank's shard, so no rank gathers it), the learning-rate schedule, the RNG and the step counters.
-``Checkpointer`` saves it into ``<version dir>/trainer_state/`` beside a small ``meta.json`` (the step, the files it
-consumed, the step's metrics row, whether the optimizer has stepped): with several ranks through
+``Checkpointer`` saves it into ``<dir>/trainer_state/`` beside a small ``meta.json`` (what the caller passes: the RL
+trainer's step, the files it consumed, the step's metrics row; and whether the optimizer has stepped): with several
+ranks through
 ``torch.distributed.checkpoint`` (every rank writes its part; it loads back under DDP or FSDP2 at any world size);
 with one rank as one ``torch.save`` file of the same state dict (``state.pt``), since DCP's planning makes a save
 ~5x slower (``benchmarks/rl/checkpoint.py``), a noticeable share of a small model's step, and one process has
@@ -13,7 +15,8 @@ either: a ``state.pt`` is read whole by every rank, which keeps its shard.
 The model's weights are not part of it: they are the version's own ``model.safetensors``, which the trainer
 loads as any holder does.
 
-Only the newest version keeps the state (``PolicyDir.drop_older_states``): AdamW's is twice the weights.
+The RL trainer keeps it in its newest version only (``PolicyDir.drop_older_states``): AdamW's is twice the
+weights.
 """
 
 from __future__ import annotations
