@@ -298,3 +298,47 @@ def test_the_rl_trainer_loop_has_no_rank_branches():
     part for None (before: 13 rank tests, 6 None checks)."""
     ranks, nones = rank_branches(PKG / "rl" / "trainer.py")
     assert not ranks and not nones, (ranks, nones)
+
+
+MAX_PARAMETERS = 10  # a public function, method or constructor of this many parameters at most (self/cls not counted)
+
+
+def _wide_functions(pkg: Path, limit: int) -> dict[str, int]:
+    """Public functions, methods and constructors of public classes over ``limit`` parameters. The CLI is left out:
+    a typer command's parameters are its options, documented by ``--help``."""
+    wide = {}
+    for p in sorted(pkg.rglob("*.py")):
+        rel = p.relative_to(pkg)
+        if rel.parts[0] == "cli":
+            continue
+
+        def visit(body: list, owner: str | None) -> None:
+            for node in body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    visit(node.body, node.name)
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                        not node.name.startswith("_") or (owner and node.name == "__init__")):
+                    a = node.args
+                    n = sum(1 for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls"))
+                    if n > limit:
+                        wide[f"{rel}:{node.lineno} {owner + '.' if owner else ''}{node.name}"] = n
+
+        visit(ast.parse(p.read_text(), str(p)).body, None)
+    return wide
+
+
+def test_no_public_function_over_the_parameter_budget():
+    """A wide signature is a set of values that travel together without a name: such a set is a frozen option
+    object (``FetchOptions``, ``TokenLimits``, ``Samples`` / ``RowOrigin``, ``WholeBatch`` / ``Passes``, ...)."""
+    wide = _wide_functions(PKG, MAX_PARAMETERS)
+    assert not wide, wide
+
+
+def test_the_parameter_reader_sees_methods_and_constructors_but_not_privates(tmp_path):
+    f = tmp_path / "pkg" / "m.py"
+    f.parent.mkdir()
+    args = ", ".join(f"a{i}" for i in range(MAX_PARAMETERS + 1))
+    f.write_text(f"def wide({args}):\n    pass\n\n\ndef _wide({args}):\n    pass\n\n\n"
+                 f"class C:\n    def __init__(self, {args}):\n        pass\n\n    def m(self, {args}):\n        pass\n\n"
+                 f"    def fine(self, a0):\n        pass\n\n\nclass _P:\n    def m(self, {args}):\n        pass\n")
+    assert sorted(k.split(" ")[1] for k in _wide_functions(f.parent, MAX_PARAMETERS)) == ["C.__init__", "C.m", "wide"]

@@ -278,15 +278,15 @@ def test_the_loss_ignores_environment_tokens():
 
 def test_a_train_step_counts_and_trains_the_model_tokens_only(tiny_model_dir):
     from swarmrl.rl.config import LossConfig
-    from swarmrl.rl.train_step import accumulate_gradients
+    from swarmrl.rl.train_step import Passes, WholeBatch, accumulate_gradients
 
     model = load_model(tiny_model_dir)
     mt = Sequence([5, 6], [7, 8, 9, 10], [-5.0, 0.0, 0.0, -5.0], 1.0, 1.0, [1, 0, 0, 1])
     flipped = dataclasses.replace(mt, logprobs=[-5.0, -2.0, -1.0, -5.0])  # logprobs at environment tokens
     cfg = LossConfig(normalization="token")
-    a = accumulate_gradients(model, [mt], cfg, 0, 4, max_tokens=8)
+    a = accumulate_gradients(model, [mt], cfg, 0, WholeBatch(8), Passes(4))
     model.zero_grad()
-    b = accumulate_gradients(model, [flipped], cfg, 0, 4, max_tokens=8)
+    b = accumulate_gradients(model, [flipped], cfg, 0, WholeBatch(8), Passes(4))
     assert a.loss == pytest.approx(b.loss) and a.stats.tokens == b.stats.tokens == 2
 
 

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from swarmrl.models import load_model
 from swarmrl.rl.config import LossConfig
-from swarmrl.rl.train_step import accumulate_gradients
+from swarmrl.rl.train_step import Passes, WholeBatch, accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
 from swarmrl.training.parallel import allreduce_grads
 from swarmrl.utils.procs import free_port
@@ -31,8 +31,8 @@ def _step(model, seqs, rank, world, norm):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     opt.zero_grad()
     mine = seqs[rank::world]
-    accumulate_gradients(model, mine, LossConfig(normalization=norm), pad_id=0, micro_batch=2, max_tokens=5,
-                         total_sequences=len(seqs), total_tokens=sum(len(s.completion_ids) for s in seqs))
+    accumulate_gradients(model, mine, LossConfig(normalization=norm), 0,
+                         WholeBatch(5, len(seqs), sum(len(s.completion_ids) for s in seqs)), Passes(2))
     if world > 1:
         allreduce_grads(model)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

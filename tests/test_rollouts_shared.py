@@ -99,18 +99,18 @@ def test_a_model_without_a_maskable_full_attention_is_refused(tiny_model_dir):
 
 @pytest.mark.parametrize("kind", ["grpo", "gspo"])
 def test_the_update_with_shared_prompts_has_the_gradients_of_one_sequence_per_row(tiny_model_dir, kind):
-    """``accumulate_gradients(share_prompts=True)``: the same loss and gradients, micro-batches cutting groups."""
+    """``accumulate_gradients`` with ``Passes(share_prompts=True)``: the same loss and gradients, micro-batches cutting groups."""
     from swarmrl.models.io import load_model
     from swarmrl.rl.config import LossConfig
-    from swarmrl.rl.train_step import accumulate_gradients
+    from swarmrl.rl.train_step import Passes, WholeBatch, accumulate_gradients
 
     model = load_model(tiny_model_dir).train()
     seqs = _groups(random.Random(7), 3, 4)
     out = {}
     for share in (False, True):
         model.zero_grad(set_to_none=True)
-        st = accumulate_gradients(model, seqs, LossConfig(kind=kind), 0, micro_batch=5, max_tokens=8,
-                                  share_prompts=share)
+        st = accumulate_gradients(model, seqs, LossConfig(kind=kind), 0, WholeBatch(8),
+                                  Passes(5, share_prompts=share))
         out[share] = (st, [p.grad.clone() if p.grad is not None else None for p in model.parameters()])
     (a, ga), (b, gb) = out[False], out[True]
     assert abs(a.loss - b.loss) <= 1e-5 and a.stats.tokens == b.stats.tokens > 0

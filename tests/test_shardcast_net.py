@@ -20,6 +20,7 @@ from aiohttp import web
 from swarmrl.shardcast import FetchError, FetchOptions, Origin, Relay, ShardServer, fetch, fetch_async
 from swarmrl.shardcast.client.options import RELAY_UPSTREAM
 from swarmrl.shardcast.layout import MANIFEST_NAME, Manifest, ShardInfo, atomic_write, shard_name
+from swarmrl.shardcast.server.shard_server import Serving
 from swarmrl.shardcast.signing import generate_key, sign_manifest, verify_manifest
 
 SHARD = 64 * 1024
@@ -107,8 +108,9 @@ def test_relay_pipelines_shards_while_still_receiving(tmp_path, ckpt):
 RELAY_PROC = r"""
 import asyncio, sys
 from swarmrl.shardcast import Relay
+from swarmrl.shardcast.server.shard_server import Serving
 async def main():
-    r = Relay(sys.argv[1], [sys.argv[2]], sys.argv[3], rate_limit_bps=float(sys.argv[4]))
+    r = Relay(sys.argv[1], [sys.argv[2]], sys.argv[3], serving=Serving(rate_limit_bps=float(sys.argv[4])))
     url = await r.start()
     print(url, flush=True)
     await asyncio.Event().wait()
@@ -478,7 +480,7 @@ def test_not_yet_arrived_shards_do_not_burn_retries(tmp_path, ckpt):
         slow = ShardServer(o.root, rate_limit_bps=1_000_000)
         await slow.start()
         relay = Relay(tmp_path / "r", [slow.url], o.public_key, upstream_options=replace(RELAY_UPSTREAM, parallel=1),
-                      hold_s=0.1)
+                      serving=Serving(hold_s=0.1))
         url = await relay.start()
         res = await fetch_async([url], tmp_path / "out.bin", o.public_key,
                                 options=FetchOptions(wait_s=20, parallel=8, max_attempts=2))

@@ -54,9 +54,12 @@ SERVE_RELAY = r"""
 import asyncio, sys
 from swarmrl.shardcast import Relay
 async def main():
-    kw = {}
-    if float(sys.argv[4]) > 0:
-        kw["max_upload_mbps"] = float(sys.argv[4])
+    cap = float(sys.argv[4]) if float(sys.argv[4]) > 0 else None
+    try:  # a relay's serving settings are one Serving since issue 41; --code may name a checkout from before
+        from swarmrl.shardcast.server.shard_server import Serving
+        kw = {"serving": Serving(max_upload_mbps=cap)}
+    except ImportError:
+        kw = {"max_upload_mbps": cap} if cap else {}
     r = Relay(sys.argv[1], sys.argv[3].split(","), sys.argv[2], metrics=sys.argv[1] + ".jsonl", **kw)  # 4 in flight
     print(await r.start(), flush=True)
     await asyncio.Event().wait()

@@ -141,15 +141,17 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
     check_port(cfg.host, cfg.port)
     import asyncio  # noqa: PLC0415  # lazy: startup
 
-    from swarmrl.shardcast.server.relay import Relay  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.server.relay import Relay, UpstreamWatch  # noqa: PLC0415  # lazy: startup
+    from swarmrl.shardcast.server.shard_server import Serving  # noqa: PLC0415  # lazy: startup
     from swarmrl.utils.serving import ConnLimits  # noqa: PLC0415  # lazy: startup
 
     async def run() -> None:
         relay = Relay(cfg.dir, cfg.upstream, cfg.origin_pubkey, keep=cfg.keep,
-                      upstream_options=cfg.upstream_options(), poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s,
-                      hold_s=cfg.hold_s,
-                      metrics=cfg.metrics, limits=ConnLimits.from_config(cfg),
-                      max_upload_mbps=cfg.max_upload_mbps)
+                      upstream_options=cfg.upstream_options(),
+                      watch=UpstreamWatch(poll_s=cfg.poll_s, longpoll_s=cfg.longpoll_s),
+                      serving=Serving(hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg),
+                                      max_upload_mbps=cfg.max_upload_mbps),
+                      metrics=cfg.metrics)
         url = await relay.start(cfg.host, cfg.port)
         console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
         try:

@@ -1,10 +1,10 @@
 """One GRPO update on a batch of rollout sequences, shared by single-process, DDP and FSDP2 trainers.
 
-Normalisation weights are computed from the GLOBAL batch, and each rank's loss is scaled by
-``world_size`` when the gradient reduction averages over ranks (FSDP2; the trainer's "ddp" mode sums, so it
-passes 1), so 2 ranks produce the same update as 1 rank. Under FSDP2 every rank must run the same number of
-forward/backward passes (each one all-gathers parameters and reduce-scatters gradients): ``micro_batches``
-pads a rank's share with passes that add exactly zero to every gradient. The KL reference is a frozen model or,
+Normalisation weights are computed from the WHOLE batch (``WholeBatch``: every rank's share), and each rank's
+loss is scaled by ``Passes.loss_scale`` when the gradient reduction averages over ranks (FSDP2: the world size; the
+trainer's "ddp" mode sums, so 1), so 2 ranks produce the same update as 1 rank. Under FSDP2 every rank must run the
+same number of forward/backward passes (each one all-gathers parameters and reduce-scatters gradients):
+``Passes.at_least`` pads a rank's share with passes that add exactly zero to every gradient. The KL reference is a frozen model or,
 for a LoRA policy, ``rl.lora.BaseReference`` (the policy's own modules with the adapter switched off).
 """
 
@@ -41,26 +41,46 @@ def _reference(ref_model: torch.nn.Module | BaseReference) -> contextlib.Abstrac
     return ref_model.disabled() if isinstance(ref_model, BaseReference) else contextlib.nullcontext(ref_model)
 
 
+@dataclass(frozen=True)
+class WholeBatch:
+    """What the loss's normalisation needs of the whole batch (every rank's share): the row token limit (the
+    ``constant`` normaliser's default), and its sequences and model tokens (None: this rank's share is the batch)."""
+
+    max_tokens: int
+    sequences: int | None = None
+    tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Passes:
+    """How a rank runs its share: ``micro_batch`` sequences per forward/backward pass, at least ``at_least`` passes
+    (FSDP2: as many as the busiest rank; None: its own number), its loss scaled by ``loss_scale`` (the parallel
+    strategy's), and with ``share_prompts`` a micro-batch's members of one prompt packed behind one copy of it
+    (``swarmrl.rollouts.shared``) where the model allows it."""
+
+    micro_batch: int
+    at_least: int | None = None
+    loss_scale: int = 1
+    share_prompts: bool = False
+
+
 @dataclass
 class StepStats:
     loss: float  # this rank's share of the batch loss
     stats: LossStats  # over this rank's tokens
 
 
-def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_id: int, micro_batch: int,
-                         max_tokens: int, world_size: int = 1, total_sequences: int | None = None,
-                         total_tokens: int | None = None, ref_model=None, micro_batches: int | None = None,
-                         share_prompts: bool = False) -> StepStats:
-    """Backward over ``seqs`` (this rank's share) in at least ``micro_batches`` passes; returns stats for this share.
-    ``share_prompts``: a micro-batch's members of one prompt are packed behind one copy of it
-    (``swarmrl.rollouts.shared``) where the model allows it."""
+def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_id: int,  # noqa: ANN001
+                         whole: WholeBatch, plan: Passes, ref_model=None) -> StepStats:  # noqa: ANN001
+    """Backward over ``seqs`` (this rank's share of ``whole``) as ``plan`` says; returns stats for this share."""
     lengths = [s.model_tokens() for s in seqs]  # an environment's tokens are not trained nor counted
-    weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant,
-                                total_sequences=total_sequences, total_tokens=total_tokens, max_tokens=max_tokens)
+    weights_all = token_weights(lengths, loss_cfg.normalization, loss_cfg.constant, total_sequences=whole.sequences,
+                                total_tokens=whole.tokens, max_tokens=whole.max_tokens)
     loss_sum, parts = 0.0, []
     objective = loss_cfg.objective()
-    passes = max(math.ceil(len(seqs) / micro_batch), micro_batches or 0)
-    shared = share_prompts and supports_shared(model)
+    micro_batch = plan.micro_batch
+    passes = max(math.ceil(len(seqs) / micro_batch), plan.at_least or 0)
+    shared = plan.share_prompts and supports_shared(model)
     logprobs = shared_logprobs if shared else sequence_logprobs
     for start in range(0, passes * micro_batch, micro_batch):
         mb = seqs[start: start + micro_batch]
@@ -84,7 +104,7 @@ def accumulate_gradients(model, seqs: list[Sequence], loss_cfg: LossConfig, pad_
             with torch.no_grad(), _reference(ref_model) as ref_net:
                 ref, _ = logprobs(ref_net, packed, temp)
         st = policy_loss(objective, logp, packed["old"], adv, w, packed["cmask"], entropy=ent, ref_logp=ref)
-        (st.loss * world_size).backward()
+        (st.loss * plan.loss_scale).backward()
         loss_sum += float(st.loss.detach())
         parts.append(st.stats)
     return StepStats(loss_sum, LossStats.combine(parts))

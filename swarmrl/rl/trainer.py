@@ -57,7 +57,7 @@ from swarmrl.rl.lora import LoraPolicy
 from swarmrl.rl.parts import build_parts
 from swarmrl.rl.publish import WeightPublisher
 from swarmrl.rl.sources import RolloutSource
-from swarmrl.rl.train_step import accumulate_gradients
+from swarmrl.rl.train_step import Passes, WholeBatch, accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
 from swarmrl.rundir import StepRecord
 from swarmrl.rundir.writer import RunDir
@@ -230,10 +230,10 @@ class Trainer:
         mine = seqs[self.rank:: self.world]
         passes = self.par.micro_batches([len(seqs[r:: self.world]) for r in range(self.world)], cfg.optim.micro_batch)
         self.opt.zero_grad(set_to_none=True)
-        st = accumulate_gradients(self.model, mine, cfg.loss, self.tokenizer.pad_token_id, cfg.optim.micro_batch,
-                                  max_tokens=limit, world_size=self.par.loss_scale,
-                                  total_sequences=len(seqs), total_tokens=total_tokens, ref_model=self.ref_model,
-                                  micro_batches=passes, share_prompts=cfg.optim.share_prompts)
+        plan = Passes(cfg.optim.micro_batch, at_least=passes, loss_scale=self.par.loss_scale,
+                      share_prompts=cfg.optim.share_prompts)
+        st = accumulate_gradients(self.model, mine, cfg.loss, self.tokenizer.pad_token_id,
+                                  WholeBatch(limit, len(seqs), total_tokens), plan, ref_model=self.ref_model)
         self.par.reduce_grads()
         gnorm = clip_gradients(self.model.parameters(), self.opt, cfg.optim.grad_clip)  # DTensors too
         loss = self.par.sum_over_ranks(st.loss)

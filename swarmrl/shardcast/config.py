@@ -76,5 +76,5 @@ class RelayConfig(ServerLimits):
     metrics: Optional[str] = Field(None, description="JSONL file: one row per version mirrored")
 
     def upstream_options(self) -> FetchOptions:
-        """How the relay fetches from its upstreams (``Relay(upstream=...)``)."""
+        """How the relay fetches from its upstreams (``Relay(upstream_options=...)``)."""
         return replace(RELAY_UPSTREAM, parallel=self.parallel)

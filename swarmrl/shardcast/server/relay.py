@@ -10,7 +10,8 @@
   version enters ``distribution.txt`` (atomically rewritten) only once every shard is there.
 * Keeps the last ``keep`` versions.
 * Fetches from its upstreams with the client's options (``upstream_options``: ``FetchOptions``, by default
-  ``RELAY_UPSTREAM``: four shards in flight, four tries per shard in a round; the relay retries the round).
+  ``RELAY_UPSTREAM``: four shards in flight, four tries per shard in a round; the relay retries the round), and
+  follows them as ``watch`` says (``UpstreamWatch``); serves as ``serving`` says (``shard_server.Serving``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,10 @@ from swarmrl.shardcast.layout import (
     shard_name,
 )
 from swarmrl.shardcast.server.metrics import RelayMetrics
-from swarmrl.shardcast.server.shard_server import ShardServer
+from swarmrl.shardcast.server.shard_server import Serving, ShardServer
 from swarmrl.shardcast.signing import load_public_key, verify_manifest
 from swarmrl.shardcast.urls import normalize_url
 from swarmrl.utils.metrics import MetricsWriter
-from swarmrl.utils.serving import ConnLimits
 
 __all__ = ["Relay"]
 
@@ -115,12 +116,21 @@ class _RelaySink:
         self.fds.clear()
 
 
+@dataclass(frozen=True)
+class UpstreamWatch:
+    """How a relay follows its upstreams: a long poll of ``/versions.json`` waits up to ``longpoll_s`` (a static
+    upstream's ``distribution.txt`` is polled every ``poll_s``, also the back-off after an error), and an upstream
+    that fails is left out for ``exclude_s``."""
+
+    poll_s: float = 1.0
+    longpoll_s: float = 20.0
+    exclude_s: float = 10.0
+
+
 class Relay:
     def __init__(self, root: str | Path, upstreams: Iterable[str], origin_pubkey: Any, *, keep: int = 5,
-                 upstream_options: FetchOptions = RELAY_UPSTREAM, poll_s: float = 1.0, longpoll_s: float = 20.0,
-                 hold_s: float = 20.0, exclude_s: float = 10.0, rate_limit_bps: float | None = None,
-                 metrics: str | Path | None = None, limits: ConnLimits | None = None,
-                 max_upload_mbps: float | None = None) -> None:
+                 upstream_options: FetchOptions = RELAY_UPSTREAM, watch: UpstreamWatch = UpstreamWatch(),
+                 serving: Serving = Serving(), metrics: str | Path | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.upstreams = list(dict.fromkeys(normalize_url(u) for u in upstreams))
@@ -129,11 +139,12 @@ class Relay:
         self.pub = load_public_key(origin_pubkey)
         self.keep = keep
         self.upstream_options = upstream_options
-        self.poll_s = poll_s
-        self.longpoll_s = longpoll_s
-        self.server = ShardServer(self.root, hold_s=hold_s, rate_limit_bps=rate_limit_bps, limits=limits,
-                                  max_upload_mbps=max_upload_mbps)
-        self.pool = ServerPool(self.upstreams, max_failures=upstream_options.max_server_failures, exclude_s=exclude_s)
+        self.poll_s = watch.poll_s
+        self.longpoll_s = watch.longpoll_s
+        self.server = ShardServer(self.root, hold_s=serving.hold_s, rate_limit_bps=serving.rate_limit_bps,
+                                  limits=serving.limits, max_upload_mbps=serving.max_upload_mbps)
+        self.pool = ServerPool(self.upstreams, max_failures=upstream_options.max_server_failures,
+                               exclude_s=watch.exclude_s)
         self.prom = RelayMetrics(self.server.metrics.registry, lambda: list(self.pool))  # on the server's /metrics
         self._tasks: set[asyncio.Task[Any]] = set()
         self._syncing: dict[int, asyncio.Task[None]] = {}

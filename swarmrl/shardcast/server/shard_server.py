@@ -64,6 +64,18 @@ def ensure_probe_file(root: Path, size: int = 64 * 1024) -> None:
         atomic_write(p, os.urandom(size), fsync=False)
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How a server that is not its own origin serves (a relay's ``ShardServer`` settings): long polls held at most
+    ``hold_s``; ``rate_limit_bps`` / ``max_upload_mbps``, upload caps per response / over all responses (None: none);
+    ``limits``, its connection caps and read deadlines (None: ``config.SHARDCAST_LIMITS``)."""
+
+    hold_s: float = 20.0
+    rate_limit_bps: float | None = None
+    limits: ConnLimits | None = None
+    max_upload_mbps: float | None = None
+
+
 @dataclass
 class _Partial:
     num_shards: int
