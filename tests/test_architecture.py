@@ -5,6 +5,7 @@ orchestrator's services use each other's public members only)."""
 
 import ast
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -342,3 +343,40 @@ def test_the_parameter_reader_sees_methods_and_constructors_but_not_privates(tmp
                  f"class C:\n    def __init__(self, {args}):\n        pass\n\n    def m(self, {args}):\n        pass\n\n"
                  f"    def fine(self, a0):\n        pass\n\n\nclass _P:\n    def m(self, {args}):\n        pass\n")
     assert sorted(k.split(" ")[1] for k in _wide_functions(f.parent, MAX_PARAMETERS)) == ["C.__init__", "C.m", "wide"]
+
+
+ARCHITECTURE_DOC = PKG.parent / "docs" / "architecture.md"
+
+
+def _documented_layers() -> dict[str, int]:
+    """The floors drawn in docs/architecture.md (the fenced block after ``<!-- layers``): package -> floor."""
+    text = ARCHITECTURE_DOC.read_text()
+    block = text[text.index("<!-- layers"):]
+    block = block[block.index("```") + 3:]
+    block = block[block.index("\n") + 1: block.index("```")]
+    floors: dict[str, int] = {}
+    for line in block.splitlines():
+        left = line.split("|")[0].split()
+        if left and left[0].isdigit():
+            for name in left[1:]:
+                floors[name] = int(left[0])
+    return floors
+
+
+def test_the_layers_drawn_in_the_docs_are_the_code_s():
+    """Every subpackage stands on a floor of the picture, and every import between subpackages goes to a lower
+    floor: the picture is the code's, and a change that imports upward (or adds a package) updates it."""
+    floors = _documented_layers()
+    packages = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()} | {"config"}
+    assert packages <= set(floors), f"not drawn: {sorted(packages - set(floors))}"
+    assert set(floors) <= packages, f"drawn but not in the code: {sorted(set(floors) - packages)}"
+    upward = [f"{src} (floor {floors[src]}) -> {dst} (floor {floors[dst]})"
+              for src, dsts in _graph().items() if src in floors for dst in dsts if floors[dst] >= floors[src]]
+    assert not upward, upward
+
+
+def test_the_layer_reader_reads_the_picture(tmp_path, monkeypatch):
+    doc = tmp_path / "architecture.md"
+    doc.write_text("x\n<!-- layers -->\n```\n2  rl  sft      | a\n                 | more\n1  config | b\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "ARCHITECTURE_DOC", doc)
+    assert _documented_layers() == {"rl": 2, "sft": 2, "config": 1}

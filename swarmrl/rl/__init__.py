@@ -1,1 +1,2 @@
-"""Asynchronous GRPO: rollouts, advantages, filtering, loss, trainer and inference workers."""
+"""Asynchronous GRPO: the trainer (built from ``swarmrl.training``) and its parts, the loss registry (``losses``),
+one update (``train_step``), LoRA policies, and the local worker process (sampling through ``swarmrl.generation``)."""

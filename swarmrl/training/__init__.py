@@ -11,7 +11,6 @@ loop from these builders, in the spirit of torchtitan's trainer built from a spe
   (``build_scheduler``);
 - ``checkpoint``: optimizer, schedule, RNG and counters saved and restored (``TrainerState``, ``Checkpointer``).
 
-It knows nothing of RL, SFT or DiLoCo: it imports models, utils and rundir (and the policy directory's atomic
-write), never rl, sft, diloco or a server (``tests/test_architecture.py``). Importing the package loads nothing;
+It knows nothing of RL, SFT or DiLoCo: it imports models, utils and rundir, never rl, sft, diloco or a server (``tests/test_architecture.py``). Importing the package loads nothing;
 import the modules.
 """
