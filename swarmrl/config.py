@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["ConfigError", "StrictModel", "load_config", "parse_override", "dump_config", "read_toml_keys"]
+__all__ = ["ConfigError", "StrictModel", "load_config", "parse_override", "dump_config", "read_toml_keys", "refuse_moved"]
 
 
 class ConfigError(ValueError):
@@ -30,6 +30,17 @@ class StrictModel(BaseModel):
 
 
 T = TypeVar("T", bound=BaseModel)
+
+
+def refuse_moved(data: Any, moved: dict[str, str], where: str, example: str) -> Any:
+    """A model's ``mode="before"`` check: ``data`` (a section's raw keys) naming a key that ``moved`` to another
+    place is refused with where each went (``where``: the new home, ``example``: a line that sets one there)."""
+    if isinstance(data, dict):
+        old = [k for k in moved if k in data]
+        if old:
+            raise ValueError(f"moved into {where}: " + ", ".join(f"{k} -> {moved[k]}" for k in old)
+                             + f" (e.g. {example})")
+    return data
 
 
 def _parse_value(raw: str) -> Any:

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from swarmrl.config import StrictModel
+from swarmrl.config import StrictModel, refuse_moved
 from swarmrl.contract import PROOF_GEOMETRY, ProofGeometry, RLContract
 from swarmrl.rollouts.limits import RolloutLimits
 from swarmrl.utils.keys import public_key_problem
@@ -144,13 +144,7 @@ class OrchestratorConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            old = [k for k in MOVED_TO_ROLLOUT_LIMITS if k in data]
-            if old:
-                raise ValueError("moved into [rollout_limits]: " + ", ".join(
-                    f"{k} -> {MOVED_TO_ROLLOUT_LIMITS[k]}" for k in old)
-                    + " (e.g. [rollout_limits] max_bytes = 67108864)")
-        return data
+        return refuse_moved(data, MOVED_TO_ROLLOUT_LIMITS, "[rollout_limits]", "[rollout_limits] max_bytes = 67108864")
 
     @field_validator("validator_keys", "trainer_keys", "stake_authority_keys")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from swarmrl.config import StrictModel
+from swarmrl.config import StrictModel, refuse_moved
 from swarmrl.contract import RLContract
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.inference.params import SamplingParams, TokenLimits
@@ -180,12 +180,7 @@ class RLConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            old = [k for k in MOVED_TO_CONTRACT if k in data]
-            if old:
-                raise ValueError("moved into the run's contract: " + ", ".join(
-                    f"{k} -> {MOVED_TO_CONTRACT[k]}" for k in old) + " (e.g. [rl.contract] async_level = 2)")
-        return data
+        return refuse_moved(data, MOVED_TO_CONTRACT, "the run's contract", "[rl.contract] async_level = 2")
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:
