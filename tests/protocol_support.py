@@ -96,6 +96,20 @@ def running(cfg: OrchestratorConfig, run_sweeper: bool = True) -> Iterator[Serve
 _TOK = None
 
 
+def fake_model(version: int) -> str:
+    """A stand-in policy for checks that fake the model too (tests hand it in as ``Validator(model_loader=...)``)."""
+    return f"model-v{version}"
+
+
+def model_free_checks(vcfg) -> list:  # noqa: ANN001
+    """The validator's default checks less those that run the model: what a test without a model can judge
+    (a ``Validator`` built with the defaults and no model refuses to start)."""
+    from swarmrl.protocol.checks import default_checks
+    from swarmrl.protocol.spot_checks import SAMPLED_CHECKS
+
+    return [(name, check) for name, check in default_checks(vcfg) if name not in SAMPLED_CHECKS]
+
+
 def tokenizer():
     global _TOK
     if _TOK is None:

@@ -185,10 +185,10 @@ def test_the_validator_rejects_base_samples_claiming_the_adapter_version(tmp_pat
                        tasks=[TaskSpec(task_id=f"t{i}", prompt="x") for i in range(4)])
     for name, check in (("logprobs", logprob_check(cfg)), ("toploc", toploc_check(cfg))):
         ok, reason = check(CheckContext(rows=honest, item=_pending(a, 4), cfg=cfg, tokenizer=tok,
-                                        model_loader=val._load_model, settings_loader=val._toploc_settings))
+                                        model_loader=val.load_model, settings_loader=val._toploc_settings))
         assert ok, (name, reason)
         ok, reason = check(CheckContext(rows=lazy, item=_pending(a, 4), cfg=cfg, tokenizer=tok,
-                                        model_loader=val._load_model, settings_loader=val._toploc_settings))
+                                        model_loader=val.load_model, settings_loader=val._toploc_settings))
         assert not ok and reason.startswith("row "), (name, reason)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from protocol_support import make_cfg, model_free_checks, rollouts_for, running, tokenizer, write
 
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
@@ -26,8 +26,9 @@ def test_restart_loses_nothing(tmp_path):
         honest.submit(ah.assignment_id, write(rollouts_for(honest.node_id, ah), tmp_path / "h.parquet"))
         cheat.submit(ac.assignment_id, write(rollouts_for(cheat.node_id, ac, correct=False, forge_rewards=True),
                                              tmp_path / "c.parquet"))
-        val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v")),
-                        client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+        val = Validator(vcfg := ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v")),
+                        client=ValidatorClient(srv.url, keys["validator"]), checks=model_free_checks(vcfg),
+                        tokenizer=tokenizer())
         verdicts = dict((sid, v.accepted) for sid, v in val.run_once())
         assert sorted(verdicts.values()) == [False, True]
         body = b'{"status": {}}'

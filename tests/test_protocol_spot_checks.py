@@ -10,7 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
-from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from protocol_support import fake_model, make_cfg, rollouts_for, running, tokenizer, write
 
 from swarmrl.contract import RLContract
 from swarmrl.envs.config import TaskConfig
@@ -49,9 +49,8 @@ def env(tmp_path):
 
 def _validator(srv, keys, tmp, name="val", **kw) -> Validator:  # noqa: ANN001
     vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / name), **kw)
-    v = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
-    v._load_model = lambda version: f"model-v{version}"
-    return v
+    return Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer(),
+                     model_loader=fake_model)
 
 
 def _node(srv) -> NodeClient:  # noqa: ANN001

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from protocol_support import fake_model, make_cfg, model_free_checks, rollouts_for, running, tokenizer, write
 
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
@@ -16,8 +16,10 @@ from swarmrl.protocol.validator import Validator, lazy_check
 
 
 def _validator(srv, keys, tmp, **kw) -> Validator:
+    """No model: the checks that need none (a Validator with the model checks and no model refuses to start)."""
     vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "val"), **kw)
-    return Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+    return Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), checks=model_free_checks(vcfg),
+                     tokenizer=tokenizer())
 
 
 def _node(srv) -> NodeClient:
@@ -41,7 +43,7 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     node.submit(a0.assignment_id, write(rollouts_for(node.node_id, a0, correct=False), tmp / "s0.parquet"))
     [(sid0, v0)] = val.run_once()
     assert v0.accepted, v0.reason
-    assert {c.name for c in v0.checks if c.skipped} >= {"toploc", "sampling"}  # module absent or no model here
+    assert not {c.name for c in v0.checks} & {"logprobs", "toploc", "sampling"}  # no model here: not run at all
     bal = node.ledger()
     assert bal.credits_locked == cfg.credit_per_sample * len(a0.tasks) * a0.contract.group_size and bal.stake == 200.0
     tc = TrainerClient(srv.url, keys["trainer"])
@@ -55,9 +57,8 @@ def test_honest_accepted_then_forgery_slashes_and_revokes(env):
     assert not v1.accepted and v1.reason.startswith("rewards:") and "verifier gives 0" in v1.reason
     detail = node.submission(sid1)  # the verdict and every check's reason are public and persisted
     assert detail.status == "rejected" and detail.reason == v1.reason
-    # cheapest first; the model checks are skipped here (no model), the reward re-check comes last
-    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "proofs", "replay", "logprobs", "toploc",
-                                               "sampling", "rewards"]
+    # cheapest first (the model checks are not run here: no model), the reward re-check comes last
+    assert [c.name for c in detail.checks] == ["schema", "seed", "tasks", "policy", "proofs", "replay", "rewards"]
     assert node.submission(sid0).status == "accepted"
     from swarmrl.utils.metrics import read_metrics
 
@@ -184,8 +185,8 @@ def test_pluggable_and_lazy_checks(env, tmp_path):
     try:
         vcfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v2"), toploc_check="fake_toploc_mod:verify",
                                sampling_claim="fake_toploc_mod:claim")
-        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
-        val._load_model = lambda version: f"model-v{version}"  # the policy of each row's version
+        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer(),
+                        model_loader=fake_model)  # the policy of each row's version
         node = _node(srv)
         a = node.heartbeat().assignments[0]
         node.submit(a.assignment_id, write(rollouts_for(node.node_id, a), tmp / "p.parquet"))
@@ -212,14 +213,20 @@ def test_pluggable_and_lazy_checks(env, tmp_path):
     node3 = _node(srv)
     a3 = node3.heartbeat().assignments[0]
     sid3 = node3.submit(a3.assignment_id, write(rollouts_for(node3.node_id, a3), tmp / "q.parquet")).submission_id
-    strict = _validator(srv, keys, tmp, toploc_check="no_such_module_xyz:verify")
-    strict._load_model = lambda version: f"model-v{version}"
+    from swarmrl.protocol.checks import default_checks
+    from swarmrl.protocol.validator import config_problems
+
+    broken = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "v3"), toploc_check="no_such_module_xyz:verify")
+    assert any("no_such_module_xyz" in p for p in config_problems(broken))
+    with pytest.raises(ValueError, match="no_such_module_xyz"):  # refused at startup, by the class as by the CLI
+        Validator(broken, client=object(), tokenizer=tokenizer(), model_loader=fake_model)
+    # a module that goes missing after start: checks built from the broken config under a sound one
+    strict = Validator(broken.model_copy(update={"toploc_check": ValidatorConfig().toploc_check}),
+                       client=ValidatorClient(srv.url, keys["validator"]), checks=default_checks(broken),
+                       tokenizer=tokenizer(), model_loader=fake_model)
     assert strict.run_once() == []
     assert strict.internal_errors == 1 and node3.submission(sid3).status == "pending"
     assert node3.ledger().status == "active"
-    from swarmrl.protocol.validator import config_problems
-
-    assert any("no_such_module_xyz" in p for p in config_problems(strict.cfg))
 
 
 def test_optimistic_mode_lists_pending(tmp_path):
@@ -277,3 +284,14 @@ def test_thinking_budget_is_checked(env):
     assert not v.accepted and v.reason.startswith("rewards:") and "length_penalty 0" in v.reason
     assert honest.ledger().status == "active"
     assert bare.ledger().status == "ejected" and forger.ledger().status == "ejected"
+
+
+def test_a_validator_that_cannot_run_its_model_checks_refuses_to_start(tmp_path):
+    """Built in code with the default checks and no model, it used to log an error and then pass every skipped
+    model check off as "all checks passed": refused at construction, as the CLI refuses it."""
+    cfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"))
+    with pytest.raises(ValueError, match="no model_dir"):
+        Validator(cfg, client=object(), tokenizer=tokenizer())
+    assert Validator(cfg.model_copy(update={"cheap_checks_only": True}), client=object())  # said plainly
+    assert Validator(cfg, client=object(), checks=model_free_checks(cfg), tokenizer=tokenizer())  # none needs one
+    assert Validator(cfg, client=object(), tokenizer=tokenizer(), model_loader=fake_model)  # a model handed in

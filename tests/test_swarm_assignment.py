@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from protocol_support import make_cfg, model_free_checks, rollouts_for, running, tokenizer, write
 
 from swarmrl.contract import task_seed
 from swarmrl.protocol.client import ApiError, NodeClient, TrainerClient, ValidatorClient
@@ -47,8 +47,9 @@ def test_demand_fills_steps_in_window_with_rounds(tmp_path):
         assert (xa1.step, xa1.round) == (0, 1) and xa1.seed == task_seed(a.node_id, 0, cfg.run_secret, 1)
         assert xa1.seed != xa.seed
         # the validator re-derives round seeds
-        val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v")),
-                        client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+        val = Validator(vcfg := ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v")),
+                        client=ValidatorClient(srv.url, keys["validator"]), checks=model_free_checks(vcfg),
+                        tokenizer=tokenizer())
         rows = rollouts_for(a.node_id, xa1, correct=True)
         rows[0].reward = rows[0].task_reward = 0.0
         rows[0].completion_ids = tokenizer().encode("x", add_special_tokens=False) + [tokenizer().eos_token_id]

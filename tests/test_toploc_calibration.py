@@ -99,13 +99,18 @@ def _rows(model_dir, noise: float = 0.0) -> list[Rollout]:
                                                      out.hidden))]
 
 
-def _judge(model_dir, tmp_path, rows, **cfg_kw):
+def _validator(model_dir, tmp_path, **cfg_kw) -> Validator:
     cfg = ValidatorConfig(model_dir=str(model_dir), work_dir=str(tmp_path / "v"), logprob_rows=0, **cfg_kw)
-    val = Validator(cfg, client=object(), checks=[("toploc", toploc_check(cfg))])
+    return Validator(cfg, client=object(), checks=[("toploc", toploc_check(cfg))])
+
+
+def _judge(model_dir, tmp_path, rows, val: Validator | None = None, **cfg_kw):
+    val = val or _validator(model_dir, tmp_path, **cfg_kw)
+    cfg = val.cfg
     path = write_rollouts(rows, tmp_path / "r.parquet")
     item = SimpleNamespace(submission=SimpleNamespace(submission_id=1),
                            assignment=SimpleNamespace(contract=RLContract()))
-    return judge(path, item, cfg, val.checks, val.tokenizer, val._load_model, val.vocab_size, val._toploc_settings)
+    return judge(path, item, cfg, val.checks, val.tokenizer, val.load_model, val.vocab_size, val._toploc_settings)
 
 
 def test_validator_uses_the_model_dirs_thresholds_and_config_overrides_them(calibrated, tmp_path):
@@ -162,6 +167,8 @@ def test_hostile_calibration_files_are_refused_with_a_reason(calibrated, tmp_pat
     shutil.copytree(calibrated, d)
     p = d / CALIBRATION_FILE
     content = _hostile(json.loads(p.read_text()))[kind]
+    rows = _rows(d)[:1]
+    started = _validator(d, tmp_path)  # started while the file was sound; it turns hostile under it
     p.unlink()
     if kind == "directory":
         p.mkdir()
@@ -174,8 +181,10 @@ def test_hostile_calibration_files_are_refused_with_a_reason(calibrated, tmp_pat
     assert str(p) in str(e.value)
     cfg = ValidatorConfig(model_dir=str(d), work_dir=str(tmp_path / "v"))
     assert any("TOPLOC calibration" in x for x in config_problems(cfg))  # refused at startup
+    with pytest.raises(ValueError, match="TOPLOC calibration"):
+        Validator(cfg, client=object())  # by the CLI and by the class alike
     if kind in ("nan", "other model", "exp over k"):  # and at run time: an internal error, never a verdict
-        v = _judge(d, tmp_path, _rows(d)[:1])
+        v = _judge(d, tmp_path, rows, val=started)
         assert v.internal_error is not None and "CalibrationError" in v.internal_error, v
 
 
@@ -206,7 +215,12 @@ def test_a_toploc_check_that_cannot_take_thresholds_is_a_config_problem(calibrat
     cfg = ValidatorConfig(model_dir=str(calibrated), work_dir=str(tmp_path / "v"),
                           toploc_check="fake_toploc_no_thresholds:verify")
     assert any("cannot take the thresholds" in p for p in config_problems(cfg))  # refused at startup
-    v = _judge(calibrated, tmp_path, _rows(calibrated)[:1], toploc_check="fake_toploc_no_thresholds:verify")
+    d = tmp_path / "model"  # at run time (a version's dir brings the calibration file): an internal error
+    shutil.copytree(calibrated, d)
+    (d / CALIBRATION_FILE).rename(tmp_path / "calibration.json")
+    started = _validator(d, tmp_path, toploc_check="fake_toploc_no_thresholds:verify")
+    (tmp_path / "calibration.json").rename(d / CALIBRATION_FILE)
+    v = _judge(d, tmp_path, _rows(d)[:1], val=started)
     assert v.internal_error is not None and "cannot take thresholds" in v.internal_error, v  # never a verdict
     v = _judge(calibrated, tmp_path, _rows(calibrated)[:1], toploc_check="fake_toploc_no_thresholds:verify",
                toploc_calibration=False)

@@ -169,10 +169,11 @@ def _skip_without_model(ctx: CheckContext) -> tuple[bool, str]:
     raise SkipCheck(MODEL_CHECKS_NOT_RUN)
 
 
-def config_problems(cfg: ValidatorConfig) -> list[str]:
-    """Why this configuration cannot judge (the CLI refuses to start with them); [] when it can."""
+def config_problems(cfg: ValidatorConfig, needs_model: bool = True) -> list[str]:
+    """Why this configuration cannot judge (the CLI and ``Validator`` refuse to start with them); [] when it can.
+    ``needs_model=False``: the checks chosen run no model (``SAMPLED_CHECKS``), so no model_dir is no problem."""
     problems = configured_functions_problems(cfg)
-    if not cfg.model_dir and not cfg.cheap_checks_only:
+    if needs_model and not cfg.model_dir and not cfg.cheap_checks_only:
         problems.append("no model_dir: without the policy's model the reward, logprob, TOPLOC and sampling checks "
                         "cannot run, and a validator that skips them accepts forged work; set model_dir (or "
                         "--model-dir) to the policy's HF model dir, or cheap_checks_only = true to run the cheap "
@@ -222,11 +223,17 @@ class Validator:
     """Polls the orchestrator for pending submissions, judges them, posts signed verdicts."""
 
     def __init__(self, cfg: ValidatorConfig, client: Any = None, checks: list[tuple[str, Check]] | None = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, model_loader: Callable[[int], Any] | None = None) -> None:
+        """``checks``, ``tokenizer`` and ``model_loader`` (policy version -> the model the model checks run) replace
+        the configured ones (``default_checks``, ``cfg.model_dir``'s tokenizer and versions)."""
         self.cfg = cfg
         set_role_threads(cfg.threads)
-        for p in config_problems(cfg):  # the CLI refuses these; here they are internal errors when they bite
-            log.error("validator config: %s", p)
+        # refused here as the CLI refuses them: a validator that cannot run its model checks would otherwise pass
+        # every skipped one off as "all checks passed". Checks handed in that run no model need none.
+        needs_model = model_loader is None and (checks is None or any(n in SAMPLED_CHECKS for n, _ in checks))
+        problems = config_problems(cfg, needs_model=needs_model)
+        if problems:
+            raise ValueError("validator config: " + "; ".join(problems))
         self.client = client or ValidatorClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.checks = checks if checks is not None else default_checks(cfg)
         # cheap checks only: the reward check is not run either (a tokenizer given here would let it run, and the
@@ -244,6 +251,7 @@ class Validator:
         template = cfg.model_dir_template or cfg.model_dir
         self._source = TemplatePolicySource(template) if template else None
         self._holder = None
+        self.load_model: Callable[[int], Any] = model_loader or self._load_policy
         self._settings: dict[str, tuple[object, ToplocSettings]] = {}  # model dir -> (file's stat, its settings)
         self.work = Path(cfg.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
@@ -260,7 +268,7 @@ class Validator:
         self.sampling = {"full": 0, "sampled_out": 0, "audited": 0, "challenged": 0, "audit_dropped": 0,
                          "audit_errors": 0}
 
-    def _load_model(self, policy_version: int) -> Any:
+    def _load_policy(self, policy_version: int) -> Any:
         """The policy that generated a row, held by one ``PolicyHolder`` (swapped in place; the last two versions'
         weights stay in memory): ``model_dir_template`` formatted with the version (the trainer's policy dir
         or a SHARDCAST download dir), else ``model_dir`` for every version; a LoRA version is merged onto
@@ -335,7 +343,7 @@ class Validator:
                     # storage or transfer fault on our side of the wire, not the node's
                     why = f"download: the file's sha256 {sha[:16]}.. is not the recorded {item.submission.sha256[:16]}.."
                     return Verdict(False, why, [], internal_error=why)
-                v = judge(path, item, self.cfg, self.checks, self.tokenizer, self._load_model, self.vocab_size,
+                v = judge(path, item, self.cfg, self.checks, self.tokenizer, self.load_model, self.vocab_size,
                           self._toploc_settings, sampled_out=sampled_out or self._not_run)
                 if self._not_run and not v.accepted and v.internal_error is None:  # accepted: judge says it
                     v.reason = f"{v.reason[:3800]} ({self._not_run})"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from protocol_support import make_cfg, rollouts_for, running, tokenizer, write
+from protocol_support import make_cfg, model_free_checks, rollouts_for, running, tokenizer, write
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -96,7 +96,8 @@ def test_a_validator_with_another_secret_does_not_slash(tmp_path):
     cfg, keys = make_cfg(tmp_path)
     with running(cfg, run_sweeper=False) as srv:
         vcfg = ValidatorConfig(run_secret="not-the-orchestrators", work_dir=str(tmp_path / "val"))
-        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), tokenizer=tokenizer())
+        val = Validator(vcfg, client=ValidatorClient(srv.url, keys["validator"]), checks=model_free_checks(vcfg),
+                        tokenizer=tokenizer())
         node = NodeClient(srv.url, generate_key())
         node.register(throughput=10.0, stake=200.0)
         a = node.heartbeat().assignments[0]

@@ -31,13 +31,13 @@ class Counted:
         cfg = ValidatorConfig(run_secret="test-secret", work_dir=str(tmp / "val"), model_dir=str(model_dir))
         self.val = Validator(cfg, client=ValidatorClient(srv.url, keys["validator"]))
         self.loads: list[int] = []
-        real_load = self.val._load_model
+        real_load = self.val.load_model
 
         def load(version: int):  # noqa: ANN202
             self.loads.append(version)
             return real_load(version)
 
-        self.val._load_model = load
+        self.val.load_model = load
         self.verifies = 0
         env_cls = type(make_env("mul_add"))
         real_verify = env_cls.verify

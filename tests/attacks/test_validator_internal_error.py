@@ -19,6 +19,7 @@ from protocol_support import make_cfg, running, write
 import swarmrl
 from attacks._honest import honest_rows
 from swarmrl.config import load_config
+from swarmrl.protocol.checks import default_checks
 from swarmrl.protocol.client import NodeClient, ValidatorClient
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.signing import generate_key, save_private_key
@@ -94,14 +95,18 @@ def test_the_old_shipped_validator_config_is_refused_at_startup(tmp_path):
     assert r.exit_code == 2 and "toploc_check" in r.output and "batch_size" in r.output, r.output
 
 
-def _validator(toml: Path, srv, keys, tmp: Path, model_dir: Path, *extra: str) -> Validator:  # noqa: ANN001
+def _validator(toml: Path, srv, keys, tmp: Path, model_dir: Path, *extra: str,  # noqa: ANN001
+               checks_of: Path | None = None) -> Validator:
+    """The validator of ``toml``; with ``checks_of``, running the checks of that config instead (what a config
+    refused at startup would do at run time: the validator itself is built from a sound one)."""
     key = tmp / "validator.pem"
     if not key.exists():
         save_private_key(keys["validator"], key)
     sets = [f"orchestrator={json.dumps(srv.url)}", f"key={json.dumps(str(key))}",
             f"model_dir={json.dumps(str(model_dir))}", 'run_secret="test-secret"',
             f"work_dir={json.dumps(str(tmp / 'val'))}", *extra]
-    return Validator(load_config(ValidatorConfig, toml, sets))
+    checks = None if checks_of is None else default_checks(load_config(ValidatorConfig, checks_of, sets))
+    return Validator(load_config(ValidatorConfig, toml, sets), checks=checks)
 
 
 def _node(srv) -> NodeClient:  # noqa: ANN001
@@ -163,7 +168,9 @@ def test_old_shipped_config_never_slashes(swarm, tiny_model_dir):
     posted, the submissions stay pending, no stake is lost; the health counter shows it."""
     srv, keys, tmp = swarm
     (tmp / "old.toml").write_text(SHIPPED_BEFORE)
-    val = _validator(tmp / "old.toml", srv, keys, tmp, tiny_model_dir)
+    with pytest.raises(ValueError, match="toploc_check.*batch_size"):  # refused at startup now
+        _validator(tmp / "old.toml", srv, keys, tmp, tiny_model_dir)
+    val = _validator(CONFIGS / "validator.toml", srv, keys, tmp, tiny_model_dir, checks_of=tmp / "old.toml")
     nodes, sids = _honest_submissions(srv, tmp, tiny_model_dir, 3, seed=10)
     assert val.run_once() == []  # nothing posted
     for n, sid in zip(nodes, sids):
@@ -179,8 +186,8 @@ def test_old_shipped_config_never_slashes(swarm, tiny_model_dir):
 def test_internal_errors_are_retried_with_backoff_then_left_pending(swarm, tiny_model_dir):
     srv, keys, tmp = swarm
     (tmp / "old.toml").write_text(SHIPPED_BEFORE)
-    val = _validator(tmp / "old.toml", srv, keys, tmp, tiny_model_dir, "internal_error_retries=2",
-                     "internal_error_backoff_s=30.0", "internal_error_backoff_max_s=45.0")
+    val = _validator(CONFIGS / "validator.toml", srv, keys, tmp, tiny_model_dir, "internal_error_retries=2",
+                     "internal_error_backoff_s=30.0", "internal_error_backoff_max_s=45.0", checks_of=tmp / "old.toml")
     now = [1000.0]
     val._clock = lambda: now[0]
     nodes, sids = _honest_submissions(srv, tmp, tiny_model_dir, 2, seed=20)
