@@ -15,7 +15,7 @@ import torch
 from swarmrl.contract import RLContract, Rollout, task_seed
 from swarmrl.envs import available_envs, make_env, register_env
 from swarmrl.envs.calc import CalcEnv, CalcError, evaluate
-from swarmrl.envs.multiturn import replay_problem, segments
+from swarmrl.envs.multiturn import cut_at_stop, replay_problem, segments
 from swarmrl.generation.batch import BatchOrigin, rollout_batch
 from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt, encode_reply
@@ -126,6 +126,27 @@ def test_replay_accepts_the_environments_turns_and_nothing_else():
     early = _enc("<calc>1+") + _enc("<r>1</r>") + _enc("1</calc>") + [EOS]  # a turn cut before its stop string
     early_mask = [1] * 8 + [0] * 8 + [1] * 9
     assert "does not end where" in replay_problem(env, task, early, early_mask, _dec, _enc, EOS)
+
+
+def test_finding_a_stop_string_costs_about_log_n_decodes_not_one_per_prefix():
+    """A hostile row near the token budget with its stop string at the end: the replay (and the node's sampler)
+    used to decode every prefix, n(n+1)/2 tokens in all. Counted in decoded tokens, not timed."""
+    decoded = []
+
+    def dec(ids):  # noqa: ANN001, ANN202
+        decoded.append(len(ids))
+        return _dec(ids)
+
+    n = 4096
+    for at in (n, n // 2, 37, len("</calc>")):  # the stop string completes at token `at` (one char, one token)
+        ids = _enc("x" * (at - len("</calc>")) + "</calc>" + "y" * (n - at))
+        decoded.clear()
+        assert cut_at_stop(ids, dec, ("</calc>",)) == at
+        assert len(decoded) <= 2 + n.bit_length() and sum(decoded) <= (2 + n.bit_length()) * n, (at, len(decoded))
+        assert at == next(k for k in range(1, n + 1) if "</calc>" in _dec(ids[:k]))  # the shortest prefix, as before
+    decoded.clear()
+    assert cut_at_stop(_enc("y" * n), dec, ("</calc>",)) is None and decoded == [n]  # none: one decode
+    assert cut_at_stop(_enc("a</calc>b</r>"), _dec, ("</r>", "</calc>")) == len("a</calc>")  # the first of several
 
 
 # ---- the wire --------------------------------------------------------------------------------------------------

@@ -42,15 +42,26 @@ def is_multiturn(env: object) -> bool:
 
 def cut_at_stop(ids: Sequence[int], decode: Decode, stops: Sequence[str]) -> int | None:
     """The length of the shortest prefix of ``ids`` whose text holds a stop string (None: no stop string in the
-    text of ``ids``). One decode when there is none; a scan of prefixes otherwise."""
+    text of ``ids``). One decode when there is none; otherwise a bisection over prefix lengths, about log2(n)
+    decodes (a row near the token budget must not cost one decode per prefix: that was quadratic). A prefix's text
+    holding a stop string is taken to hold it in every longer prefix, as a tokenizer's decode does (the text only
+    grows at its end); the node's sampler and the validator's replay share this function, so they cut alike."""
     ids = list(ids)
-    if not stops or not any(s in decode(ids) for s in stops):
-        return None
-    for k in range(1, len(ids) + 1):
+
+    def holds(k: int) -> bool:
         text = decode(ids[:k])
-        if any(s in text for s in stops):
-            return k
-    return None  # the whole text holds one but no prefix does (not for a decode that is a function of its ids)
+        return any(s in text for s in stops)
+
+    if not stops or not holds(len(ids)):
+        return None
+    lo, hi = 0, len(ids)  # the prefix of length hi holds a stop string; none of length <= lo is known to
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 class Segment(NamedTuple):
