@@ -17,18 +17,22 @@ sys.path[:] = [p for p in sys.path if p and not p.rstrip("/").endswith("swarmrl/
 
 import json  # noqa: E402
 import re  # noqa: E402
-import resource  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 MEM_BYTES = 2 * 1024**3
 
 
-def _limit_memory() -> None:
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = MEM_BYTES if hard == resource.RLIM_INFINITY else min(MEM_BYTES, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    except (ValueError, OSError):
-        pass
+def _guard():  # noqa: ANN202
+    """``_worker_guard.py`` beside this file, loaded by path (this directory is off sys.path, see above)."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("_worker_guard", Path(__file__).resolve().parent / "_worker_guard.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+guard = _guard()
 
 
 # --- sympy fallback: a tiny whitelisted LaTeX -> sympy-syntax rewrite (never eval'd unchecked) ---
@@ -94,7 +98,8 @@ def equal(gold: str, pred: str) -> bool:
 
 
 def main() -> None:
-    _limit_memory()
+    guard.die_with_parent()
+    guard.limit_memory(MEM_BYTES)
     try:  # warm the imports before answering the first request
         import math_verify  # noqa: F401, PLC0415  # lazy: sandbox
     except Exception:  # noqa: BLE001
@@ -104,6 +109,7 @@ def main() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
+            guard.limit_cpu(req.get("cpu_s"))
             ok = equal(str(req["gold"]), str(req["pred"]))
         except MemoryError:
             ok = False

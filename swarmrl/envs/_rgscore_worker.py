@@ -26,7 +26,7 @@ import contextlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import pickle  # noqa: E402
-import resource  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 MEM_BYTES = 2 * 1024**3  # reasoning-gym loaded (numpy, sympy, matplotlib; one BLAS thread) peaks near 270 MB
@@ -34,25 +34,31 @@ CHUNK = 512  # swarmrl.envs.rg.CHUNK: the scorer instance is built as the parent
 MAX_INSTANCES = 64  # (over it, all go: a later score builds its own within its time limit)
 
 
-def _limit_memory() -> None:
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = MEM_BYTES if hard == resource.RLIM_INFINITY else min(MEM_BYTES, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    except (ValueError, OSError):
-        pass
+def _guard():  # noqa: ANN202
+    """``_worker_guard.py`` beside this file, loaded by path (this directory is off sys.path, see above)."""
+    import importlib.util  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("_worker_guard", Path(__file__).resolve().parent / "_worker_guard.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+guard = _guard()
 
 
 def main() -> None:
+    guard.die_with_parent()
     import reasoning_gym  # noqa: PLC0415  # before the memory cap: its imports are ours, not the answer's
 
-    _limit_memory()
+    guard.limit_memory(MEM_BYTES)
     instances: dict[tuple[str, str, int], Any] = {}
     sys.stdout.write(json.dumps({"ready": True}) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
         try:
             req = json.loads(line)
+            guard.limit_cpu(req.get("cpu_s"))
             key = (req["dataset"], req["params_key"], req["seed"])
             inst = instances.get(key)
             # stdout is the protocol: what a generator or scorer prints must not land in it

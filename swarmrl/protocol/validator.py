@@ -231,8 +231,7 @@ class Validator:
         # refused here as the CLI refuses them: a validator that cannot run its model checks would otherwise pass
         # every skipped one off as "all checks passed". Checks handed in that run no model need none.
         needs_model = model_loader is None and (checks is None or any(n in SAMPLED_CHECKS for n, _ in checks))
-        problems = config_problems(cfg, needs_model=needs_model)
-        if problems:
+        if problems := config_problems(cfg, needs_model=needs_model):
             raise ValueError("validator config: " + "; ".join(problems))
         self.client = client or ValidatorClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.checks = checks if checks is not None else default_checks(cfg)
