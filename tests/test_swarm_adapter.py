@@ -63,19 +63,18 @@ def test_adapter_announces_a_new_step_at_once_not_at_the_next_poll(tmp_path):
     run = RunDir(rl.run_dir)
     _commit(run, 0)
     c = _Client()
-    ad = TrainerAdapter(rl, AdapterConfig(poll_s=30.0, watch_s=0.01), client=c)
+    ad = TrainerAdapter(rl, AdapterConfig(poll_s=3600.0, watch_s=0.01), client=c)
     stop = threading.Event()
     t = threading.Thread(target=ad.run_forever, args=(stop,), daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 120  # a bound for a loaded machine, far inside the next poll (an hour)
         while c.steps != [0] and time.monotonic() < deadline:
             time.sleep(0.01)
         _commit(run, 1)
-        t0 = time.monotonic()
         while c.steps != [0, 1] and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert c.steps == [0, 1] and time.monotonic() - t0 < 2.0  # not after poll_s = 30 s
+        assert c.steps == [0, 1]  # announced on the commit: the adapter's one poll is an hour away
         assert c.polled[-3:] == [1, 2, 3]
     finally:
         stop.set()
