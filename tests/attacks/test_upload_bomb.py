@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from protocol_support import make_cfg, rollouts_for, running, write
@@ -63,6 +65,29 @@ def proof_bomb(path: Path, n_rows: int = 128, per_row: int = 4096, size: int = 4
 
 
 BOMBS = {"tokens": lambda p: write_bomb(p, 2 * GiB), "strings": string_bomb, "proofs": proof_bomb}
+FULL_STRENGTH = 2 * GiB  # what every bomb here decodes to (pinned: a test of a weaker bomb would pass as well)
+
+
+def decoded_bytes(path: Path) -> int:
+    """What ``path`` decodes to, counted without decoding it: numbers from the metadata (values x width), strings
+    and binaries read as dictionaries (repeated values counted, not expanded)."""
+    f = pq.ParquetFile(path)
+    total = 0
+    for field in f.schema_arrow:
+        listed = pa.types.is_list(field.type)
+        leaf = field.type.value_type if listed else field.type
+        if pa.types.is_string(leaf) or pa.types.is_binary(leaf):
+            col = pq.read_table(path, columns=[field.name],
+                                read_dictionary=[f"{field.name}.list.element" if listed else field.name]).column(0)
+            for chunk in col.chunks:
+                d = chunk.values if listed else chunk
+                total += pc.sum(pc.take(pc.binary_length(d.dictionary), d.indices)).as_py() or 0
+        else:
+            md = f.metadata
+            total += sum(md.row_group(i).column(j).num_values * leaf.bit_width // 8
+                         for i in range(md.num_row_groups) for j in range(md.num_columns)
+                         if md.row_group(i).column(j).path_in_schema.split(".")[0] == field.name)
+    return total
 
 # a fresh process reads the file with the default limits (the orchestrator's, see below) under an address-space
 # cap (so a reader that does materialise the bomb dies instead of taking the machine), and reports its peak RSS
@@ -87,6 +112,7 @@ READER = textwrap.dedent("""
 def test_reading_a_bomb_is_refused_in_little_memory(tmp_path, kind):
     path = BOMBS[kind](tmp_path / f"{kind}.parquet")
     assert path.stat().st_size < 64 * 1024  # kilobytes on disk ...
+    assert decoded_bytes(path) >= FULL_STRENGTH  # ... gigabytes decoded: the bomb at its full strength
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     r = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True, env=env,
                        timeout=300)
@@ -248,6 +274,8 @@ def test_bomb_adversary_is_refused_at_upload(tmp_path, tiny_model_dir):
         [ev] = [r for r in read_metrics(tmp_path / "run" / "metrics" / f"node-{node.node_id}.jsonl")
                 if r.get("event") == "assignment"]
         assert ev["refused_status"] == 413 and "max_decoded_bytes" in ev["refused"], ev
+        # at its full strength: the refusal names what the file decodes to, from its metadata
+        assert int(re.search(r"decodes to at least (\d+) bytes", ev["refused"]).group(1)) >= FULL_STRENGTH, ev
         assert not list((tmp_path / "work").glob("*.parquet"))  # the node cleans up its bomb
         # refused, not judged: no slash, no ejection; the orchestrator is up and took nothing
         assert srv.orch.membership.node_info(node.node_id).status == "active"
