@@ -159,13 +159,14 @@ def _steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_metrics(run_dir / "metrics" / "trainer.jsonl") if "reward" in r]
 
 
-def _run_cmd(model: Path, run_dir: Path, steps: int, *extra: str, flags: tuple[str, ...] = ()) -> list[str]:
+def _run_cmd(model: Path, run_dir: Path, steps: int, *extra: str, flags: tuple[str, ...] = ("--local",)) -> list[str]:
     """A tiny ``swarmrl run --local`` of the main config: two workers (forked from the zygote), the trainer
-    (SHARDCAST origin) and a relay (spawned), no warm start, no evaluations during the run."""
+    (SHARDCAST origin) and a relay (spawned), no warm start, no evaluations during the run. Without ``--local``
+    in ``flags``, the swarm: orchestrator, trainer, adapter, validator, relay and two nodes."""
     sets = [f'rl.model="{model}"', f'rl.run_dir="{run_dir}"', f"rl.steps={steps}", "rl.prompts_per_step=4",
             "rl.contract.group_size=2", "rl.workers.num=2", "rl.workers.prompts_per_batch=2", "rl.eval.every_steps=0",
             "rl.contract.async_level=1", "rl.keep_versions=2", "rl.contract.filter_ties=false", "warmstart.enabled=false", "final_eval_n=16", *extra]
-    return [sys.executable, "-m", "swarmrl", "run", "--local", "--config", "configs/run.toml",
+    return [sys.executable, "-m", "swarmrl", "run", "--config", "configs/run.toml",
             *[a for s in sets for a in ("--set", s)], *flags]
 
 
@@ -181,10 +182,22 @@ def started():
     kill_all(seen)
 
 
-def _start_and_wait_for_roles(cmd: list[str], run_dir: Path, log: Path, seen: dict[int, int]) -> subprocess.Popen:
+LOCAL_ROLES = {"swarmrl rl trainer": 1, "swarmrl rl worker": 2, "swarmrl shardcast relay": 1, "swarmrl.job.zygote": 1}
+SWARM_ROLES = {"swarmrl orchestrator serve": 1, "swarmrl rl trainer": 1, "swarmrl rl adapter": 1,
+               "swarmrl validator run": 1, "swarmrl shardcast relay": 1, "swarmrl node run": 2}
+
+
+def _interactive_sigint() -> None:
+    """In the launcher's child before it starts: SIGINT as a terminal's Ctrl-C finds it (pytest's children inherit
+    it ignored, and Python then never turns it into KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start_and_wait_for_roles(cmd: list[str], run_dir: Path, log: Path, seen: dict[int, int],
+                              expect: dict[str, int] = LOCAL_ROLES) -> subprocess.Popen:
     with open(log, "wb") as f:
         launcher = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_interactive_sigint)
     seen[launcher.pid] = _stat(launcher.pid)[1]
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and launcher.poll() is None:
@@ -198,22 +211,22 @@ def _start_and_wait_for_roles(cmd: list[str], run_dir: Path, log: Path, seen: di
     time.sleep(1.0)  # the relay's process is up by now (started just before relays.json is written)
     seen.update(descendants(launcher.pid))
     roles = still_running(seen)
-    # the trainer, two workers, the relay and the zygote: what the launcher must stop
-    for what, n in (("swarmrl rl trainer", 1), ("swarmrl rl worker", 2), ("swarmrl shardcast relay", 1),
-                    ("swarmrl.job.zygote", 1)):
+    for what, n in expect.items():  # what the launcher must stop
         assert sum(what in c for c in roles.values()) == n, (what, roles)
     return launcher
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"])
 def test_stopping_the_launcher_stops_every_role_and_the_run_resumes(tiny_model_dir, tmp_path, started, sig):
     run_dir = tmp_path / "run"
     launcher = _start_and_wait_for_roles(_run_cmd(tiny_model_dir, run_dir, 1000), run_dir, tmp_path / "run.log",
                                          started)
-    os.kill(launcher.pid, sig)  # as systemd, docker stop or kill would (SIGKILL: the launcher dies on the spot)
+    os.kill(launcher.pid, sig)  # as systemd, docker stop, Ctrl-C or kill would (SIGKILL: it dies on the spot)
     launcher.wait(timeout=120)
+    want = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 130, signal.SIGKILL: -signal.SIGKILL}[sig]
+    assert launcher.returncode == want, (launcher.returncode, (tmp_path / "run.log").read_text()[-2000:])
     left = wait_gone({p: s for p, s in started.items() if p != launcher.pid}, 60)
     assert not left, f"still running after {signal.Signals(sig).name} of the launcher: {left}"
     # the stopped run resumes where it stopped: the trainer goes on from its newest checkpoint
@@ -225,3 +238,21 @@ def test_stopping_the_launcher_stops_every_role_and_the_run_resumes(tiny_model_d
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert RunDir(run_dir).latest_version() == done + 1
     assert max(_steps(run_dir)) == done and json.loads((run_dir / "summary.json").read_text())["steps"] == done + 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"])
+def test_stopping_a_swarm_launcher_stops_every_role(tiny_model_dir, tmp_path, started, sig):
+    """Swarm mode: the orchestrator, trainer, adapter, validator, relay and both nodes, stopped with the launcher
+    (SIGTERM, Ctrl-C) or gone with it (SIGKILL: each role's parent-death signal)."""
+    run_dir = tmp_path / "run"
+    cmd = _run_cmd(tiny_model_dir, run_dir, 1000, "swarm.full_check_rate=1.0", flags=())
+    launcher = _start_and_wait_for_roles(cmd, run_dir, tmp_path / "run.log", started, SWARM_ROLES)
+    os.kill(launcher.pid, sig)
+    launcher.wait(timeout=120)  # a signal it did not act on (Ctrl-C ignored) would leave it running
+    want = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 130, signal.SIGKILL: -signal.SIGKILL}[sig]
+    assert launcher.returncode == want, (launcher.returncode, (tmp_path / "run.log").read_text()[-2000:])
+    left = wait_gone({p: s for p, s in started.items() if p != launcher.pid}, 60)
+    assert not left, f"still running after {signal.Signals(sig).name} of the swarm launcher: {left}"
+
