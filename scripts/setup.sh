@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent set-up: a virtualenv in .venv with the CPU build of torch and swarmrl (editable).
-# torch is installed first, pinned to 2.13.0, so no later requirement can pull a CUDA build.
+# Idempotent set-up: a virtualenv in .venv with torch and swarmrl (editable). torch is installed first, at
+# pyproject.toml's pin, in the build scripts/torch_choice.py picks for this machine (the CPU build unless an NVIDIA
+# GPU answers nvidia-smi; SWARMRL_TORCH=cpu|cuda to choose), so no later requirement can pull another one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -16,8 +17,13 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 quiet() { grep -v "is ignored" || true; }  # drop pip's noise about local index paths; pip's own status still counts
-.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | quiet
+mapfile -t torch_args < <(.venv/bin/python scripts/torch_choice.py)  # says which build, and why, in one line
+.venv/bin/python -m pip install -q --disable-pip-version-check "${torch_args[@]}" 2>&1 | quiet
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres,hivemind,tracking]" 2>&1 | quiet
-.venv/bin/python -c "import torch, swarmrl; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+.venv/bin/python - "${torch_args[0]}" <<'EOF'
+import sys, torch, swarmrl
+want = sys.argv[1].split("==", 1)[1]
+assert torch.__version__ == want or (torch.__version__.split("+")[0] == want and "+cpu" not in want), (torch.__version__, want)
+EOF
 compile_package
 touch "$stamp"

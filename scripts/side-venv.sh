@@ -4,7 +4,7 @@
 #   side_venv_init VAR DEFAULT WHAT   PY (python3.11, else python3) and venv (${VAR:-DEFAULT}); refuses the
 #                                     project's .venv ("WHAT gets its own environment")
 #   quiet, pip                        pip's noise about local index paths filtered out; pip of $venv
-#   side_venv_torch NAME              creates $venv if needed, installs $torch_pin (the CPU build, as setup.sh does),
+#   side_venv_torch NAME              creates $venv if needed, installs torch as setup.sh does (torch_choice.py),
 #                                     sets torch_version and writes $venv/swarmrl-NAME-constraints.txt holding torch
 #                                     there: nothing installed after it may change torch
 # A caller's stamp key hashes this file as well as its own.
@@ -24,7 +24,9 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
 
 side_venv_torch() {
   [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-  pip install -q "$torch_pin" 2>&1 | quiet
+  local torch_args
+  mapfile -t torch_args < <("$PY" scripts/torch_choice.py)
+  pip install -q "${torch_args[@]}" 2>&1 | quiet
   torch_version=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)
   echo "torch==$torch_version" >"$venv/swarmrl-$1-constraints.txt"
 }
