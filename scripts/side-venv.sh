@@ -24,9 +24,7 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check "$@"; }
 
 side_venv_torch() {
   [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-  local torch_args
-  mapfile -t torch_args < <("$PY" scripts/torch_choice.py)
-  pip install -q "${torch_args[@]}" 2>&1 | quiet
+  "$PY" scripts/torch_choice.py --install "$venv/bin/python" 2>&1 | quiet
   torch_version=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)
   echo "torch==$torch_version" >"$venv/swarmrl-$1-constraints.txt"
 }
