@@ -39,8 +39,8 @@ class SwarmSection(StrictModel):
     # sampled validation (swarmrl.protocol.spot_checks, docs/protocol.md): the validator's model checks (logprobs,
     # TOPLOC, sampling) run before the verdict on each node's first full_check_first submissions, then on this
     # share of them drawn with the validator's secret; the cheap checks (schema, seed, tasks, policy, proof shape,
-    # the multi-turn replay, rewards) always run; audit_rate of the sampled-out, accepted ones are judged in full later and a finding
-    # slashes them as a challenge. Under 1, the run is refused unless the stake makes cheating a loss
+    # the multi-turn replay, rewards) always run; audit_rate of the sampled-out, accepted ones are judged in full
+    # later and a finding slashes them as a challenge. Under 1, the run is refused unless the stake makes cheating a loss
     # (p (S + G) >= (1 - p) G, S = slashed stake, G = one submission's credit).
     full_check_rate: float = Field(1.0, ge=0, le=1)
     full_check_first: int = Field(2, ge=0)
