@@ -91,6 +91,7 @@ def test_a_busy_worker_dies_with_its_parent():
             w.call({HOSTILE!r}, 600.0)
     """)
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = None
     try:
         pid = int(parent.stdout.readline())
         deadline = time.monotonic() + 60
@@ -105,6 +106,8 @@ def test_a_busy_worker_dies_with_its_parent():
         assert not _alive(pid), "the busy helper outlived its parent"
     finally:
         parent.kill()
+        if pid is not None and _alive(pid):  # (on failure: not left computing for minutes)
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_worker_started_from_a_thread_that_ended_keeps_serving():
