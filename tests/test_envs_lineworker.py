@@ -25,6 +25,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _kill_parent_and_wait_gone(parent: subprocess.Popen, pid: int, timeout_s: float) -> bool:
+    """Kill the parent outright (no atexit, no close); True once its helper ``pid`` is gone, False at the bound."""
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
 def test_worker_answers_and_restarts_after_close():
     w = LineWorker("_mathcheck_worker.py", "math answer checker", start_timeout_s=60.0)
     try:
@@ -54,12 +64,7 @@ def test_worker_dies_with_its_parent():
     try:
         pid = int(parent.stdout.readline())
         assert _alive(pid)
-        parent.kill()
-        parent.wait(10)
-        deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(pid), "the helper process outlived its parent"
+        assert _kill_parent_and_wait_gone(parent, pid, 30), "the helper process outlived its parent"
     finally:
         parent.kill()
 
@@ -98,12 +103,7 @@ def test_a_busy_worker_dies_with_its_parent():
         while _alive(pid) and _cpu_s(pid) < 1.0 and time.monotonic() < deadline:
             time.sleep(0.1)  # busy on the item (the starting thread has ended, the helper lives on)
         assert _alive(pid) and _cpu_s(pid) >= 1.0
-        parent.kill()
-        parent.wait(10)
-        deadline = time.monotonic() + 20
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(pid), "the busy helper outlived its parent"
+        assert _kill_parent_and_wait_gone(parent, pid, 20), "the busy helper outlived its parent"
     finally:
         parent.kill()
         if pid is not None and _alive(pid):  # (on failure: not left computing for minutes)
