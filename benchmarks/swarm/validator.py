@@ -9,7 +9,14 @@ prefill of each distinct prompt and the completions on its cached keys and value
 default) against one prefill of every row's prompt and completion (``shared_prompts=False``, the code before),
 alternating call by call. Ends with one JSON line (seconds, medians).
 
+With ``--config`` (a run config: its model, task, chat template, group size, prompts per step and sampling shape
+the submission, as a node of that run makes it), the model checks a full check runs (logprobs, TOPLOC and
+sampling), per second of generating the submission (the node's sampling loop, proofs included), alternating: each
+check with its own forward (the validator before 2026-11-28: the logprob check packed its rows into a forward of
+its own, the TOPLOC check prefilled every row again) against one forward shared by the three (``model_states``).
+
     python benchmarks/swarm/validator.py [--model runs/warmstart/model] [--reps 5] [--threads 1]
+    python benchmarks/swarm/validator.py --config configs/smollm2.toml --reps 5
 """
 
 from __future__ import annotations
@@ -34,8 +41,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--config", default="", help="a run config: the model checks per generation second on its shape")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.config:
+        model_checks(a.config, a.reps)
+        return
 
     from swarmrl.envs import make_env
     from swarmrl.generation.batch import BatchOrigin, rollout_batch
@@ -110,6 +121,65 @@ def main() -> None:
                       "check_s": {k: round(v, 4) for k, v in out.items()},
                       "recompute_every_row_ms": round(1e3 * r_every, 1), "recompute_shared_ms": round(1e3 * r_shared, 1),
                       "recompute_every_row_over_shared": round(r_every / r_shared, 2)}))
+
+
+def toploc_own_prefill(model, items, batch_size=8, thresholds=None, sampling_thresholds=None, geometry=None):  # noqa: ANN001, ANN201
+    """The TOPLOC check as it was: no ``recomputed=`` to take, so it prefills every row itself (the baseline)."""
+    from swarmrl.contract import PROOF_GEOMETRY
+    from swarmrl.toploc.rollout import verify_rollouts
+
+    return verify_rollouts(model, items, geometry or PROOF_GEOMETRY, thresholds=thresholds,
+                           sampling_thresholds=sampling_thresholds, batch_size=batch_size)
+
+
+def model_checks(config: str, reps: int) -> None:
+    """The model checks of one submission shaped by run config ``config``, per generation second: each check
+    with its own forward (before) against one forward shared by the three (after), alternating."""
+    from swarmrl.config import load_config
+    from swarmrl.envs import make_env
+    from swarmrl.generation.batch import BatchOrigin, rollout_batch
+    from swarmrl.job.config import RunConfig
+    from swarmrl.models import load_model, load_tokenizer
+    from swarmrl.protocol.config import ValidatorConfig
+    from swarmrl.protocol.validator import CheckContext, logprob_check, sampling_check, toploc_check
+
+    rl = load_config(RunConfig, config).rl
+    model, tok = load_model(rl.model), load_tokenizer(rl.model)
+    env = make_env(rl.contract.task.name, **rl.contract.task.params)
+    tasks = env.sample(1, rl.prompts_per_step)
+    gen: list[float] = []
+    for rep in range(reps + 1):  # the first is a warm-up
+        res = rollout_batch(model, tok, env, tasks, contract=rl.contract, sampling=rl.sampling,
+                            origin=BatchOrigin("n", 0, 0, 1), budgets=None,
+                            generator=torch.Generator().manual_seed(rep), proofs=True)
+        gen.append(res.seconds)
+    rows = res.rows
+    item = SimpleNamespace(assignment=SimpleNamespace(contract=rl.contract),
+                           submission=SimpleNamespace(sha256="0" * 64))
+    claim = "swarmrl.toploc.rollout:claim_from_rollout"
+    shared = ValidatorConfig(sampling_claim=claim)  # the shipped validator's checks (configs/validator.toml)
+    separate = shared.model_copy(update={"toploc_check": f"{__name__}:toploc_own_prefill"})
+    times: dict[str, list[float]] = {"separate": [], "shared": []}
+    for _ in range(reps + 1):
+        for name, cfg in (("separate", separate), ("shared", shared)):
+            ctx = CheckContext(rows=rows, item=item, cfg=cfg, tokenizer=tok, model_loader=lambda v: model)
+            t0 = time.perf_counter()
+            for check in (logprob_check(cfg), toploc_check(cfg), sampling_check(cfg)):
+                ok, reason = check(ctx)
+                assert ok, reason
+            times[name].append(time.perf_counter() - t0)
+    g = statistics.median(gen[1:])
+    sep, sha = (statistics.median(times[k][1:]) for k in ("separate", "shared"))
+    print(f"{len(rows)} rows ({rl.prompts_per_step} prompts x {rl.contract.group_size}), "
+          f"{sum(len(r.completion_ids) for r in rows) / len(rows):.1f} completion tokens a row; model {rl.model}; "
+          f"1 thread; generating them (the node's loop, proofs included): {g:.3f} s")
+    print(f"model checks, each its own forward (before): {sep:.3f} s = {sep / g:.3f} s per generation second")
+    print(f"model checks, one shared forward (after):    {sha:.3f} s = {sha / g:.3f} s per generation second "
+          f"({sep / sha:.2f}x less)")
+    print(json.dumps({"bench": "validator_model_checks", "config": config, "rows": len(rows), "generation_s": round(g, 3),
+                      "checks_separate_s": round(sep, 3), "checks_shared_s": round(sha, 3),
+                      "separate_per_generation_s": round(sep / g, 3), "shared_per_generation_s": round(sha / g, 3),
+                      "separate_over_shared": round(sep / sha, 2)}))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ A check has three outcomes, and they must not be confused:
 
 Order (``default_checks``), cheapest first, so a submission failing a cheap check never reaches an expensive
 one: schema and sizes, seed, tasks (the seeded assignment), policy window, TOPLOC proof shape, the replay of
-multi-turn rows' environment turns; then the checks that run the model (logprobs, toploc, sampling); then rewards
+multi-turn rows' environment turns; then the checks that run the model (logprobs, toploc, sampling: one forward
+per policy version serves all three, ``model_states``); then rewards
 (env verifiers, the code sandbox) last. A multi-turn row (``completion_mask`` 0 at an environment's tokens) is
 checked at the model's tokens by the model checks, and on the replayed text by the rewards check.
 """
@@ -37,8 +38,8 @@ from swarmrl.protocol.check_config import import_dotted
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.replay import replay_and_text, task_prompt_ids
 from swarmrl.protocol.schemas import PendingSubmission
-from swarmrl.rollouts.packing import Sequence, pack, sequence_logprobs
 from swarmrl.toploc.proof import M_MAX, P, chunk_count, proof_len
+from swarmrl.toploc.rollout import Recomputed, input_problem, recompute
 from swarmrl.toploc.thresholds_file import ToplocSettings, toploc_settings
 
 
@@ -269,24 +270,31 @@ def check_rewards(ctx: CheckContext) -> tuple[bool, str]:
     return True, f"{len(ctx.rows)} rewards recomputed"
 
 
-def _model_input_problem(model: torch.nn.Module, r: Rollout) -> str | None:
-    """What makes a row unfit for a forward pass of ``model`` (the node's fault, found before running it)."""
-    vocab = model.get_input_embeddings().num_embeddings
-    top = max(max(r.prompt_ids), max(r.completion_ids))
-    if top >= vocab:
-        return f"token id {top} outside the model's vocabulary [0, {vocab})"
-    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    n = len(r.prompt_ids) + len(r.completion_ids)
-    if isinstance(max_pos, int) and n - 1 > max_pos:
-        return f"prompt + completion is {n} tokens, over the model's {max_pos} positions"
-    return None
+def model_states(ctx: CheckContext, version: int, model: torch.nn.Module, rows_idx: list[int]) -> dict[int, Recomputed]:
+    """The model checks' one forward: the decode states and logits (``swarmrl.toploc.rollout.recompute``) of rows
+    of one policy version, computed once per submission and kept in ``ctx.cache`` for the logprob, TOPLOC and
+    sampling checks. Rows unfit for a forward (``input_problem``) are left out: the checks report them."""
+    states: dict[int, Recomputed] = ctx.cache.setdefault("states", {})
+    todo = [i for i in rows_idx if i not in states
+            and input_problem(model, ctx.rows[i].prompt_ids, ctx.rows[i].completion_ids) is None]
+    if todo:
+        recs = recompute(model, [(ctx.rows[i].prompt_ids, ctx.rows[i].completion_ids) for i in todo],
+                         batch_size=ctx.cfg.toploc_batch_size)
+        states.update(zip(todo, recs))
+    return {i: states[i] for i in rows_idx if i in states}
+
+
+def _toploc_shares_states(cfg: ValidatorConfig) -> bool:
+    """Whether the configured TOPLOC check will take the shared forward's states (ours does: ``recomputed=``)."""
+    return bool(cfg.toploc_check) and _takes(import_dotted(cfg.toploc_check), {"batch_size": 1, "recomputed": None})
 
 
 def logprob_check(cfg: ValidatorConfig) -> Check:
     """Recompute the claimed sampling logprobs of up to ``cfg.logprob_rows`` rows (a sample fixed by the file
     hash) with the model of each row's policy version: tokens the policy did not sample, or a different
-    model, show up as logprobs off by more than ``cfg.logprob_tolerance``. A cheap stand-in for the
-    TOPLOC proof check (which also covers nodes that recompute their logprobs after editing)."""
+    model, show up as logprobs off by more than ``cfg.logprob_tolerance``. The logprobs come from the model
+    checks' one forward (``model_states``): when the TOPLOC check will run, that forward covers every row of the
+    submission and the TOPLOC and sampling checks reuse it, so this check costs no forward of its own."""
 
     def check(ctx: CheckContext) -> tuple[bool, str]:
         if cfg.logprob_rows == 0:
@@ -294,36 +302,33 @@ def logprob_check(cfg: ValidatorConfig) -> Check:
         if ctx.model_loader is None:
             raise SkipCheck("no model_dir configured")
 
-        pad = getattr(ctx.tokenizer, "pad_token_id", None) or 0
         idx = list(range(len(ctx.rows)))
         random.Random(ctx.item.submission.sha256).shuffle(idx)
         picked = [i for i in sorted(idx[: cfg.logprob_rows]) if ctx.rows[i].completion_ids]
+        every = _by_version(ctx.rows) if _toploc_shares_states(cfg) else {}
         worst = 0.0
         for version, rows_idx in _by_version(ctx.rows, picked).items():
             model = ctx.model(version)
             if not isinstance(model, torch.nn.Module):
                 raise SkipCheck(f"policy v{version} is not a torch model here")
             for i in rows_idx:
-                why = _model_input_problem(model, ctx.rows[i])
+                why = input_problem(model, ctx.rows[i].prompt_ids, ctx.rows[i].completion_ids)
                 if why is not None:
                     return False, f"row {i}: {why}"
-            by_temp: dict[float, list[int]] = defaultdict(list)  # one packed forward per sampling temperature
+            # the TOPLOC check needs every row's states: one forward serves both (and its sampling check)
+            states = model_states(ctx, version, model, every.get(version, rows_idx))
             for i in rows_idx:
-                t = ctx.rows[i].temperature
-                by_temp[t if t > 0 else 1.0].append(i)
-            for temp, chunk in by_temp.items():
-                seqs = [Sequence(list(ctx.rows[i].prompt_ids), list(ctx.rows[i].completion_ids),
-                                 list(ctx.rows[i].logprobs), 0.0, temp, ctx.rows[i].completion_mask) for i in chunk]
-                packed = pack(seqs, pad)
-                with torch.no_grad():
-                    logp, _ = sequence_logprobs(model, packed, temp)
-                for j, i in enumerate(chunk):
-                    mask = packed["cmask"][j] > 0  # the model's tokens (an environment's are not sampled)
-                    diff = float((logp[j][mask] - packed["old"][j][mask]).abs().max()) if mask.any() else 0.0
-                    if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
-                        return False, (f"row {i}: claimed logprobs differ from policy v{version}'s by {diff:.4g} "
-                                       f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
-                    worst = max(worst, diff)
+                r = ctx.rows[i]
+                temp = r.temperature if r.temperature > 0 else 1.0
+                ids = torch.tensor(r.completion_ids, dtype=torch.long)
+                logp = torch.log_softmax(states[i].logits / temp, dim=-1).gather(-1, ids[:, None])[:, 0]
+                claimed = torch.tensor(r.logprobs, dtype=torch.float32)
+                mask = torch.tensor(r.model_mask(), dtype=torch.bool)  # the model's tokens (an environment's are not sampled)
+                diff = float((logp[mask] - claimed[mask]).abs().max()) if mask.any() else 0.0
+                if not diff <= cfg.logprob_tolerance:  # also catches NaN claims
+                    return False, (f"row {i}: claimed logprobs differ from policy v{version}'s by {diff:.4g} "
+                                   f"(tolerance {cfg.logprob_tolerance:g}): tokens not sampled from that policy")
+                worst = max(worst, diff)
         return True, f"{len(picked)} rows' logprobs recomputed (max diff {worst:.2e})"
 
     check.__name__ = "check_logprobs"
@@ -408,6 +413,9 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
                                    "that takes them")
             kw.update(extra)
             items = [_toploc_item(ctx.rows[i], claim_fn, eos) for i in idx]
+            if _takes(fn, {**kw, "recomputed": None}):  # the model checks' one forward (the logprob check's)
+                states = model_states(ctx, version, model, idx) if isinstance(model, torch.nn.Module) else {}
+                kw["recomputed"] = [states.get(i) for i in idx]
             out = list(fn(model, items, **kw))
             if len(out) != len(items):
                 raise RuntimeError(f"{cfg.toploc_check} returned {len(out)} results for {len(items)} rows")
@@ -463,8 +471,8 @@ def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
         ("policy", check_policy),  # the async window
         ("proofs", check_proofs),  # TOPLOC proof shape: counts, sizes, headers
         ("replay", check_replay),  # multi-turn rows: the environment's turns, re-run here (no model)
-        ("logprobs", logprob_check(cfg)),  # one forward over a few rows
-        ("toploc", toploc_check(cfg)),  # a prefill over every row
-        ("sampling", sampling_check(cfg)),  # from that prefill
+        ("logprobs", logprob_check(cfg)),  # the one forward: every row when TOPLOC runs, else a few
+        ("toploc", toploc_check(cfg)),  # the proofs against that forward's states
+        ("sampling", sampling_check(cfg)),  # the claims against its logits
         ("rewards", check_rewards),  # env verifiers, the code sandbox: last
     ]

@@ -28,7 +28,8 @@ from swarmrl.toploc.verify import ChunkCheck, Thresholds, verify_proofs_batch
 
 log = logging.getLogger("swarmrl.toploc.rollout")
 
-__all__ = ["Recomputed", "RolloutCheck", "recompute", "verify_rollout", "verify_rollouts", "verify_rows", "claim_from_rollout"]
+__all__ = ["Recomputed", "RolloutCheck", "claim_from_rollout", "input_problem", "recompute", "verify_rollout",
+           "verify_rollouts", "verify_rows"]
 
 
 @dataclass
@@ -52,7 +53,8 @@ class RolloutCheck:
         return asdict(self)
 
 
-def _input_problem(model: torch.nn.Module, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> str | None:
+def input_problem(model: torch.nn.Module, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> str | None:
+    """What makes (prompt_ids, completion_ids) unfit for a prefill of ``model`` (None: fit)."""
     vocab = model.get_input_embeddings().num_embeddings
     if len(prompt_ids) == 0:
         return "empty prompt"
@@ -138,12 +140,17 @@ def verify_rollout(model: torch.nn.Module, prompt_ids: Sequence[int], completion
 
 def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], geometry: ProofGeometry = PROOF_GEOMETRY,
                     thresholds: Thresholds | None = None, sampling_thresholds: SamplingThresholds | None = None,
-                    batch_size: int = 8) -> list[RolloutCheck]:
+                    batch_size: int = 8, recomputed: Sequence[Recomputed | None] | None = None) -> list[RolloutCheck]:
     """Batched verification; items are (prompt_ids, completion_ids, proofs, claim-or-None).
 
     Malformed inputs (bad token ids, empty or over-long sequences) are rejected per item with a reason. An item
     may carry a fifth element, the completion mask (1: the model's token): proofs and claim cover those tokens.
+    ``recomputed`` (one entry per item, None where not computed): states and logits a caller already has from
+    ``recompute`` of the same (prompt_ids, completion_ids) with this model (the validator's one forward, shared
+    with its logprob check); only the items without one are prefilled here.
     """
+    if recomputed is not None and len(recomputed) != len(items):
+        raise ValueError(f"{len(recomputed)} recomputed states for {len(items)} items")
     results: list[RolloutCheck | None] = [None] * len(items)
     todo: list[int] = []
     norm: list[tuple] = []
@@ -154,7 +161,7 @@ def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], geometry: Pr
             prompt_ids, completion_ids = list(item[0]), list(item[1])
             mask = [int(bool(m)) for m in item[4]] if len(item) == 5 and item[4] is not None else None
             norm.append((prompt_ids, completion_ids, item[2], item[3] if len(item) >= 4 else None, mask))
-            why = _input_problem(model, prompt_ids, completion_ids) or _mask_problem(completion_ids, mask)
+            why = input_problem(model, prompt_ids, completion_ids) or _mask_problem(completion_ids, mask)
         except Exception as e:  # hostile item shapes
             norm.append(((), (), None, None, None))
             why = f"malformed rollout: {type(e).__name__}: {e}"
@@ -162,8 +169,10 @@ def verify_rollouts(model: torch.nn.Module, items: Sequence[tuple], geometry: Pr
             results[i] = RolloutCheck(False, why)
         else:
             todo.append(i)
-    recs = recompute(model, [(norm[i][0], norm[i][1]) for i in todo], batch_size=batch_size)
-    recs = [_model_part(rec, norm[i][4]) for i, rec in zip(todo, recs)]
+    given = {i: recomputed[i] for i in todo if recomputed is not None and recomputed[i] is not None}
+    missing = [i for i in todo if i not in given]
+    given.update(zip(missing, recompute(model, [(norm[i][0], norm[i][1]) for i in missing], batch_size=batch_size)))
+    recs = [_model_part(given[i], norm[i][4]) for i in todo]
     chunk_checks = verify_proofs_batch([(rec.hidden, norm[i][2]) for i, rec in zip(todo, recs)], geometry,
                                        thresholds=thresholds)  # every row's proofs in one vectorised pass
     for i, rec, chunks in zip(todo, recs, chunk_checks):
