@@ -4,6 +4,8 @@ scored on the whole trajectory's text, under ``max_trajectory_tokens`` (``swarmr
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from swarmrl.envs.base import Environment
@@ -13,6 +15,7 @@ from swarmrl.eval.config import EvalConfig
 from swarmrl.inference.backend import InferenceBackend, as_backend, make_backend
 from swarmrl.inference.params import SamplingParams, TokenLimits
 from swarmrl.inference.prompts import decode_completion, encode_prompt
+from swarmrl.inference.static_decoder import borrowed_weights
 from swarmrl.models.io import load_tokenizer
 
 
@@ -30,16 +33,19 @@ def evaluate(policy: InferenceBackend | torch.nn.Module, tokenizer, env: Environ
     was_training = module.training if module is not None else False
     if module is not None:
         module.eval()
+    # an in-memory model is evaluated between training steps (trainer, SFT): it samples on its own weights, with no
+    # copy in the sampler's layout (the trainer's memory peak when it had one)
     try:
-        for i in range(0, len(tasks), batch_size):
-            chunk = tasks[i: i + batch_size]
-            prompts = [encode_prompt(tokenizer, t.prompt, chat_template) for t in chunk]
-            if is_multiturn(env):
-                out = sample_turns(backend, tokenizer, env, chunk, prompts, params)  # type: ignore[arg-type]
-            else:
-                out = backend.generate(prompts, params)
-            for t, ids in zip(chunk, out.completion_ids):
-                correct += env.verify(t, decode_completion(tokenizer, ids))
+        with borrowed_weights(module) if module is not None else nullcontext():
+            for i in range(0, len(tasks), batch_size):
+                chunk = tasks[i: i + batch_size]
+                prompts = [encode_prompt(tokenizer, t.prompt, chat_template) for t in chunk]
+                if is_multiturn(env):
+                    out = sample_turns(backend, tokenizer, env, chunk, prompts, params)  # type: ignore[arg-type]
+                else:
+                    out = backend.generate(prompts, params)
+                for t, ids in zip(chunk, out.completion_ids):
+                    correct += env.verify(t, decode_completion(tokenizer, ids))
     finally:
         if module is not None:
             module.train(was_training)

@@ -11,7 +11,7 @@ module, SDPA attention, SiLU-gated MLP, residuals; nothing approximated) with le
 - the projections as 2-D products against one-time copies of the weights (q/k/v and gate/up fused): on CPU in
   oneDNN's blocked layout (``_Proj``), 1.5-3.3x faster than ``F.linear`` for decode-sized batches here. The copies are
   cached per model and rebuilt when any parameter changes (in-place updates bump ``Tensor._version``): one extra
-  copy of the weights in memory while a model is in use;
+  copy of the weights in memory while a model is in use (``borrowed_weights``: none, for a model being trained);
 - decode attention treats the query heads that share a key/value head as that head's queries
   (``[rows, kv_heads, group, head_dim]``), so grouped-query attention needs no repeated keys;
 - rows can be dropped from the batch (``keep``) once they are finished.
@@ -22,6 +22,8 @@ module, SDPA attention, SiLU-gated MLP, residuals; nothing approximated) with le
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -105,7 +107,12 @@ class _Proj:
     plain GEMM is slow for row counts that are not a multiple of 16; ``benchmarks/inference/parts.py``). Otherwise: a transposed contiguous copy and
     ``torch.mm`` (``x @ W_t``, faster than ``F.linear``'s ``x @ W.T`` for these shapes)."""
 
-    def __init__(self, mods: list[torch.nn.Module], onednn: bool) -> None:
+    def __init__(self, mods: list[torch.nn.Module], onednn: bool, borrow: bool = False) -> None:
+        self.parts: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        if borrow:  # the modules' own weights, no copy: one F.linear per projection
+            self.parts = [(applied_weight(m), None if m.bias is None else m.bias.detach()) for m in mods]
+            self.out = sum(w.shape[0] for w, _ in self.parts)
+            return
         w = torch.cat([applied_weight(m) for m in mods]) if len(mods) > 1 else applied_weight(mods[0])
         b = None if getattr(mods[0], "bias", None) is None else torch.cat([m.bias.detach() for m in mods])
         self.out = w.shape[0]
@@ -114,6 +121,9 @@ class _Proj:
         self.w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 16) if self.onednn else w.t().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parts is not None:
+            outs = [F.linear(x, w, b) for w, b in self.parts]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.w, self.b, "none", [], "")
         return torch.mm(x, self.w) if self.b is None else torch.addmm(self.b, x, self.w)
@@ -163,10 +173,28 @@ def _signature(model: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version, p.dtype) for p in model.parameters()) + _adapter_state(model)
 
 
+_BORROWED: weakref.WeakSet = weakref.WeakSet()
+
+
+@contextmanager
+def borrowed_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Inside, ``model`` samples on its own weights: no copy in the decoder's layout (about the size of the weights
+    again), at some speed (``_Proj``: one ``F.linear`` per projection). For a model that changes between samplings
+    (one being trained, evaluated between steps) the copies would be rebuilt each time and held in between: the
+    trainer's memory peak. Copies made for it before are dropped on entry, and nothing is kept after."""
+    _CACHE.pop(model, None)
+    _BORROWED.add(model)
+    try:
+        yield
+    finally:
+        _BORROWED.discard(model)
+        _CACHE.pop(model, None)
+
+
 class StaticDecoder:
     """Prefill and one-token decode steps for a supported model (check ``unsupported_reason`` first)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, borrow: bool = False) -> None:
         cfg, inner = model.config, model.model
         attn0 = inner.layers[0].self_attn
         self.heads = cfg.num_attention_heads
@@ -177,17 +205,21 @@ class StaticDecoder:
         self.rotary = inner.rotary_emb
         self.norm = inner.norm.weight.detach()
         self.norm_eps = float(inner.norm.variance_epsilon)
-        one = _onednn_ok(model)
-        self.head = _Proj([model.lm_head], one)
+        one = _onednn_ok(model) and not borrow
+
+        def proj(mods: list[torch.nn.Module]) -> _Proj:
+            return _Proj(mods, one, borrow)
+
+        self.head = proj([model.lm_head])
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(_Layer(
                 ln1=layer.input_layernorm.weight.detach(), eps1=float(layer.input_layernorm.variance_epsilon),
-                qkv=_Proj([a.q_proj, a.k_proj, a.v_proj], one), o=_Proj([a.o_proj], one),
+                qkv=proj([a.q_proj, a.k_proj, a.v_proj]), o=proj([a.o_proj]),
                 ln2=layer.post_attention_layernorm.weight.detach(),
                 eps2=float(layer.post_attention_layernorm.variance_epsilon),
-                gate_up=_Proj([m.gate_proj, m.up_proj], one), down=_Proj([m.down_proj], one)))
+                gate_up=proj([m.gate_proj, m.up_proj]), down=proj([m.down_proj])))
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.hidden = self.embed.shape[1]
@@ -200,7 +232,7 @@ class StaticDecoder:
         if hit is not None and hit[0] == sig:
             return hit[1]
         _CACHE.pop(model, None)  # drop the stale copies before making new ones
-        dec = cls(model)
+        dec = cls(model, borrow=model in _BORROWED)
         _CACHE[model] = (sig, dec)
         return dec
 
