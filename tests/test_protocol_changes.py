@@ -96,6 +96,27 @@ def test_an_idle_node_long_polls_instead_of_sleeping_its_interval(tmp_path):
     th.join(timeout=60)
 
 
+def test_a_node_that_does_no_work_beats_on_its_interval_not_in_a_storm(tmp_path):
+    """A node started without a way to serve its assignments (``swarmrl node run`` without ``--rl-config``) holds
+    work it never answers. The orchestrator answers a held poll at once while the node holds work, so the node's
+    loop asked again at once: 1,628 heartbeats in 30 s against a running swarm (issue 39). It sleeps its interval."""
+    from swarmrl.protocol.node import run_node
+
+    cfg, _ = make_cfg(tmp_path, heartbeat_interval_s=1.0)
+    with running(cfg, run_sweeper=False) as srv:
+        node = NodeClient(srv.url, generate_key())
+        node.register(throughput=10.0, stake=100.0)
+        replies = []
+        stop = threading.Event()
+        th = threading.Thread(target=lambda: run_node(node, handler=None, stop=stop, on_reply=replies.append))
+        th.start()
+        stop.wait(3.0)
+        stop.set()
+        th.join(timeout=30)
+    assert replies and all(r.assignments for r in replies)  # it held work the whole time
+    assert len(replies) <= 5, f"{len(replies)} heartbeats in 3 s at a 1 s interval"
+
+
 def test_pending_and_accepted_long_polls_answer_when_an_upload_or_a_verdict_comes(tmp_path):
     cfg, keys = make_cfg(tmp_path, contract={"async_level": 2})
     with running(cfg, run_sweeper=False) as srv:

@@ -86,6 +86,7 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
         interval = 10.0
         worked = False
         long_poll = False
+        unserved = False  # the reply holds work this node will not do (no handler): a held poll would return at once
         try:
             reply = client.beat(wait=wait)  # the reply its last upload came with, else a heartbeat
             interval = reply.heartbeat_interval_s
@@ -94,7 +95,10 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
             if on_reply:
                 on_reply(reply)
             for a in reply.assignments:
-                if a.assignment_id in done or handler is None:
+                if handler is None:
+                    unserved = True
+                    continue
+                if a.assignment_id in done:
                     continue
                 done.add(a.assignment_id)
                 worked = True
@@ -117,7 +121,9 @@ def run_node(client: NodeClient, handler: Handler | None = None, stop: threading
         # a node that just finished work beats again at once: the reply carries its next work. An idle one asks
         # again at once too when the orchestrator holds its heartbeat until work may have opened (at most one
         # interval, so it stays as alive as one beating every interval), else it sleeps an interval.
-        wait = min(interval, MAX_HEARTBEAT_WAIT_S) if long_poll and not worked else 0.0
+        # A node holding work it does not do sleeps its interval: the orchestrator answers a held poll at once while
+        # the node holds work, so asking again at once would beat as fast as the link allows.
+        wait = min(interval, MAX_HEARTBEAT_WAIT_S) if long_poll and not worked and not unserved else 0.0
         if not worked and not wait:
             stop.wait(interval)
     return beats
