@@ -53,7 +53,8 @@ def make_cfg(tmp: Path, contract: dict | None = None, **kw) -> tuple[Orchestrato
     base = dict(data_dir=str(tmp / "orch"), database_url=database_url(tmp), run_secret="test-secret",
                 validator_keys=[public_key_hex(validator)], trainer_keys=[public_key_hex(trainer)],
                 tasks_per_node=3, heartbeat_interval_s=10.0, sweep_interval_s=0.1,
-                rate_limit_per_s=1000.0, rate_limit_burst=1000, contract=_merged(CONTRACT, contract or {}),
+                rate_limit_per_s=1000.0, rate_limit_burst=1000, heartbeats_per_interval=10_000,
+                contract=_merged(CONTRACT, contract or {}),
                 stake_authority_keys=[public_key_hex(authority)], self_declared_stake=True)
     base.update(kw)
     return OrchestratorConfig(**base), {"validator": validator, "trainer": trainer, "authority": authority}

@@ -117,6 +117,24 @@ def test_a_node_that_does_no_work_beats_on_its_interval_not_in_a_storm(tmp_path)
     assert len(replies) <= 5, f"{len(replies)} heartbeats in 3 s at a 1 s interval"
 
 
+@pytest.mark.parametrize("hot", [True, False])
+def test_a_node_beating_faster_than_its_interval_is_throttled(tmp_path, hot):
+    """At most ``heartbeats_per_interval`` heartbeats per interval from one key (on the hot path and the full one):
+    beyond, 429 with when to come back; another node is not affected."""
+    cfg, _ = make_cfg(tmp_path, heartbeat_interval_s=10.0, heartbeats_per_interval=3, fast_heartbeats=hot)
+    with running(cfg, run_sweeper=False) as srv:
+        fast, other = NodeClient(srv.url, generate_key()), NodeClient(srv.url, generate_key())
+        for n in (fast, other):
+            n.register(throughput=10.0, stake=100.0)
+        for _ in range(3):
+            fast.heartbeat()
+        with pytest.raises(ApiError) as e:
+            fast.heartbeat()
+        assert e.value.status == 429 and "faster than 3 per 10 s" in str(e.value)
+        assert e.value.retry_after and 1 <= e.value.retry_after <= 4  # a token every 3.3 s
+        assert other.heartbeat().node_id == other.node_id
+
+
 def test_pending_and_accepted_long_polls_answer_when_an_upload_or_a_verdict_comes(tmp_path):
     cfg, keys = make_cfg(tmp_path, contract={"async_level": 2})
     with running(cfg, run_sweeper=False) as srv:

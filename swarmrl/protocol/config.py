@@ -72,6 +72,9 @@ class OrchestratorConfig(StrictModel):
     rate_limit_burst: int = Field(40, ge=1)
     # membership
     heartbeat_interval_s: float = Field(10.0, gt=0)
+    # a node's heartbeats: at most this many per heartbeat_interval_s on average (a token bucket of this size); beyond,
+    # 429 with Retry-After. Our nodes beat once an interval, again at once only after work or a held poll's answer
+    heartbeats_per_interval: int = Field(10, ge=2, le=10_000)
     dead_after_missed: int = Field(3, ge=1)
     sweep_interval_s: float = Field(1.0, gt=0)
     # heartbeat hot path (one server process only): steady-state beats answered from an in-memory mirror, their

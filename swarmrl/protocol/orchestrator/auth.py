@@ -69,6 +69,16 @@ class Auth:
         self._db = db
         self.nonces = nonces  # every unexpired nonce seen by this process
         self.limiter = limiter  # per public key
+        n = cfg.heartbeats_per_interval  # per public key, heartbeats only
+        self.heartbeats = RateLimiter(n / cfg.heartbeat_interval_s, n)
+
+    def pace_heartbeat(self, h: SignedHeaders, now: float | None = None) -> None:
+        """Refuse a heartbeat beyond ``heartbeats_per_interval`` per interval from this key (429, with when to come
+        back): the interval is named in every reply, and a node that beats faster gains nothing but load on us."""
+        later = self.heartbeats.take(h.public_key, now)
+        if later > 0:
+            raise ProtocolError(429, f"heartbeats faster than {self._cfg.heartbeats_per_interval} per "
+                                     f"{self._cfg.heartbeat_interval_s:g} s interval", retry_after=later)
 
     def verify(self, req: SignedRequest, now: float) -> SignedHeaders:
         """The checks that need no database: header syntax, clock skew, signature, body hash, rate."""

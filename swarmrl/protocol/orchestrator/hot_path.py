@@ -78,6 +78,7 @@ class HotPath:
         work (``?wait=``), which only the full path does, so a node without work goes there."""
         now = time.time() if now is None else now
         h = self._auth.verify(call, now)  # 401 / 429 before anything else
+        self._auth.pace_heartbeat(h, now)  # the full path is handed these headers and does not pace them again
         hot = self._mirror.nodes.get(h.node_id)
         step, pv = self._run.cached
         if hot is None or not self.enabled or hot.public_key != h.public_key or \
