@@ -18,6 +18,11 @@ AdamW, one torch thread. Prints one JSON line: each variant's peak RSS (the proc
 and the optimizer state included) and median update seconds (the first update left out), and the ratios.
 
     python benchmarks/rl/memory.py --model models/smollm2 --repeats 2
+    python benchmarks/rl/memory.py --variants shared,low --isa avx2   # as on a CPU without AVX-512 (below)
+
+``--isa avx2`` runs the measurements with torch's kernels, oneDNN and MKL held to AVX2 (``ATEN_CPU_CAPABILITY``,
+``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``): what a CPU without AVX-512 (or its bfloat16 instructions)
+runs, on this one.
     python benchmarks/rl/memory.py --optimizer-only       # the optimizer's work alone (clip and step), four AdamWs
 """
 
@@ -37,6 +42,8 @@ from pathlib import Path
 from swarmrl.utils.memory import peak_rss_mb
 from swarmrl.utils.procs import child_env
 
+ISA_ENV = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                  "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 VARIANTS = {  # name: (OptimConfig fields, the chunked LM head, torch's foreach AdamW instead of the fused one)
     "full": ({"share_prompts": False}, False, True),  # before the chunked head: the full log-softmax
     "chunked": ({"share_prompts": False}, True, True),  # one sequence per row, chunked head
@@ -144,13 +151,18 @@ def main() -> None:
     ap.add_argument("--completion-len", type=int, default=12)
     ap.add_argument("--variants", default="shared_foreach,shared,shared_ac,low,low_noac",
                     help="comma-separated, the first is the baseline of the ratios")
+    ap.add_argument("--isa", choices=list(ISA_ENV), default="native",
+                    help="the instruction sets torch, oneDNN and MKL may use (avx2: as on a CPU without AVX-512)")
     ap.add_argument("--variant", choices=list(VARIANTS), help=argparse.SUPPRESS)  # one measurement
     ap.add_argument("--optimizer-only", action="store_true",
                     help="time the optimizer's work alone (clip and step; foreach, fused, bfloat16 moments, bfloat16 "
                          "moments and gradients) and exit")
     a = ap.parse_args()
     if a.optimizer_only:
-        print(json.dumps(optimizer_only(a.model, max(3, a.repeats))))
+        if a.isa != "native" and not os.environ.get("SWARMRL_BENCH_ISA"):  # the variables act at start-up
+            os.execve(sys.executable, [sys.executable, *sys.argv],
+                      {**os.environ, **ISA_ENV[a.isa], "SWARMRL_BENCH_ISA": a.isa})
+        print(json.dumps({"isa": a.isa, **optimizer_only(a.model, max(3, a.repeats))}))
         return
     if a.variant:
         from swarmrl.utils.procs import adopt_parent_death
@@ -165,12 +177,13 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps),
                                   "--prompt-len", str(a.prompt_len), "--completion-len", str(a.completion_len),
                                   "--variant", v], check=True, capture_output=True, text=True,
-                                 env=child_env(os.environ)).stdout
+                                 env=child_env({**os.environ, **ISA_ENV[a.isa]})).stdout
             res[v].append(json.loads(out.strip().splitlines()[-1]))
             print(res[v][-1], file=sys.stderr)
     med = {v: {k: statistics.median(r[k] for r in rs) for k in ("peak_rss_mb", "step_s")} for v, rs in res.items()}
     base = names[0]
-    line: dict = {"model": a.model, "baseline": base, "repeats": a.repeats, "steps": a.steps}
+    line: dict = {"model": a.model, "isa": a.isa, "prompt_len": a.prompt_len, "completion_len": a.completion_len,
+                  "baseline": base, "repeats": a.repeats, "steps": a.steps}
     for v in names:
         line[f"{v}_peak_rss_mb"] = med[v]["peak_rss_mb"]
         line[f"{v}_step_s"] = med[v]["step_s"]

@@ -32,6 +32,7 @@ per simulated second; above 1.0 one orchestrator could not keep up in real time)
     python benchmarks/swarm/simulate.py --nodes 1000 --minutes 10
     python benchmarks/swarm/simulate.py --nodes 1000,10000,100000 --minutes 10,3,1 --mode both
     python benchmarks/swarm/simulate.py --nodes 1000 --database-url postgresql+psycopg2://...
+    python benchmarks/swarm/simulate.py --nodes 50 --minutes 5 --mode demand --overassign 1.0
 
 Ends with one JSON line per (scale, mode) run.
 """
@@ -724,6 +725,8 @@ def main() -> None:
     ap.add_argument("--groups-per-step", type=int, default=0, help="trainer batch; 0: nodes * tasks_per_node / 2")
     ap.add_argument("--heartbeat-s", default="10", help="heartbeat interval, one value or one per scale")
     ap.add_argument("--train-s", type=float, default=20.0)
+    ap.add_argument("--overassign", type=float, default=SimConfig.overassign,
+                    help="demand mode: open work a step may hold, in batches (1.0: exactly one batch)")
     ap.add_argument("--register-real", type=int, default=2000)
     ap.add_argument("--unsigned", action="store_true", help="heartbeat() instead of signed_heartbeat()")
     ap.add_argument("--database-url", default="")
@@ -743,7 +746,8 @@ def main() -> None:
     for n, m, hb in zip(scales, minutes, hbs, strict=True):
         for mode in modes:
             sc = SimConfig(nodes=n, minutes=m, mode=mode, groups_per_step=args.groups_per_step, heartbeat_s=hb,
-                           train_s=args.train_s, register_real=args.register_real, signed=not args.unsigned,
+                           train_s=args.train_s, overassign=args.overassign, register_real=args.register_real,
+                           signed=not args.unsigned,
                            database_url=args.database_url, seed=args.seed, progress=not args.quiet)
             print(f"simulating {n:,} nodes, {mode}, {m:g} simulated minutes, heartbeat {hb:g} s", flush=True)
             results.append(simulate(sc))
