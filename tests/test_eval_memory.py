@@ -5,9 +5,8 @@ evaluation on, and made a fresh one at every evaluation (SmolLM2-135M: ~0.5 GB o
 
 from __future__ import annotations
 
-import gc
-
 import torch
+from memory_support import live_tensor_bytes
 
 from swarmrl.envs import make_env
 from swarmrl.eval.heldout import evaluate
@@ -17,28 +16,13 @@ from swarmrl.models import load_model, load_tokenizer
 torch.set_num_threads(1)
 
 
-def _tensor_bytes() -> int:
-    """Bytes of every distinct storage of every live tensor in this process."""
-    gc.collect()
-    storages: dict[int, int] = {}
-    for o in gc.get_objects():
-        if isinstance(o, torch.Tensor) and o.device.type != "meta":
-            try:
-                s = o.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # an opaque layout (oneDNN's): counted by its elements
-                storages[id(o)] = o.numel() * o.element_size()
-                continue
-            storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
-
-
 def test_evaluating_a_model_keeps_no_copy_of_its_weights(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    before = _tensor_bytes()
+    before = live_tensor_bytes()
     res = evaluate(model, tok, make_env("add", digits=2), n=16, batch_size=8, limits=TokenLimits(max_new_tokens=4))
     assert res["n"] == 16
-    held = _tensor_bytes() - before
+    held = live_tensor_bytes() - before
     assert held < 0.25 * weights, f"{held} bytes of tensors left after the evaluation (weights: {weights})"
 
     # a model that does not change between generations keeps its copies (the decoder is reused, not rebuilt)

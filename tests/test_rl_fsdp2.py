@@ -9,7 +9,6 @@ mistake in the loss scaling: Adam and clipping would hide it in the weights) of 
 version 3 (weights, optimizer state, files) must agree.
 """
 
-import gc
 import json
 import os
 import random
@@ -18,8 +17,8 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as mp
+from memory_support import live_tensor_bytes
 from safetensors.torch import load_file
-from torch.distributed.tensor import DTensor
 
 from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
@@ -159,22 +158,6 @@ def _held_bytes(t: Trainer) -> dict:
             "grads": sum(local(p.grad) for p in params.values() if p.grad is not None),
             "optimizer": sum(local(v) for s in t.opt.state.values() for v in s.values()
                              if isinstance(v, torch.Tensor) and v.dim() > 0)}
-
-
-def live_tensor_bytes() -> int:
-    """Every tensor this process holds, wherever it is referenced (not only the trainer's model, reference and
-    optimizer): the bytes of each distinct storage of every live tensor, a sharded tensor by its local shard."""
-    gc.collect()
-    storages: dict[int, int] = {}
-    for o in gc.get_objects():
-        if not isinstance(o, torch.Tensor) or isinstance(o, DTensor) or o.device.type == "meta":
-            continue  # a DTensor is a wrapper: its local shard is a tensor of its own, found here too
-        try:
-            s = o.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            continue
-        storages[s.data_ptr()] = s.nbytes()
-    return sum(storages.values())
 
 
 def _run_and_measure(t: Trainer) -> dict:
