@@ -158,3 +158,15 @@ def rollouts_for(node_id: str, a: AssignmentSpec, *, correct: bool = True, forge
 
 def write(rows: list[Rollout], path: Path) -> Path:
     return write_rollouts(rows, path)
+
+
+def join_worker(orch: Orchestrator, now: float):  # noqa: ANN201  # a Principal
+    """A fresh key registered as a worker straight through the service (stake 100, self-declared)."""
+    from swarmrl.protocol.orchestrator.errors import Principal
+    from swarmrl.protocol.schemas import RegisterRequest
+    from swarmrl.protocol.signing import node_id_for
+
+    pub = public_key_hex(generate_key())
+    p = Principal(node_id_for(pub), pub, "worker", "0" * 64)
+    orch.membership.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
+    return p

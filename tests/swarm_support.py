@@ -25,6 +25,7 @@ CAUGHT_BY = {
     "own_tasks": "tasks:",
     "replay": "schema:",
     "stale_policy": "policy:",
+    "other_temperature": "schema:",  # sampled at its own temperature, not the contract's
     "random_model": "logprobs:",
     "edit_tokens": "logprobs:",
     "malformed": 422,

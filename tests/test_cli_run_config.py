@@ -60,7 +60,7 @@ def test_filter_reads_the_run_configs_model_task_and_sampling():
     cfg = _print_config("filter", "-c", str(REPO / "configs/smollm2.toml"))
     assert cfg["model"] == run.rl.model and cfg["task"] == run.rl.contract.task.model_dump()
     assert cfg["chat_template"] is True and cfg["samples"] == run.rl.contract.group_size
-    assert cfg["sampling"] == run.rl.sampling.model_dump()
+    assert cfg["sampling"] == run.rl.contract.sampling.model_dump()
 
 
 def test_each_commands_own_config_file_still_works(tmp_path):

@@ -30,7 +30,8 @@ def test_dump_round_trips():
     (["optim.lr=fast"], "optim.lr"),
     (["optim.lrr=1"], "optim.lrr: unknown field"),
     (["loss.normalization=avg"], "loss.normalization"),
-    (["sampling.top_p=2"], "sampling.top_p"),
+    (["contract.sampling.top_p=2"], "contract.sampling.top_p"),
+    (["sampling.top_p=0.5"], "sampling -> contract.sampling"),
 ])
 def test_bad_values_name_the_field(overrides, field):
     with pytest.raises(ConfigError) as e:

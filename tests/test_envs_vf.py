@@ -245,11 +245,12 @@ class CalcBot(ScriptedBackend):
         return super().generate(prompt_ids, params, seeds=seeds, capture_hidden=capture_hidden)
 
 
-def _assignment(env_name: str, seed_node: str = "n" * 16, group_size: int = 2, n: int = 2):
+def _assignment(env_name: str, seed_node: str = "n" * 16, group_size: int = 2, n: int = 2,
+                sampling: dict | None = None):
     from swarmrl.contract import RLContract, task_seed
     from swarmrl.protocol.schemas import AssignmentSpec, TaskSpec
 
-    contract = RLContract(task={"name": env_name}, group_size=group_size)
+    contract = RLContract(task={"name": env_name}, group_size=group_size, sampling=sampling or {})
     seed = task_seed(seed_node, 0, "test-secret")
     tasks = contract.task.build().sample(seed, n)
     a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=seed, contract=contract, target_length=None,
@@ -275,12 +276,11 @@ def _judge(tmp_path, tok, model, a, rows, **cfg):  # noqa: ANN001, ANN003, ANN20
 
 def test_worker_rows_of_tiny_model_episodes_with_proofs_pass_the_validator(vf_packages, tok, tiny_model_dir, tmp_path):
     from swarmrl.generation.batch import BatchOrigin, rollout_batch
-    from swarmrl.rl.config import RLConfig
 
     model = load_model(tiny_model_dir)
-    contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo")
-    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 16, "max_turn_tokens": 16})
-    res = rollout_batch(model, tok, contract.task.build(), tasks, contract=cfg.contract, sampling=cfg.sampling,
+    contract, seed, tasks, a = _assignment("vf:swarmrl_vf_echo", sampling={"max_trajectory_tokens": 16,
+                                                                           "max_turn_tokens": 16})
+    res = rollout_batch(model, tok, contract.task.build(), tasks, contract=contract, sampling=contract.sampling,
                         origin=BatchOrigin("n" * 16, 0, 0, seed), budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     assert len(res.rows) == 4 and all(r.completion_mask and all(r.completion_mask) and r.proofs for r in res.rows)
     v = _judge(tmp_path, tok, model, a, res.rows, logprob_rows=64,
@@ -294,12 +294,11 @@ def test_validator_replays_tool_episodes_and_rejects_edits_and_forged_rewards(vf
     import dataclasses
 
     from swarmrl.generation.batch import BatchOrigin, rollout_batch
-    from swarmrl.rl.config import RLConfig
 
     model = load_model(tiny_model_dir)
-    contract, seed, tasks, a = _assignment("vf:swarmrl_vf_calc")
-    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 1024, "max_turn_tokens": 120})
-    res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, contract=cfg.contract, sampling=cfg.sampling,
+    contract, seed, tasks, a = _assignment("vf:swarmrl_vf_calc", sampling={"max_trajectory_tokens": 1024,
+                                                                           "max_turn_tokens": 120})
+    res = rollout_batch(CalcBot(tok), tok, contract.task.build(), tasks, contract=contract, sampling=contract.sampling,
                         origin=BatchOrigin("n" * 16, 0, 0, seed), budgets=None)
     assert all(r.task_reward == pytest.approx(1.0) and 0 in r.completion_mask for r in res.rows)
     off = {"logprob_rows": 0}  # the replay and the rewards (the scripted turns are not the tiny model's samples)

@@ -64,7 +64,7 @@ def test_rollout_batch_through_a_backend_equals_through_a_model(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=3, task={"name": "add", "params": {"digits": 2}}))
-    kw = dict(contract=cfg.contract, sampling=cfg.sampling, origin=BatchOrigin("w0", 1, 0, 5), budgets=None,
+    kw = dict(contract=cfg.contract, sampling=cfg.contract.sampling, origin=BatchOrigin("w0", 1, 0, 5), budgets=None,
               proofs=True)
     a = rollout_batch(model, tok, env, env.sample(5, 4), generator=torch.Generator().manual_seed(3), **kw)
     backend = as_backend(model, tok.eos_token_id, tok.pad_token_id, torch.Generator().manual_seed(3))

@@ -32,7 +32,7 @@ def test_the_sections_that_sample_carry_the_declared_limits_and_nothing_redeclar
     for section in (SamplingParams, EvalSection, EvalConfig):
         assert issubclass(section, TokenLimits) and _limits(section()) == _limits(TokenLimits())
     rl = RLConfig()
-    assert _limits(rl.sampling) == _limits(rl.eval) == _limits(TokenLimits())
+    assert _limits(rl.contract.sampling) == _limits(rl.eval) == _limits(TokenLimits())
     assert _limits(FilterConfig().sampling) == _limits(TokenLimits())
     assert ChatLimits().max_turn_tokens == TokenLimits().max_turn_tokens
     greedy = SamplingParams.greedy(EvalConfig(max_new_tokens=5, max_trajectory_tokens=50))

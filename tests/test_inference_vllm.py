@@ -84,9 +84,9 @@ def test_seeds_are_per_request(backend, vllm_model_dir):
 def test_proofs_from_captured_states_verify(backend, vllm_model_dir):
     model, tok = load_model(vllm_model_dir), load_tokenizer(vllm_model_dir)
     env = make_env("add", digits=2)
-    cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}}),
-                   sampling={"max_new_tokens": 12, "temperature": 1.0})
-    res = rollout_batch(backend, tok, env, env.sample(3, 2), contract=cfg.contract, sampling=cfg.sampling,
+    cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}},
+                                       sampling={"max_new_tokens": 12, "temperature": 1.0}))
+    res = rollout_batch(backend, tok, env, env.sample(3, 2), contract=cfg.contract, sampling=cfg.contract.sampling,
                         origin=BatchOrigin("w0", 0, 0, 3),
                         budgets=None, proofs=True)
     assert len(res.rows) == 8 and all(r.proofs for r in res.rows)

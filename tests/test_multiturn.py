@@ -220,8 +220,8 @@ def test_the_sampling_loop_appends_sampled_ids_and_replies_tokenized_once(tiny_m
     kept1 = len(enc("hm <calc>2*(3+4)</calc>"))
     turn2 = enc(f"<answer>{ans}</answer>") + [tok.eos_token_id]
     backend = ScriptedBackend([turn1, turn2], tok.eos_token_id, tok.pad_token_id)
-    cfg = RLConfig(contract=RLContract(group_size=2, task={"name": "calc"}), sampling={"max_trajectory_tokens": 128})
-    res = rollout_batch(backend, tok, env, [task], contract=cfg.contract, sampling=cfg.sampling,
+    cfg = RLConfig(contract=RLContract(group_size=2, task={"name": "calc"}, sampling={"max_trajectory_tokens": 128}))
+    res = rollout_batch(backend, tok, env, [task], contract=cfg.contract, sampling=cfg.contract.sampling,
                         origin=BatchOrigin("w", 0, 0, 0), budgets=None)
     reply = encode_reply(tok, "<result>14</result>")
     assert reply == enc("<result>14</result>")
@@ -317,14 +317,14 @@ def honest(tiny_model_dir, tmp_path_factory):
     from swarmrl.protocol.schemas import AssignmentSpec, PendingSubmission, SubmissionInfo, TaskSpec
 
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
-    contract = RLContract(task={"name": "echo_tool", "params": {"max_turns": 4}}, group_size=2)
+    contract = RLContract(task={"name": "echo_tool", "params": {"max_turns": 4}}, group_size=2,
+                          sampling={"max_trajectory_tokens": 40})
     seed = task_seed("n" * 16, 0, "test-secret")
     env = contract.task.build()
     tasks = env.sample(seed, 3)
     a = AssignmentSpec(assignment_id=1, step=0, policy_version=0, seed=seed, contract=contract, target_length=None,
                        tasks=[TaskSpec(task_id=t.task_id, prompt=t.prompt) for t in tasks])
-    cfg = RLConfig(contract=contract, sampling={"max_trajectory_tokens": 40})
-    res = rollout_batch(model, tok, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
+    res = rollout_batch(model, tok, env, tasks, contract=contract, sampling=contract.sampling,
                         origin=BatchOrigin("n" * 16, 0, 0, seed),
                         budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     sub = SubmissionInfo(submission_id=1, node_id="n" * 16, assignment_id=1, step=0, sha256="0" * 64, size=1,
@@ -394,7 +394,7 @@ def test_the_multiturn_adversaries_uploads_are_rejected_by_the_replay(honest, ki
     node.tokenizer = tok
     env = item.assignment.contract.task.build()
     tasks = env.sample(item.assignment.seed, 3)
-    rl = RLConfig(contract=item.assignment.contract, sampling={"max_trajectory_tokens": 40})
+    rl = RLConfig(contract=item.assignment.contract)
     bad = node.tamper([dataclasses.replace(r) for r in rows], tasks, env, rl, item.assignment)
     for r, b in zip(rows, bad):
         assert [t for t, m in zip(b.completion_ids, b.model_mask()) if m] == \

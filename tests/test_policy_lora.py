@@ -181,7 +181,8 @@ def test_the_validator_rejects_base_samples_claiming_the_adapter_version(tmp_pat
     honest = _rows(node.load(1), tok, seed=3)
     lazy = _rows(load_model(tiny_model_dir), tok, seed=3)
     a = AssignmentSpec(assignment_id=1, step=1, policy_version=1, seed=0,
-                       contract=RLContract(task=TaskConfig(name="add"), group_size=2), target_length=None,
+                       contract=RLContract(task=TaskConfig(name="add"), group_size=2,
+                                           sampling={"max_new_tokens": 10}), target_length=None,
                        tasks=[TaskSpec(task_id=f"t{i}", prompt="x") for i in range(4)])
     for name, check in (("logprobs", logprob_check(cfg)), ("toploc", toploc_check(cfg))):
         ok, reason = check(CheckContext(rows=honest, item=_pending(a, 4), cfg=cfg, tokenizer=tok,

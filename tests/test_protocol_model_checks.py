@@ -8,7 +8,7 @@ import torch
 
 from swarmrl.contract import RLContract, Rollout
 from swarmrl.envs.config import TaskConfig
-from swarmrl.inference.sampler import SamplingParams, generate
+from swarmrl.inference.sampler import generate
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.protocol.checks import CheckContext, logprob_check, sampling_check, toploc_check
 from swarmrl.protocol.config import ValidatorConfig
@@ -19,12 +19,13 @@ from swarmrl.toploc.rollout import recompute
 torch.set_num_threads(1)
 GROUP = 4
 CLAIM = "swarmrl.toploc.rollout:claim_from_rollout"
+CONTRACT = RLContract(task=TaskConfig(name="add"), group_size=GROUP, sampling={"max_new_tokens": 10})
 
 
 def _rows(model: torch.nn.Module, tok) -> list[Rollout]:  # noqa: ANN001
     """Two prompts, a group of four completions each, sampled with proofs as an honest node does."""
     prompts = [tok.encode(p, add_special_tokens=False) for p in ("12+30=", "7+45=") for _ in range(GROUP)]
-    out = generate(model, prompts, SamplingParams(max_new_tokens=10, temperature=1.0), tok.eos_token_id,
+    out = generate(model, prompts, CONTRACT.sampling, tok.eos_token_id,
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(5))
     return [Rollout(worker_id="n" * 16, step=1, policy_version=0, task_id=f"t{i // GROUP}", env="add",
                     group_id=f"g{i // GROUP}", prompt_ids=p, completion_ids=c, logprobs=lp, reward=0.0,
@@ -36,7 +37,7 @@ def _rows(model: torch.nn.Module, tok) -> list[Rollout]:  # noqa: ANN001
 
 def _pending(n_rows: int) -> PendingSubmission:
     a = AssignmentSpec(assignment_id=1, step=1, policy_version=0, seed=0,
-                       contract=RLContract(task=TaskConfig(name="add"), group_size=GROUP), target_length=None,
+                       contract=CONTRACT, target_length=None,
                        tasks=[TaskSpec(task_id=f"t{i}", prompt="x") for i in range(2)])
     sub = SubmissionInfo(submission_id=1, node_id="n" * 16, assignment_id=1, step=1, sha256="0" * 64, size=1,
                          n_rows=n_rows, status="pending", created_at=0.0)

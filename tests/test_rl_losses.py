@@ -117,7 +117,7 @@ def test_the_trainer_sees_no_mismatch_with_its_own_samples(tmp_path, tiny_model_
                    loss=LossConfig(correction="tis"))
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
-    res = rollout_batch(model, tok, env, env.sample(1, 4), contract=cfg.contract, sampling=cfg.sampling,
+    res = rollout_batch(model, tok, env, env.sample(1, 4), contract=cfg.contract, sampling=cfg.contract.sampling,
                         origin=BatchOrigin("w0", 0, 0, 1),
                         budgets=None, generator=torch.Generator().manual_seed(0))
     run = RunDir(cfg.run_dir)

@@ -16,7 +16,7 @@ def test_batch_rows_and_proofs_verify(tiny_model_dir):
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=4, task={"name": "add", "params": {"digits": 2}}))
     tasks = env.sample(3, 5)
-    res = rollout_batch(model, tok, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
+    res = rollout_batch(model, tok, env, tasks, contract=cfg.contract, sampling=cfg.contract.sampling,
                         origin=BatchOrigin("w0", 2, 1, 3), budgets=None,
                         generator=torch.Generator().manual_seed(0), proofs=True)
     assert len(res.rows) == 20
@@ -28,19 +28,19 @@ def test_batch_rows_and_proofs_verify(tiny_model_dir):
         assert r.step == 2 and r.policy_version == 1 and r.length_penalty == 0.0 and r.reward == r.task_reward
         assert len(r.logprobs) == len(r.completion_ids) and r.proofs
         assert r.finished == (r.completion_ids[-1] == tok.eos_token_id)
-    checks = verify_rows(model, res.rows, tok.eos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)
+    checks = verify_rows(model, res.rows, tok.eos_token_id, max_new_tokens=cfg.contract.sampling.max_new_tokens)
     assert all(c.passed for c in checks), [c.reason for c in checks if not c.passed]
     # a token edited after generation is caught
     bad = res.rows[0]
     bad.completion_ids = [(bad.completion_ids[0] + 1) % 200 + 4] + bad.completion_ids[1:]
-    assert not verify_rows(model, [bad], tok.eos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)[0].passed
+    assert not verify_rows(model, [bad], tok.eos_token_id, max_new_tokens=cfg.contract.sampling.max_new_tokens)[0].passed
 
 
 def test_budget_targets_and_penalties(tiny_model_dir):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
     env = make_env("add", digits=2)
     cfg = RLConfig(contract=RLContract(group_size=2, budget={"enabled": True, "tiers": [3], "penalty": 0.1}))
-    res = rollout_batch(model, tok, env, env.sample(0, 3), contract=cfg.contract, sampling=cfg.sampling,
+    res = rollout_batch(model, tok, env, env.sample(0, 3), contract=cfg.contract, sampling=cfg.contract.sampling,
                         origin=BatchOrigin("w0", 0, 0, 0),
                         budgets=[cfg.contract.budget.budget(3)] * 3, generator=torch.Generator().manual_seed(0))
     for r in res.rows:

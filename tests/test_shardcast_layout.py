@@ -45,12 +45,14 @@ def test_public_paths_and_distribution_roundtrip():
     assert text == f"v2: {H}|3\nv10: {'cd' * 32}|1\n"
     assert parse_distribution(text) == entries
     assert parse_distribution("") == []
+    # version 0 is the run's base model (swarmrl.models.bundle), listed before the policy versions
+    assert [e.version for e in parse_distribution(f"v0: {H}|3\nv2: {H}|1\n")] == [0, 2]
 
 
 @pytest.mark.parametrize("bad", [
     f"v1: {H}",                      # no shard count
     f"v1: {H.upper()}|3",            # uppercase hex
-    f"v0: {H}|3",                    # version 0
+    f"v-1: {H}|3",                   # a negative version
     f"v1: {H}|0",                    # zero shards
     f"v2: {H}|1\nv1: {H}|1",         # not ascending
     f"v1: {H}|1 ; rm -rf /",         # junk

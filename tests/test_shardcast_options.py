@@ -50,4 +50,5 @@ def test_the_entry_points_take_the_options_whole():
         assert params["options"].default == FetchOptions(), fn.__name__
         loose = {f.name for f in dataclasses.fields(FetchOptions)} & set(params)
         assert not loose, f"{fn.__name__} takes {loose} loose"
-    assert len(inspect.signature(fetch_async).parameters) == 7
+    # what one call fetches: servers, out, key, version, min_version, on_shard, and the hash known from elsewhere
+    assert len(inspect.signature(fetch_async).parameters) == 8

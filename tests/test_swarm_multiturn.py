@@ -47,7 +47,7 @@ def test_swarm_multiturn_tool_task_replays_honest_work_and_catches_the_cheats(ti
         monkeypatch.syspath_prepend(p)
     adversaries = ["edit_env_turn", "forge_tool_result", "forge_rewards"]
     cfg = _cfg(tmp_path, tiny_model_dir, adversaries, steps=6, task=TaskConfig(name="echo_tool", params={"max_turns": 4}),
-               rl_extra={"sampling": SamplingParams(max_trajectory_tokens=24, temperature=1.0)})
+               contract_extra={"sampling": SamplingParams(max_trajectory_tokens=24, temperature=1.0)})
     t, out = _run_in_thread(cfg)
     t.join(timeout=540)
     assert not t.is_alive(), "run did not finish"

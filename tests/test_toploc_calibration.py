@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from swarmrl.cli import app
 from swarmrl.contract import RLContract, Rollout
-from swarmrl.inference.sampler import SamplingParams, generate
+from swarmrl.inference.sampler import generate
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.protocol.checks import toploc_check
 from swarmrl.protocol.config import ValidatorConfig
@@ -87,11 +87,14 @@ def test_recommend_tightens_until_edits_fail_and_reports_overlap():
     assert not r.separable and r.edits_passing == 1 and "overlap" in r.note
 
 
+CONTRACT = RLContract(sampling={"max_new_tokens": 20})  # what the rows below are sampled under
+
+
 def _rows(model_dir, noise: float = 0.0) -> list[Rollout]:
     """Honest rows of the model; ``noise`` scales the committed states (another honest kernel's rounding)."""
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
     prompts = [tok.encode(t, add_special_tokens=False) for t in ("1+1=", "hello there", "12*3+4=")]
-    out = generate(model, prompts, SamplingParams(max_new_tokens=20), tok.eos_token_id, tok.pad_token_id,
+    out = generate(model, prompts, CONTRACT.sampling, tok.eos_token_id, tok.pad_token_id,
                    capture_hidden=True, generator=torch.Generator().manual_seed(0))
     return [Rollout("n", 0, 0, f"t{i}", "mul_add", f"g{i}", p, c, lp, 0.0, 0.0, 0.0, None, 1.0, f, 0,
                     build_proofs(h.float() * (1 + noise)))
@@ -109,7 +112,7 @@ def _judge(model_dir, tmp_path, rows, val: Validator | None = None, **cfg_kw):
     cfg = val.cfg
     path = write_rollouts(rows, tmp_path / "r.parquet")
     item = SimpleNamespace(submission=SimpleNamespace(submission_id=1),
-                           assignment=SimpleNamespace(contract=RLContract()))
+                           assignment=SimpleNamespace(contract=CONTRACT))
     return judge(path, item, cfg, val.checks, val.tokenizer, val.load_model, val.vocab_size, val._toploc_settings)
 
 

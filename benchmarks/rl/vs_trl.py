@@ -24,7 +24,7 @@ runs' own variance, which the binomial error of the evaluation leaves out).
 
     python benchmarks/rl/vs_trl.py --config configs/smollm2.toml --minutes 15 \\
         --set 'rl.contract.task.params={digits=2, prompt="What is {expr}? Answer with just the number.", answer="last_number"}' \\
-        --set rl.sampling.max_new_tokens=16 --set rl.eval.max_new_tokens=16
+        --set rl.contract.sampling.max_new_tokens=16 --set rl.eval.max_new_tokens=16
     python benchmarks/rl/vs_trl.py --config configs/run.toml --minutes 3 --systems trl,local --seeds 0,1
     python benchmarks/rl/vs_trl.py --config configs/smollm2_lora.toml --minutes 10 \
         --systems 'full=swarm:rl.lora.enabled=false;rl.optim.lr=1e-5,lora=swarm'
@@ -55,7 +55,7 @@ def run_trl(cfg, marks: list[float], minutes: float, out: Path, python: str, thr
     rl = cfg.rl
     spec = {"model": rl.model, "task": rl.contract.task.model_dump(mode="json"), "group_size": rl.contract.group_size,
             "prompts_per_step": rl.prompts_per_step, "lr": rl.optim.lr, "warmup_steps": rl.optim.warmup_steps,
-            "max_new_tokens": rl.sampling.max_new_tokens, "temperature": rl.sampling.temperature,
+            "max_new_tokens": rl.contract.sampling.max_new_tokens, "temperature": rl.contract.sampling.temperature,
             "chat_template": rl.contract.chat_template, "seed": rl.seed, "train_items": 50_000,
             "marks_s": marks, "minutes": minutes, "threads": threads}
     out.mkdir(parents=True, exist_ok=True)

@@ -60,10 +60,9 @@ def main() -> None:
         model_dir = Path(tempfile.mkdtemp()) / "model"
         init_model(ModelInitConfig(seed=0), model_dir)
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
-    rl = RLConfig(model=str(model_dir), contract=RLContract(group_size=a.group))
-    rl = rl.model_copy(update={"sampling": rl.sampling.model_copy(update={"max_new_tokens": 6})})
+    rl = RLConfig(model=str(model_dir), contract=RLContract(group_size=a.group, sampling={"max_new_tokens": 6}))
     env = make_env("add", digits=2)
-    res = rollout_batch(model, tok, env, env.sample(1, a.tasks), contract=rl.contract, sampling=rl.sampling,
+    res = rollout_batch(model, tok, env, env.sample(1, a.tasks), contract=rl.contract, sampling=rl.contract.sampling,
                         origin=BatchOrigin("n", 0, 0, 1),
                         budgets=None, generator=torch.Generator().manual_seed(0), proofs=True)
     rows = res.rows
@@ -149,7 +148,7 @@ def model_checks(config: str, reps: int) -> None:
     tasks = env.sample(1, rl.prompts_per_step)
     gen: list[float] = []
     for rep in range(reps + 1):  # the first is a warm-up
-        res = rollout_batch(model, tok, env, tasks, contract=rl.contract, sampling=rl.sampling,
+        res = rollout_batch(model, tok, env, tasks, contract=rl.contract, sampling=rl.contract.sampling,
                             origin=BatchOrigin("n", 0, 0, 1), budgets=None,
                             generator=torch.Generator().manual_seed(rep), proofs=True)
         gen.append(res.seconds)

@@ -102,7 +102,7 @@ class EditTokens(SwarmNode):
             if r.task_reward >= 1.0 or not t.demonstration:
                 continue
             ids = list(self.tokenizer(t.demonstration, add_special_tokens=False)["input_ids"])
-            ids = ids[: rl.sampling.max_new_tokens - 1] + [eos]
+            ids = ids[: a.contract.sampling.max_new_tokens - 1] + [eos]
             lp = list(r.logprobs) + [r.logprobs[-1] if r.logprobs else -1.0] * len(ids)
             r.completion_ids, r.logprobs, r.finished, r.completion_mask = ids, lp[: len(ids)], True, None
         return _rescore(self, rows, tasks, env, a)
@@ -186,6 +186,15 @@ class Replay(SwarmNode):
                 r.worker_id, r.step = self.node_id, a.step
             return stolen
         return rows
+
+
+class OtherTemperature(SwarmNode):
+    """Samples at a temperature of its own (``own_temperature``), as a node whose own config overrode the run's
+    would: its rows say so, and the validator refuses them for it."""
+
+    def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
+        sampling = a.contract.sampling.model_copy(update={"temperature": self.cfg.own_temperature})
+        return super().generate(a.model_copy(update={"contract": a.contract.model_copy(update={"sampling": sampling})}))
 
 
 class StalePolicy(SwarmNode):
@@ -352,6 +361,7 @@ ADVERSARIES: dict[str, type[SwarmNode]] = {
     "stale_policy": StalePolicy, "own_tasks": OwnTasks, "malformed": Malformed, "oversized": Oversized,
     "wrong_key": WrongKey, "bomb": Bomb, "flood": Flood, "idle_connections": IdleConnections,
     "late_edit_tokens": LateEditTokens, "edit_env_turn": EditEnvTurn, "forge_tool_result": ForgeToolResult,
+    "other_temperature": OtherTemperature,
 }
 assert tuple(ADVERSARIES) == ADVERSARY_KINDS, "attacks.config.ADVERSARY_KINDS must name every adversary"
 

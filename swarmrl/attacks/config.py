@@ -9,7 +9,8 @@ from swarmrl.swarm.config import SwarmNodeConfig
 
 ADVERSARY_KINDS: tuple[str, ...] = ("random_model", "edit_tokens", "forge_rewards", "replay", "stale_policy",
                                     "own_tasks", "malformed", "oversized", "wrong_key", "bomb", "flood",
-                                    "idle_connections", "late_edit_tokens", "edit_env_turn", "forge_tool_result")
+                                    "idle_connections", "late_edit_tokens", "edit_env_turn", "forge_tool_result",
+                                    "other_temperature")
 
 
 class AdversaryConfig(SwarmNodeConfig):
@@ -17,6 +18,7 @@ class AdversaryConfig(SwarmNodeConfig):
 
     adversary: str
     honest_first: int = Field(3, ge=0)  # late_edit_tokens: honest submissions before it starts cheating
+    own_temperature: float = Field(1.7, ge=0, le=100)  # other_temperature: what it samples at instead of the run's
     replay_from: str = ""  # replay: dir whose */*.parquet it steals ("" = <run_dir>/nodes)
     oversize_bytes: int = Field(5 << 20, gt=0)  # oversized: size of the file it uploads
     bomb_bytes: int = Field(2 << 30, gt=0)  # bomb: what its (few-kilobyte) file decodes to (32x max_decoded_bytes)

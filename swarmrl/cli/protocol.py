@@ -126,6 +126,39 @@ def node_run(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintO
     run_node(client, handler=None, max_beats=max_beats, on_reply=show)
 
 
+@node_app.command("join")
+def node_join(url: Annotated[str, typer.Argument(help="The orchestrator's URL (from the operator's join line).")],
+              config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt = False,
+              run_key: Annotated[Optional[str], typer.Option("--run-key", help="The orchestrator's key from the "
+                                 "join line: a run description signed by another is refused.")] = None,
+              key: Annotated[Optional[Path], typer.Option(help="Node key file (made if missing; default "
+                                                               "WORK_DIR/node.pem).")] = None,
+              work_dir: Annotated[Optional[Path], typer.Option(help="This node's files (key, cache, rollouts, "
+                                                                    "metrics).")] = None,
+              stake: Annotated[Optional[float], typer.Option(help="Stake to lock (default: the run's minimum).")] = None
+              ) -> None:
+    """Join a running swarm with its URL alone: read the run's signed description, check this machine (task
+    packages, memory), make a key if none, fetch the base model through the swarm (checked against the run's hash),
+    register and work."""
+    from swarmrl.swarm.config import JoinConfig  # noqa: PLC0415  # lazy: startup
+
+    cfg = resolve(JoinConfig, config, set_, opt("orchestrator", url) + opt("run_key", run_key) + opt("key", key)
+                  + opt("work_dir", work_dir) + opt("stake", stake), print_config)
+    if cfg.run_key:
+        cfg = cfg.model_copy(update={"run_key": _public_key_hex(cfg.run_key, "--run-key")})
+    if cfg.key and Path(cfg.key).exists():
+        _private_key(Path(cfg.key))
+    _logging()
+    from swarmrl.swarm.join import JoinRefused, join  # noqa: PLC0415  # lazy: startup
+
+    with backend_errors():
+        try:
+            code = join(cfg)
+        except JoinRefused as e:
+            fail(str(e), e.code)
+    raise typer.Exit(code)
+
+
 @node_app.command("status")
 def node_status(orchestrator: Annotated[str, typer.Option(help="Orchestrator URL.")] = "http://127.0.0.1:8700",
                 key: Annotated[Optional[Path], typer.Option(help="Node private key file.")] = None,

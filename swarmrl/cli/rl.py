@@ -171,8 +171,8 @@ def filter_(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOp
     """Offline filtering: keep training tasks whose estimated solve rate lies in a band (default [0.1, 0.8]).
 
     --config takes a filter config or the run config of `swarmrl run` (configs/run.toml): then the run's initial
-    model on the run's task, params and chat template, sampled as its workers sample (rl.sampling, rl.contract.group_size
-    completions per task); options and --set still win."""
+    model on the run's task, params and chat template, sampled as its workers sample (rl.contract.sampling,
+    rl.contract.group_size completions per task); options and --set still win."""
     from swarmrl.filtering.offline import FilterConfig, run_filter  # noqa: PLC0415  # lazy: startup
     from swarmrl.job.commands import filter_settings  # noqa: PLC0415  # lazy: startup
 

@@ -2,10 +2,11 @@
 
 A worker or node that samples, the trainer that trains, the orchestrator that hands out work and the validator
 that re-checks it must read the same staleness window, group size, tie rule, task (with its prompt and answer
-rules), chat-template flag, thinking-budget rule and TOPLOC proof geometry. They do: the run config
-(``rl.contract``), the orchestrator's and validator's configs (``contract``) and the wire schemas
-(``AssignmentSpec.contract``) all carry this one object under one name, and ``swarmrl run`` derives every role's
-copy from the run config's (``swarmrl.job.derive``). The rules that interpret it live beside it: ``window()``
+rules), chat-template flag, thinking-budget rule, sampling settings (temperature, top_p, token limits: every
+sampler uses the assignment's, whatever its own config says, and the validator holds each row to them) and TOPLOC
+proof geometry. They do: the run config (``rl.contract``), the orchestrator's and validator's configs (``contract``)
+and the wire schemas (``AssignmentSpec.contract``) all carry this one object under one name, and ``swarmrl run``
+derives every role's copy from the run config's (``swarmrl.job.derive``). The rules that interpret it live beside it: ``window()``
 (``AsyncWindow``), ``group_rule()`` (``GroupRule``), ``BudgetRule.budget`` (``Budget``).
 
 It travels from the orchestrator to nodes and validators, so every field is bounded.
@@ -19,6 +20,7 @@ from pydantic import Field, field_validator
 
 from swarmrl.config import StrictModel
 from swarmrl.contract.groups import GroupRule
+from swarmrl.contract.sampling import SamplingParams
 from swarmrl.contract.scoring import Budget, check_prompt_format
 from swarmrl.contract.window import AsyncWindow
 from swarmrl.envs.config import TaskConfig
@@ -76,6 +78,9 @@ class RLContract(StrictModel):
     group_size: int = Field(8, ge=2, le=1 << 12)  # completions per task
     filter_ties: bool = True  # a group whose rewards all tie is not used (and does not count as work done)
     budget: BudgetRule = Field(default_factory=BudgetRule)
+    # how every sampler samples (temperature, top_p, token limits; bounded: ``swarmrl.inference.params``); the
+    # validator refuses a row at another temperature or over the limit (``protocol.checks.check_schema``)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
     proof: ProofGeometry = Field(default_factory=ProofGeometry)
 
     @field_validator("task")

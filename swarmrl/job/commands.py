@@ -32,7 +32,7 @@ def sft_settings(run: RunConfig) -> dict[str, Any]:
 
 def filter_settings(run: RunConfig) -> dict[str, Any]:
     """``FilterConfig``: solve rates of the run's initial model on the run's task, sampled as its workers sample
-    (``rl.sampling``, one group of ``rl.contract.group_size`` completions per task)."""
+    (``rl.contract.sampling``, one group of ``rl.contract.group_size`` completions per task)."""
     rl = run.rl
     return {"model": rl.model, "task": rl.contract.task.model_dump(mode="json"), "chat_template": rl.contract.chat_template,
-            "sampling": rl.sampling.model_dump(mode="json"), "samples": rl.contract.group_size}
+            "sampling": rl.contract.sampling.model_dump(mode="json"), "samples": rl.contract.group_size}

@@ -87,6 +87,9 @@ class WanSection(StrictModel):
     profile: str = ""  # "": off, every role on 127.0.0.1; else a profile name, e.g. "wan100", "mixed"
     links: dict[str, str] = Field(default_factory=dict)  # role name (n0, relay0, trainer, ...) -> link name
     seed: int = 0  # seeds the links' packet losses
+    # namespaces for machines that join later (`swarmrl node join` run with `ip netns exec`), named guest0, ...,
+    # on the profile's node links after the run's own nodes; wan.json names each one's namespace and address
+    guests: int = Field(0, ge=0, le=16)
 
     @model_validator(mode="after")
     def _known(self) -> WanSection:

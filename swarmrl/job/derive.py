@@ -7,8 +7,8 @@ Rules that tie the roles together live here once, each from the contract's point
   mode needs on top (TOPLOC proofs on honest nodes; enough policy versions kept for the validator's lag,
   ``AsyncWindow.versions_to_keep``);
 - the orchestrator's and the validator's configs, which carry the run config's ``rl.contract`` as it is (task,
-  group size, staleness window, tie rule, budget, proof geometry: nothing re-derived), with the orchestrator's
-  demand settings and the validator's checks.
+  group size, staleness window, tie rule, budget, sampling settings, proof geometry: nothing re-derived), with the
+  orchestrator's demand settings and the validator's checks.
 """
 
 from __future__ import annotations

@@ -131,7 +131,8 @@ def launch(cfg: RunConfig, progress: Callable[[str], None] = print, live: Callab
 def wan_roles(cfg: RunConfig) -> list[str]:
     """The roles that get a namespace of their own under a network profile (the adapter shares its trainer's)."""
     relays = cfg.rl.shardcast.relays if cfg.rl.shardcast.enabled else 0
-    return ["orchestrator", "trainer", "validator", *(f"relay{i}" for i in range(relays)), *member_names(cfg)]
+    return ["orchestrator", "trainer", "validator", *(f"relay{i}" for i in range(relays)), *member_names(cfg),
+            *(f"guest{i}" for i in range(cfg.wan.guests))]
 
 
 @contextmanager
@@ -156,6 +157,18 @@ def network(cfg: RunConfig, root: Path, progress: Callable[[str], None]) -> Iter
                  + ", ".join(f"{r} {link.describe()}" for r, link in h.links.items()))
         with inside(h.netns["orchestrator"]):
             yield Placement(dict(h.hosts), dict(h.netns))
+
+
+def join_line(plan: Plan) -> str:
+    """What another machine runs to join this swarm: the orchestrator's URL and the key that signs its run
+    description (made here before the orchestrator starts, so the line is known at once)."""
+    from swarmrl.protocol.orchestrator.describe import load_or_make_key, orchestrator_key_path  # noqa: PLC0415
+    assert plan.orchestrator is not None and plan.authority is not None
+    key = public_key_hex(load_or_make_key(orchestrator_key_path(plan.orchestrator)))
+    deposit = (f"swarmrl orchestrator deposit --orchestrator {plan.url} --key {plan.authority.key} --amount "
+               f"{plan.orchestrator.min_stake:g} --public-key THEIR_KEY")
+    return (f"another machine joins with: swarmrl node join {plan.url} --run-key {key}  (its stake, once it has "
+            f"printed its key: {deposit})")
 
 
 @contextmanager
@@ -203,6 +216,7 @@ def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str]
             deposit_stakes(plan)  # before any node starts: only deposited stake can be locked at registration
             progress(f"orchestrator on {plan.url}; {cfg.swarm.nodes} honest nodes, adversaries: "
                      f"{', '.join(cfg.swarm.adversaries) or 'none'}")
+            progress(join_line(plan))
         else:
             dash = DashboardServer(root, port=cfg.dashboard_port).start()
         progress(f"dashboard: {dash.url if dash is not None else plan.url + '/dashboard'}")

@@ -115,7 +115,8 @@ class ShardcastPolicySource:
     """Policy versions fetched through SHARDCAST servers into ``cache_dir/v{n:06d}/model.safetensors``, as the
     trainer's origin publishes them: policy version N is SHARDCAST version N, and version 0 is the initial
     model every holder starts from (``base_model_dir``, whose config and tokenizer files are copied next to
-    each fetched version). Servers and the manifest key may change during a run (``set_servers``, or a
+    each fetched version: held already, or fetched as SHARDCAST version 0 before the node starts,
+    ``swarmrl.policy.base``). Servers and the manifest key may change during a run (``set_servers``, or a
     ``discover`` callable asked before each fetch). Keeps the newest ``keep`` versions on disk. ``options``: how
     each version is fetched (``FetchOptions``; its ``wait_s`` is each ``fetch``'s ``timeout_s``)."""
 

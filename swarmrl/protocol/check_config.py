@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from swarmrl.contract.sampling import SamplingParams
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.toploc.sampling_check import SamplingThresholds
 from swarmrl.toploc.verify import Thresholds
@@ -25,9 +26,37 @@ def import_dotted(spec: str) -> Callable[..., Any]:
         raise ImportError(f"{mod_name} has no {fn_name}") from None
 
 
+def _binds(fn: Callable[..., Any], args: tuple, kw: dict[str, Any]) -> bool:
+    """Whether ``fn(*args, **kw)`` binds (True when there is no signature to read)."""
+    try:
+        inspect.signature(fn).bind(*args, **kw)
+    except TypeError:
+        return False
+    except ValueError:
+        pass
+    return True
+
+
+def sampling_claimer(claim_fn: Callable[..., Any] | None, eos: int | None, sampling: SamplingParams,
+                     single: Callable[[Any], bool]) -> Callable[[Any], Any]:
+    """Row -> its sampling claim (None: none made): ``claim_fn(row, eos)``, given the contract's ``top_p`` and
+    ``max_new_tokens`` where it takes them (a function of ``(row, eos)`` alone gets neither). The limit is claimed
+    for a row where ``single(row)``: an episode's row is bounded by its trajectory, not per call (None)."""
+    if claim_fn is None or eos is None:
+        return lambda r: None
+    takes = [k for k in ("top_p", "max_new_tokens") if _binds(claim_fn, (None, 0), {k: None})]
+
+    def claim(r: Any) -> Any:
+        one = "max_new_tokens" in takes and single(r)
+        kw = {"top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens if one else None}
+        return claim_fn(r, eos, **{k: kw[k] for k in takes})
+
+    return claim
+
+
 _CALLS = {  # how each configured function is called: a misconfigured one is refused at startup
     "toploc_check": ("toploc_check(model, items, batch_size=...)", (None, []), {"batch_size": 1}),
-    "sampling_claim": ("sampling_claim(row, eos_id)", (None, 0), {}),
+    "sampling_claim": ("sampling_claim(row, eos_id)", (None, 0), {}),  # [top_p=, max_new_tokens=]: sampling_claimer
     "sampling_check": ("sampling_check(model, row)", (None, None), {}),
 }
 

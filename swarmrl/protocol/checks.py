@@ -33,8 +33,11 @@ import numpy as np
 import torch
 
 from swarmrl.contract import PROOF_GEOMETRY, Rollout, assigned_tasks, check_score, format_prompt, task_seed
+from swarmrl.contract.sampling import row_problem
 from swarmrl.envs import Task
-from swarmrl.protocol.check_config import import_dotted
+from swarmrl.envs.multiturn import is_multiturn
+from swarmrl.envs.vf import PREFIX as VF_PREFIX
+from swarmrl.protocol.check_config import import_dotted, sampling_claimer
 from swarmrl.protocol.config import ValidatorConfig
 from swarmrl.protocol.replay import replay_and_text, task_prompt_ids
 from swarmrl.protocol.schemas import PendingSubmission
@@ -81,10 +84,21 @@ class CheckContext:
 Check = Callable[[CheckContext], tuple[bool, str]]
 
 
+def _multiturn_task(ctx: CheckContext) -> bool:
+    """Whether the assignment's task samples episodes (a multi-turn environment, or a verifiers one: told by its
+    name, without importing verifiers); an episode's row of model tokens alone is stored without a mask."""
+    if "multiturn" not in ctx.cache:
+        vf = ctx.item.assignment.contract.task.name.startswith(VF_PREFIX)
+        ctx.cache["multiturn"] = vf or is_multiturn(_task_env(ctx))
+    return ctx.cache["multiturn"]
+
+
 def check_schema(ctx: CheckContext) -> tuple[bool, str]:
-    """Every row names this node, step and seed; token ids inside the vocabulary; a usable temperature.
+    """Every row names this node, step and seed; token ids inside the vocabulary; sampled as the contract says
+    (``contract.sampling``: its temperature, no more model tokens than its limit; ``contract.sampling.row_problem``).
     (Sizes, types, lengths and finite numbers were checked by ``read_rollouts`` before any check.)"""
     a, sub = ctx.item.assignment, ctx.item.submission
+    verifiers = a.contract.task.name.startswith(VF_PREFIX)
     for i, r in enumerate(ctx.rows):
         if r.worker_id != sub.node_id:
             return False, f"row {i}: worker_id {r.worker_id!r} is not the submitting node {sub.node_id}"
@@ -92,8 +106,9 @@ def check_schema(ctx: CheckContext) -> tuple[bool, str]:
             return False, f"row {i}: step {r.step} is not the assignment's step {a.step}"
         if r.seed != a.seed:
             return False, f"row {i}: seed {r.seed} is not the assignment's seed {a.seed}"
-        if not r.temperature >= 0.0:
-            return False, f"row {i}: temperature {r.temperature} is negative"
+        wrong = row_problem(r, a.contract.sampling, lambda: _multiturn_task(ctx), verifiers)
+        if wrong is not None:
+            return False, f"row {i}: {wrong}"
         if ctx.vocab_size is not None:
             top = max(max(r.prompt_ids), max(r.completion_ids))
             if top >= ctx.vocab_size:
@@ -395,7 +410,10 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
         fn = import_dotted(cfg.toploc_check)
         claim_fn = import_dotted(cfg.sampling_claim) if cfg.sampling_claim else None
         eos = getattr(ctx.tokenizer, "eos_token_id", None)
+        claim = sampling_claimer(claim_fn, eos, ctx.item.assignment.contract.sampling,
+                                 single=lambda r: r.completion_mask is None and not _multiturn_task(ctx))
         results: list[Any] = [None] * len(ctx.rows)
+        shares = _toploc_shares_states(cfg)
         for version, idx in _by_version(ctx.rows).items():
             model = ctx.model(version)
             st = ctx.toploc_settings(version)
@@ -412,8 +430,8 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
                                    f"v{version}: {st.source}); set toploc_calibration = false or use a function "
                                    "that takes them")
             kw.update(extra)
-            items = [_toploc_item(ctx.rows[i], claim_fn, eos) for i in idx]
-            if _takes(fn, {**kw, "recomputed": None}):  # the model checks' one forward (the logprob check's)
+            items = [_toploc_item(ctx.rows[i], claim) for i in idx]
+            if shares:  # the model checks' one forward (the logprob check's)
                 states = model_states(ctx, version, model, idx) if isinstance(model, torch.nn.Module) else {}
                 kw["recomputed"] = [states.get(i) for i in idx]
             out = list(fn(model, items, **kw))
@@ -432,11 +450,10 @@ def toploc_check(cfg: ValidatorConfig) -> Check:
     return check
 
 
-def _toploc_item(r: Rollout, claim_fn: Callable[..., Any] | None, eos: int | None) -> tuple:
-    """A row as ``toploc_check`` takes it; a multi-turn row (environment tokens in its completion) with its mask
-    as a fifth element, so its proofs and claim are checked at the model's tokens only."""
-    item = (list(r.prompt_ids), list(r.completion_ids), list(r.proofs),
-            claim_fn(r, eos) if claim_fn is not None and eos is not None else None)
+def _toploc_item(r: Rollout, claim: Callable[[Rollout], Any]) -> tuple:
+    """A row as ``toploc_check`` takes it (``claim``: ``sampling_claimer``'s); a multi-turn row (environment tokens in its
+    completion) with its mask as a fifth element, so its proofs and claim are checked at the model's tokens only."""
+    item = (list(r.prompt_ids), list(r.completion_ids), list(r.proofs), claim(r))
     mask = r.model_mask()
     return item if all(mask) else (*item, mask)
 
@@ -465,7 +482,7 @@ def sampling_check(cfg: ValidatorConfig) -> Check:
 def default_checks(cfg: ValidatorConfig) -> list[tuple[str, Check]]:
     """Cheapest first: a submission that fails a cheap check never costs a forward pass or a sandbox run."""
     return [
-        ("schema", check_schema),  # row identities, token ids, temperature (sizes: read_rollouts)
+        ("schema", check_schema),  # row identities, token ids, the contract's temperature and token limit
         ("seed", check_seed),
         ("tasks", check_tasks),  # the seeded assignment
         ("policy", check_policy),  # the async window

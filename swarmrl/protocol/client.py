@@ -20,8 +20,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from swarmrl.dashboard.schemas import TrainerPoint
 from swarmrl.protocol.schemas import (
+    MAX_DECLINE_REASON,
     AcceptedList,
     Balance,
+    DeclineReply,
+    DeclineRequest,
     DepositReply,
     DepositRequest,
     HeartbeatReply,
@@ -98,8 +101,10 @@ class SignedClient:
 
 
 class NodeClient(SignedClient):
-    def register(self, throughput: float, stake: float, hardware: dict[str, Any] | None = None) -> RegisterReply:
-        req = RegisterRequest(hardware=hardware or {}, throughput=throughput, stake=stake)
+    def register(self, throughput: float, stake: float, hardware: dict[str, Any] | None = None,
+                 base_model: str | None = None) -> RegisterReply:
+        """Join; ``base_model``: the BLAKE3 of the base model bundle this node serves (refused if not the run's)."""
+        req = RegisterRequest(hardware=hardware or {}, throughput=throughput, stake=stake, base_model=base_model)
         return RegisterReply.model_validate_json(self.request("POST", "/v1/nodes/register", req).content)
 
     def heartbeat(self, status: dict[str, Any] | None = None, wait: float = 0.0) -> HeartbeatReply:
@@ -133,6 +138,14 @@ class NodeClient(SignedClient):
         if rep.next is not None:
             self._next = (time.monotonic(), rep.next)
         return rep
+
+    def decline(self, assignment_id: int, reason: str = "") -> DeclineReply:
+        """Decline an open assignment this node cannot serve: it goes back up for other nodes at once and is not
+        handed back to this one (``reason``: at most 500 characters, cut to fit)."""
+        self._next = None  # a reply held from the last upload may list it still
+        req = DeclineRequest(reason=reason[:MAX_DECLINE_REASON])
+        return DeclineReply.model_validate_json(
+            self.request("POST", f"/v1/assignments/{int(assignment_id)}/decline", req).content)
 
     def beat(self, max_age_s: float = 2.0, wait: float = 0.0) -> HeartbeatReply:
         """The heartbeat reply the last upload came with (if it is at most ``max_age_s`` old and not used yet),
@@ -208,8 +221,9 @@ class TrainerClient(ValidatorClient):
         req = StepRequest(step=step, policy_version=policy_version, metrics=metrics or [])
         return StepReply.model_validate_json(self.request("POST", "/v1/trainer/step", req).content)
 
-    def set_weights(self, servers: list[str], public_key: str) -> WeightsReply:
-        req = WeightsRequest(servers=servers, public_key=public_key)
+    def set_weights(self, servers: list[str], public_key: str, base: dict | None = None) -> WeightsReply:
+        """Announce the weight servers, their manifest key and (``base``: ``{"blake3", "bytes"}``) version 0."""
+        req = WeightsRequest(servers=servers, public_key=public_key, base=base)
         return WeightsReply.model_validate_json(self.request("POST", "/v1/trainer/weights", req).content)
 
     def accepted_window(self, since: int = -1, wait: float = 0.0, inline: int = 0,

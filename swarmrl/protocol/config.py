@@ -62,6 +62,9 @@ class OrchestratorConfig(StrictModel):
     workers: int = Field(1, ge=1, le=64)  # >1: that many server processes (PostgreSQL only)
     database_url: str = ""  # empty: SQLite file <data_dir>/orchestrator.db; else e.g. postgresql+psycopg2://...
     data_dir: str = "runs/orchestrator"  # content-addressed store lives in <data_dir>/store
+    # the key that signs the run's description (GET /v1/run; joining nodes pin it): "" = <data_dir>/orchestrator.pem,
+    # made on first start
+    key: str = ""
     run_secret: str = Field(DEFAULT_RUN_SECRET, validate_default=True)  # mixed into task seeds; validators need it; the default only on loopback
     validator_keys: list[str] = Field(default_factory=list)  # public keys (hex) allowed to post verdicts
     trainer_keys: list[str] = Field(default_factory=list)  # public keys (hex) allowed to advance steps

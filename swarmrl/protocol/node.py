@@ -30,14 +30,14 @@ Handler = Callable[[AssignmentSpec, HeartbeatReply], "Path | str | None"]
 
 
 def ensure_registered(client: NodeClient, throughput: float, stake: float, hardware: dict | None = None,
-                      attempts: int = 30, deposit_wait_s: float = 60.0) -> None:
+                      attempts: int = 30, deposit_wait_s: float = 60.0, base_model: str | None = None) -> None:
     """Register, or find the key registered already; waits out the per-address registration limit (429), and for
     up to ``deposit_wait_s`` a stake deposit not made yet (403 with Retry-After: a node started beside its stake
     authority may ask before the deposit lands)."""
     t0 = time.monotonic()
     for i in range(attempts):
         try:
-            client.register(throughput=throughput, stake=stake, hardware=hardware)
+            client.register(throughput=throughput, stake=stake, hardware=hardware, base_model=base_model)
             log.info("registered as %s", client.node_id)
             return
         except ApiError as e:

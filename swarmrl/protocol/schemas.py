@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from swarmrl.contract import Budget, RLContract
 from swarmrl.dashboard.schemas import TrainerPoint
+from swarmrl.protocol.description import BaseModelRef
 from swarmrl.utils.keys import public_key_problem
 
 
@@ -66,6 +67,8 @@ class RegisterRequest(Body):
     throughput: float = Field(..., ge=0, le=1e9, description="measured generation throughput, tokens/s")
     stake: float = Field(..., ge=0, le=1e12, description="stake to lock in the ledger: at most what a stake "
                          "authority deposited for this key (unless the orchestrator runs self_declared_stake)")
+    base_model: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="the BLAKE3 of the base model "
+                                   "bundle this node serves (swarmrl.models.bundle); refused when it is not the run's")
 
     _hardware = field_validator("hardware")(bounded_dict)
 
@@ -127,6 +130,22 @@ class SubmitReply(Body):
     status: str
     # upload with ?next=1: the heartbeat reply the node would get right after (its next work), saving a request
     next: HeartbeatReply | None = None
+
+
+MAX_DECLINE_REASON = 500
+
+
+class DeclineRequest(Body):
+    """``POST /v1/assignments/{id}/decline``: the holder of an open assignment cannot serve it."""
+
+    reason: str = Field("", max_length=MAX_DECLINE_REASON,
+                        description="why the node cannot serve it (its policy version is unavailable, the task "
+                        "environment cannot be built, ...)")
+
+
+class DeclineReply(Body):
+    assignment_id: int
+    status: str  # the declined row's status now: "orphaned" (up for another node, same seed)
 
 
 class CheckResult(Body):
@@ -221,6 +240,7 @@ class WeightsRequest(Body):
 
     servers: list[str] = Field(..., max_length=64)
     public_key: str = Field(..., pattern=r"^[0-9a-f]{64}$")
+    base: BaseModelRef | None = None  # SHARDCAST version 0, the base model's bundle, once published
 
     @field_validator("servers")
     @classmethod
@@ -242,6 +262,7 @@ class WeightsRequest(Body):
 class WeightsReply(Body):
     servers: list[str]
     public_key: str
+    base: BaseModelRef | None = None
 
 
 class StepReply(Body):

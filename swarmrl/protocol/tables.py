@@ -62,6 +62,22 @@ class Assignment(Base):
                       Index("ix_assign_status_step", "status", "step"))
 
 
+class Decline(Base):
+    """A holder's refusal of an open assignment it cannot serve (``POST /v1/assignments/{id}/decline``): its row went
+    back up for other nodes, and the work's family (``origin_node_id``, ``step``, ``round``) is never handed to
+    ``node_id`` again. A table of its own, so an older database gains it at start-up (``create_all``)."""
+
+    __tablename__ = "declines"
+    assignment_id: Mapped[int] = mapped_column(ForeignKey("assignments.id"), primary_key=True, autoincrement=False)
+    node_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    origin_node_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    round: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    __table_args__ = (Index("ix_declines_family", "node_id", "origin_node_id", "step", "round"),)
+
+
 class Submission(Base):
     __tablename__ = "submissions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from swarmrl.config import StrictModel, refuse_moved
 from swarmrl.contract import RLContract
 from swarmrl.inference.config import InferenceConfig
-from swarmrl.inference.params import SamplingParams, TokenLimits
+from swarmrl.inference.params import TokenLimits
 from swarmrl.models.adapter_file import DEFAULT_TARGETS, MAX_RANK
 from swarmrl.rl.losses.objective import Correction, Normalization, Objective
 from swarmrl.rl.losses.registry import get_loss
@@ -18,7 +18,9 @@ from swarmrl.rl.tracking import TrackingSection
 # settings that moved into ``rl.contract`` (every role shares them): an old config is told where they went
 MOVED_TO_CONTRACT = {"task": "contract.task", "chat_template": "contract.chat_template",
                      "async_level": "contract.async_level", "group_size": "contract.group_size",
-                     "filter_ties": "contract.filter_ties", "budget": "contract.budget"}
+                     "filter_ties": "contract.filter_ties", "budget": "contract.budget",
+                     # every sampler uses the assignment's sampling settings; the validator holds rows to them
+                     "sampling": "contract.sampling"}
 
 
 class LossConfig(StrictModel):
@@ -153,7 +155,8 @@ class LoraSection(StrictModel):
 class RLConfig(StrictModel):
     run_dir: str = "runs/rl"
     model: str = "runs/warmstart/model"  # initial policy (any HF causal LM dir)
-    # what every role must agree on: task, chat template, async_level, group_size, filter_ties, budget, proofs
+    # what every role must agree on: task, chat template, async_level, group_size, filter_ties, budget, sampling
+    # (token limits, temperature, top_p), proofs
     contract: RLContract = Field(default_factory=RLContract)
     steps: int = Field(60, ge=1)
     max_minutes: float | None = Field(None, gt=0)  # trainer stops early after this much wall time
@@ -161,7 +164,6 @@ class RLConfig(StrictModel):
     # usable groups a step got beyond prompts_per_step train the next step while its window still serves their
     # policy version, instead of being dropped (work comes in whole assignments, so a step usually gets more)
     carry_surplus: bool = True
-    sampling: SamplingParams = Field(default_factory=SamplingParams)  # workers' and nodes' token limits, temperature
     inference: InferenceConfig = Field(default_factory=InferenceConfig)  # workers' and nodes' sampling backend
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -180,7 +182,8 @@ class RLConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
-        return refuse_moved(data, MOVED_TO_CONTRACT, "the run's contract", "[rl.contract] async_level = 2")
+        return refuse_moved(data, MOVED_TO_CONTRACT, "the run's contract",
+                            "[rl.contract] async_level = 2, [rl.contract.sampling] temperature = 1.0")
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:

@@ -193,6 +193,7 @@ def build_parts(cfg: RLConfig, run: RunDir, rank: int, window: AsyncWindow, *, t
         sc = cfg.shardcast
         pubs.append(ShardcastPublisher(run, keep=sc.keep, shard_size=sc.shard_size, port=sc.origin_port,
                                        host=sc.origin_host, on_error=lambda version, e: recorder.event(
-                                           "publish_failed", version=version, reason=str(e))))
+                                           "publish_failed", version=version, reason=str(e)),
+                                       base_model=cfg.model))
     pubs += list(publishers)
     return TrainerParts(source, recorder, Evaluator(cfg, tokenizer, env), VersionWriter(cfg, run, tokenizer, pubs))

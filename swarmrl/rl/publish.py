@@ -6,7 +6,8 @@ validators read directly); then each publisher is handed it. A publisher may wor
 ``publish_failed`` event) and never stops training: a worker that misses a version fetches a newer one.
 
 ``ShardcastPublisher``: the trainer is the SHARDCAST origin; version N of the policy is SHARDCAST version N
-(version 0, the base model, every worker has already); a LoRA run's version is its adapter file
+(version 0 is the base model's bundle, ``swarmrl.models.bundle``, published once at start for nodes that join
+with nothing on disk, and announced with its hash in ``origin.json``); a LoRA run's version is its adapter file
 (``swarmrl.models.adapter_file``: one safetensors file, moved exactly as a full model's). Other publishers (an adapter-only or a delta publisher)
 implement the same two methods.
 """
@@ -14,13 +15,15 @@ implement the same two methods.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
 from swarmrl.models.adapter_file import MODEL_FILE, weights_file
+from swarmrl.models.bundle import write_bundle
 from swarmrl.rundir.writer import RunDir
 from swarmrl.shardcast import Origin
+from swarmrl.shardcast.layout import BASE_VERSION
 
 ErrorHandler = Callable[[int, BaseException], None]
 
@@ -33,12 +36,29 @@ class WeightPublisher(Protocol):
         """Wait for the publications in flight; the publisher is not used again."""
 
 
+def publish_base(origin: Origin, model_dir: str | Path) -> tuple[str, int]:
+    """Publish ``model_dir`` as version 0, its bundle (``swarmrl.models.bundle``), unless the origin holds a version 0
+    already (a resumed trainer); returns version 0's (BLAKE3 hex, size): the run's base model identity."""
+    have = origin.base()
+    if have is not None:
+        return have
+    tmp = origin.root / ".base.tar"
+    write_bundle(model_dir, tmp)
+    try:
+        origin.publish(tmp, BASE_VERSION, move=True, filename="model.tar").result()
+    except ValueError:  # published meanwhile by another publisher of this directory
+        tmp.unlink(missing_ok=True)
+    got = origin.base()
+    assert got is not None
+    return got
+
+
 class ShardcastPublisher:
     """The SHARDCAST origin inside the trainer: serves on ``host``:``port`` (0: any free one) and announces its URL and
     manifest key in the run directory (``shardcast/origin.json``), where the launcher and workers look."""
 
     def __init__(self, run: RunDir, *, keep: int, shard_size: int, port: int = 0, host: str = "127.0.0.1",
-                 on_error: ErrorHandler | None = None) -> None:
+                 on_error: ErrorHandler | None = None, base_model: str | Path | None = None) -> None:
         run.shardcast.mkdir(parents=True, exist_ok=True)
         self.origin = Origin(run.shardcast / "origin", key=run.shardcast / "origin.key", keep=keep,
                              shard_size=shard_size, fsync=False)
@@ -46,6 +66,19 @@ class ShardcastPublisher:
         run.announce_origin(self.url, self.origin.public_key)
         self.on_error = on_error
         self._pending: list[Future] = []
+        if base_model is not None:  # version 0: the base model's bundle, for nodes that have nothing on disk
+            self._pending.append(self._base_pool.submit(self._publish_base, run, Path(base_model)))
+
+    _base_pool = ThreadPoolExecutor(1, thread_name_prefix="shardcast-base")
+
+    def _publish_base(self, run: RunDir, base_model: Path) -> None:
+        try:
+            blake3, size = publish_base(self.origin, base_model)
+        except Exception as e:  # noqa: BLE001  # nodes with the model on disk still work: reported, not raised
+            if self.on_error is not None:
+                self.on_error(0, e)
+            return
+        run.announce_origin(self.url, self.origin.public_key, base={"blake3": blake3, "bytes": size})
 
     def publish(self, version: int, version_dir: Path) -> None:
         """Publish in the background; a version already published (a resumed trainer republishing its newest, in

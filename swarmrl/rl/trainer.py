@@ -218,7 +218,7 @@ class Trainer:
         """One optimizer step on ``groups`` (every rank); returns the update's fields of the step record."""
         cfg = self.cfg
         seqs: list[Sequence] = []
-        limit = cfg.sampling.row_limit(multiturn=is_multiturn(self.env) or is_verifiers_env(self.env))
+        limit = cfg.contract.sampling.row_limit(multiturn=is_multiturn(self.env) or is_verifiers_env(self.env))
         for g in groups:
             adv = cfg.loss.advantages([r.reward for r in g])  # the loss's rule, from the rewards (rows carry none)
             for r, a in zip(g, adv):

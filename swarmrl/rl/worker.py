@@ -80,7 +80,7 @@ def run_worker(cfg: RLConfig, worker_id: str, max_batches: int | None = None) ->
             if budget.enabled:
                 targets = draw_targets(len(tasks), allowed_targets(budget, throughput, seqs), random.Random(seed))
                 budgets = [budget.budget(t) for t in targets]
-            res = rollout_batch(holder.backend, tokenizer, env, tasks, contract=cfg.contract, sampling=cfg.sampling,
+            res = rollout_batch(holder.backend, tokenizer, env, tasks, contract=cfg.contract, sampling=cfg.contract.sampling,
                                 origin=BatchOrigin(worker_id, step, v, seed), budgets=budgets,
                                 proofs=cfg.workers.proofs)
             write_rollouts(res.rows, run.new_rollout_path(step, worker_id, rule.count_usable(res.rows)))

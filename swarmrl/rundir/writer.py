@@ -78,9 +78,11 @@ class RunDir(RunLayout):
         return n
 
     # weight distribution (SHARDCAST): where the origin serves and which relays the launcher started
-    def announce_origin(self, url: str, public_key: str) -> None:
+    def announce_origin(self, url: str, public_key: str, base: dict | None = None) -> None:
+        """Where the origin serves, its manifest key, and (``base``: ``{"blake3", "bytes"}``) the base model it
+        published as version 0."""
         self.shardcast.mkdir(exist_ok=True)
-        atomic_write_text(self.origin_file, json.dumps({"url": url, "public_key": public_key}))
+        atomic_write_text(self.origin_file, json.dumps({"url": url, "public_key": public_key, "base": base}))
 
     def announce_relays(self, urls: list[str]) -> None:
         self.shardcast.mkdir(exist_ok=True)

@@ -29,7 +29,7 @@ __all__ = [
     "DEFAULT_SHARD_SIZE", "MANIFEST_FORMAT", "LayoutError", "ShardInfo", "Manifest", "DistEntry",
     "shard_name", "shard_relpath", "version_dir", "parse_distribution", "format_distribution",
     "canonical_json", "atomic_write", "MAX_SHARDS", "MAX_MANIFEST_BYTES", "MAX_DISTRIBUTION_BYTES",
-    "MAX_VERSION",
+    "MAX_VERSION", "BASE_VERSION", "retain",
 ]
 
 DEFAULT_SHARD_SIZE = 50_000_000
@@ -93,7 +93,7 @@ def parse_distribution(text: str | bytes) -> list[DistEntry]:
         if not m:
             raise LayoutError(f"bad distribution.txt line: {ln[:100]!r}")
         v, n = int(m.group(1)), int(m.group(3))
-        if not (1 <= v <= MAX_VERSION) or n < 1:
+        if not (0 <= v <= MAX_VERSION) or n < 1:
             raise LayoutError(f"bad distribution.txt line: {ln[:100]!r}")
         if out and v <= out[-1].version:
             raise LayoutError("distribution.txt versions are not strictly ascending")
@@ -104,6 +104,18 @@ def parse_distribution(text: str | bytes) -> list[DistEntry]:
 def format_distribution(entries: list[DistEntry]) -> str:
     entries = sorted(entries, key=lambda e: e.version)
     return "".join(f"v{e.version}: {e.checksum}|{e.num_shards}\n" for e in entries)
+
+
+BASE_VERSION = 0  # the run's base model (``swarmrl.models.bundle``): kept by every server beside the newest versions
+
+
+def retain(entries: list[DistEntry], keep: int) -> tuple[list[DistEntry], list[DistEntry]]:
+    """(kept, dropped) of ``entries``: the newest ``keep`` versions, and version 0 (the base model, which a node
+    joining late still needs) whatever its age."""
+    entries = sorted(entries, key=lambda e: e.version)
+    base = [e for e in entries if e.version == BASE_VERSION]
+    rest = [e for e in entries if e.version != BASE_VERSION]
+    return base + rest[-keep:], rest[:-keep]
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -169,7 +181,7 @@ class Manifest:
                 raise LayoutError(f"manifest {name} must be an int in [{lo}, {hi}]")
             return v
 
-        version = _int("version", 1, MAX_VERSION)
+        version = _int("version", 0, MAX_VERSION)
         size = _int("size", 1, 1 << 50)
         shard_size = _int("shard_size", 1, 1 << 40)
         created = _int("created", 0, 1 << 40)

@@ -121,9 +121,10 @@ class TrainerAdapter:
         if found is None:
             return
         servers, public_key = found
-        want = {"servers": servers, "public_key": public_key}
+        base = (self.run.origin() or {}).get("base")  # version 0, once the origin has published it
+        want = {"servers": servers, "public_key": public_key, "base": base}
         if want != self.weights_announced:
-            self.client.set_weights(servers, public_key)
+            self.client.set_weights(servers, public_key, base=base)
             self.weights_announced = want
             self.metrics.write(event="weights", **want)
 
@@ -134,7 +135,7 @@ class TrainerAdapter:
         latest = self.run.latest_version()
         if latest is None:
             return 0
-        if self.weights_announced is None or latest != self.announced:
+        if self.weights_announced is None or latest != self.announced or not self.weights_announced.get("base"):
             self._announce_weights()
         self._read_trainer_points()
         new_step = latest != self.announced

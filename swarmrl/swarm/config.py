@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from swarmrl.config import StrictModel
 from swarmrl.inference.config import InferenceConfig
 from swarmrl.protocol.config import NodeConfig
 
@@ -26,3 +27,26 @@ class SwarmNodeConfig(NodeConfig):
     hold_policy: bool = True
     hold_grace_s: float = Field(0.5, ge=0, le=60)
     inference: InferenceConfig | None = None  # the sampling backend (None: the RL config's `inference` section)
+
+
+class JoinConfig(StrictModel):
+    """``swarmrl node join URL``: a node that brings only its own settings; everything of the run (task, sampling,
+    scoring, proofs, base model, weight servers) comes from the orchestrator's signed description."""
+
+    orchestrator: str = ""  # the URL of the join line
+    # the orchestrator's key of the join line (hex): a description signed by another is refused. "": the key of the
+    # first answer, remembered in work_dir/run_key (later joins hold to it)
+    run_key: str = ""
+    work_dir: str = "swarm-node"  # this node's key, cache (base model, versions), rollout files and metrics
+    key: str = ""  # "" = <work_dir>/node.pem, made on first join
+    stake: float | None = Field(None, ge=0)  # stake to lock (deposited for this key); None: the run's minimum
+    model_dir: str = ""  # a local copy of the base model, used without download when its bundle hash is the run's
+    threads: int = Field(1, ge=1)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)  # this machine's sampling backend
+    timeout_s: float = Field(30.0, gt=0)  # one request to the orchestrator
+    base_wait_s: float = Field(300.0, ge=0)  # how long to wait for a run that has not published its base model yet
+    policy_timeout_s: float = Field(600.0, gt=0)  # one policy version's download
+    hold_policy: bool = True
+    hold_grace_s: float = Field(0.5, ge=0, le=60)
+    # refuse to join when the machine has less available memory than this many times the base model's size
+    memory_factor: float = Field(3.0, ge=0)

@@ -39,6 +39,7 @@ from swarmrl.envs.vf import is_verifiers_env
 from swarmrl.generation.batch import BatchOrigin, BatchResult, rollout_batch
 from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.prompts import encode_prompt
+from swarmrl.models.bundle import BundleError, bundle_hash
 from swarmrl.models.io import load_tokenizer
 from swarmrl.policy.holder import BackendPolicy
 from swarmrl.policy.prefetch import PrefetchingSource
@@ -62,7 +63,8 @@ def measure_throughput(backend: InferenceBackend, tokenizer, cfg: RLConfig, n: i
     long as the run's rows may be (``multiturn``: a trajectory's limit); fixed seeds, so the backend's own random
     stream is left as it was."""
     prompts = [encode_prompt(tokenizer, "1+1=", cfg.contract.chat_template)] * n
-    params = cfg.sampling.model_copy(update={"max_new_tokens": cfg.sampling.row_limit(multiturn)})
+    sampling = cfg.contract.sampling  # the node's copy of the run's contract (no assignment yet)
+    params = sampling.model_copy(update={"max_new_tokens": sampling.row_limit(multiturn)})
     t0 = time.perf_counter()
     out = backend.generate(prompts, params, seeds=list(range(n)))
     dt = time.perf_counter() - t0
@@ -77,6 +79,15 @@ def unserved(e: BaseException) -> bool:
     return isinstance(e, (httpx.HTTPError, OSError))
 
 
+def served_base(model_dir: str) -> str | None:
+    """The base model identity of ``model_dir`` (the BLAKE3 of its bundle), None when it cannot be bundled (the
+    orchestrator then has nothing to compare; the validator's checks still hold the node to the run's model)."""
+    try:
+        return bundle_hash(model_dir)[0]
+    except (BundleError, OSError):
+        return None
+
+
 def seed_of(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big")
 
@@ -84,9 +95,15 @@ def seed_of(text: str) -> int:
 class SwarmNode:
     """Answers assignments (``handle`` is the ``run_node`` handler; it uploads itself and returns None)."""
 
-    def __init__(self, cfg: SwarmNodeConfig, client: NodeClient | None = None) -> None:
+    def __init__(self, cfg: SwarmNodeConfig, client: NodeClient | None = None, rl: RLConfig | None = None,
+                 base_model: str | None = None) -> None:
+        """``rl``: the run settings to work under (a joined node's, from the run's description: ``swarm.join``);
+        None: ``cfg.rl_config``'s. ``base_model``: the BLAKE3 of the base model bundle it serves, as the run's
+        description names it (None: hashed from the model directory at registration)."""
         self.cfg = cfg
-        self.rl: RLConfig = load_config(RLConfig, cfg.rl_config, [])
+        self.joined = rl is not None  # no run directory of the run's here: nothing falls back to one
+        self.rl: RLConfig = rl if rl is not None else load_config(RLConfig, cfg.rl_config, [])
+        self.base_model = base_model
         set_role_threads(cfg.threads)
         self.client = client or NodeClient(cfg.orchestrator, cfg.key, timeout=cfg.timeout_s)
         self.node_id = self.client.node_id
@@ -95,7 +112,8 @@ class SwarmNode:
         self.work.mkdir(parents=True, exist_ok=True)
         self.stop_file = Path(cfg.stop_file or RunLayout(run_dir).done_flag)
         self.tokenizer = load_tokenizer(self.rl.model)
-        source = make_policy_source(cfg.policy_source, self.work / "policy", self.rl.model, fallback_run_dir=run_dir)
+        source = make_policy_source(cfg.policy_source, self.work / "policy", self.rl.model,
+                                    fallback_run_dir="" if self.joined else run_dir)
         self.announced = source if isinstance(source, AnnouncedPolicySource) else None
         self.prefetcher = PrefetchingSource(source, timeout_s=cfg.policy_timeout_s) if cfg.hold_policy else None
         source = self.prefetcher or source
@@ -135,8 +153,11 @@ class SwarmNode:
             env = self.env(self.rl.contract.task.name, self.rl.contract.task.params)
             tps = measure_throughput(self.policy.backend, self.tokenizer, self.rl,
                                      multiturn=is_multiturn(env) or is_verifiers_env(env))
+        if self.base_model is None:
+            self.base_model = served_base(self.rl.model)
         ensure_registered(self.client, tps, self.cfg.stake,
-                          {"cpu_threads": self.cfg.threads, "os_cpus": os.cpu_count(), "device": "cpu"})
+                          {"cpu_threads": self.cfg.threads, "os_cpus": os.cpu_count(), "device": "cpu"},
+                          base_model=self.base_model)
         return tps
 
     def run(self, stop: threading.Event | None = None) -> int:
@@ -181,13 +202,17 @@ class SwarmNode:
         if a.step < reply.step:  # the trainer is past this step: the work would be of no use
             self.stats["skipped"] += 1
             return None
+        try:  # built (and kept) before sampling: an assignment whose task this node cannot build is declined
+            self.env(a.contract.task.name, a.contract.task.params)
+        except Exception as e:
+            self.decline(a, f"task environment {a.contract.task.name!r} cannot be built here: "
+                            f"{type(e).__name__}: {e}")
+            return None
         t0 = time.perf_counter()
         try:
             path, info = self.generate(a)
         except PolicyUnavailable as e:
-            log.warning("assignment %d skipped: %s", a.assignment_id, e)
-            self.stats["skipped"] += 1
-            self.metrics.write(event="skipped", assignment=a.assignment_id, step=a.step, reason=str(e)[:300])
+            self.decline(a, f"policy unavailable: {e}")
             return None
         gen_s = time.perf_counter() - t0
         row = {"event": "assignment", "assignment": a.assignment_id, "step": a.step,
@@ -209,6 +234,27 @@ class SwarmNode:
         self.metrics.write(**row)
         return None
 
+    def decline(self, a: AssignmentSpec, reason: str) -> None:
+        """Skip an assignment this node cannot serve and decline it, so the orchestrator hands it to another node at
+        once instead of when it times out. A decline that fails is logged (the work then times out as before), but
+        a 403 (this node was ejected) is raised, as an upload's is. The ``skipped`` metrics row says ``declined``."""
+        log.warning("assignment %d skipped: %s", a.assignment_id, reason)
+        self.stats["skipped"] += 1
+        row = {"event": "skipped", "assignment": a.assignment_id, "step": a.step, "reason": reason[:300]}
+        try:
+            self.client.decline(a.assignment_id, reason)
+            row["declined"] = True
+        except ApiError as e:
+            row.update(declined=False, decline_status=e.status, decline_refused=e.detail[:300])
+            log.warning("assignment %d: decline refused: %s", a.assignment_id, e)
+            if e.status == 403:  # ejected
+                self.metrics.write(**row)
+                raise
+        except (httpx.HTTPError, OSError) as e:
+            row.update(declined=False, decline_refused=str(e)[:300])
+            log.warning("assignment %d: decline failed: %s", a.assignment_id, e)
+        self.metrics.write(**row)
+
     def generate(self, a: AssignmentSpec) -> tuple[Path, dict]:
         """Sample and score the assignment's rollouts into ``work/a<id>.parquet``."""
         path = self.work / f"a{a.assignment_id:08d}.parquet"
@@ -222,7 +268,7 @@ class SwarmNode:
         while (fetched := self.policy.source.take_fetch_report()) is not None:
             self.metrics.write(event="fetch", **fetched)
         env = self.env(a.contract.task.name, a.contract.task.params)
-        res = rollout_batch(backend, self.tokenizer, env, tasks, contract=a.contract, sampling=self.rl.sampling,
+        res = rollout_batch(backend, self.tokenizer, env, tasks, contract=a.contract, sampling=a.contract.sampling,
                             origin=BatchOrigin(self.node_id, a.step, version, a.seed), budgets=[a.budget()] * len(tasks),
                             proofs=self.rl.workers.proofs)
         write_rollouts(self.tamper(res.rows, tasks, env, self.rl, a), path)

@@ -1,5 +1,6 @@
 """Rollouts an honest node makes for an assignment with a real model: sampled with the policy, scored with
-the env verifier under the assigned thinking budget, with TOPLOC proofs (as swarm.node does)."""
+the env verifier under the assigned thinking budget, at the assignment's sampling settings (``contract.sampling``),
+with TOPLOC proofs (as swarm.node does)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from swarmrl.contract import Rollout, completion_length, format_prompt
 from swarmrl.envs import make_env
 from swarmrl.inference.prompts import decode_completion
-from swarmrl.inference.sampler import SamplingParams, generate
+from swarmrl.inference.sampler import generate
 from swarmrl.models import load_model, load_tokenizer
 from swarmrl.toploc import build_proofs
 
@@ -29,13 +30,13 @@ def policy(model_dir: Path) -> tuple:
     return _CACHE[key]
 
 
-def honest_rows(model_dir: Path, node_id: str, a, seed: int = 0, max_new_tokens: int = 12) -> list[Rollout]:  # noqa: ANN001
+def honest_rows(model_dir: Path, node_id: str, a, seed: int = 0) -> list[Rollout]:  # noqa: ANN001
     model, tok = policy(model_dir)
     env = make_env(a.contract.task.name, **a.contract.task.params)
     tasks = env.sample(a.seed, len(a.tasks))
     shown = [_shown(t.prompt, a) if a.target_length is not None else t.prompt for t in tasks]
     prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.contract.group_size)]
-    out = generate(model, prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), tok.eos_token_id,
+    out = generate(model, prompts, a.contract.sampling, tok.eos_token_id,
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(seed))
     rows = []
     for i, (p, c, lp, fin, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
@@ -46,7 +47,7 @@ def honest_rows(model_dir: Path, node_id: str, a, seed: int = 0, max_new_tokens:
         rows.append(Rollout(worker_id=node_id, step=a.step, policy_version=a.policy_version, task_id=t.task_id,
                             env=a.contract.task.name, group_id=f"{a.assignment_id}-{i // a.contract.group_size}", prompt_ids=p,
                             completion_ids=c, logprobs=lp, reward=r - pen, task_reward=r, length_penalty=pen,
-                            target_length=a.target_length, temperature=1.0, finished=fin, seed=a.seed,
+                            target_length=a.target_length, temperature=a.contract.sampling.temperature, finished=fin, seed=a.seed,
                             proofs=build_proofs(h)))
     return rows
 

@@ -9,37 +9,18 @@ import threading
 import time
 
 import pytest
-from protocol_support import make_cfg, rollouts_for, write
+from protocol_support import join_worker as _join
+from protocol_support import rollouts_for, write
 from sqlalchemy import select
 
 from swarmrl.protocol.orchestrator import Orchestrator, Principal, ProtocolError
-from swarmrl.protocol.schemas import HeartbeatRequest, RegisterRequest
-from swarmrl.protocol.signing import generate_key, node_id_for, public_key_hex
+from swarmrl.protocol.schemas import HeartbeatRequest
 from swarmrl.protocol.tables import Assignment, Submission
 
 T0 = 1_000_000.0
 HB = HeartbeatRequest()
 
 
-@pytest.fixture()
-def service(tmp_path):
-    made = []
-
-    def make(**kw) -> tuple[Orchestrator, object]:
-        cfg, _ = make_cfg(tmp_path / f"o{len(made)}", **kw)
-        made.append(Orchestrator(cfg))
-        return made[-1], cfg
-
-    yield make
-    for o in made:
-        o.db.dispose()
-
-
-def _join(orch: Orchestrator, now: float) -> Principal:
-    pub = public_key_hex(generate_key())
-    p = Principal(node_id_for(pub), pub, "worker", "0" * 64)
-    orch.membership.register(p, RegisterRequest(throughput=10.0, stake=100.0), now=now)
-    return p
 
 
 def _submit(orch: Orchestrator, p: Principal, a, tmp_path):  # noqa: ANN001

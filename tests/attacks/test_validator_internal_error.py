@@ -49,6 +49,7 @@ CONFIG_MODELS = {
     "calc.toml": ("swarmrl.job.config", "RunConfig"),
     "diloco.toml": ("swarmrl.diloco.config", "DilocoConfig"),
     "orchestrator.toml": ("swarmrl.protocol.config", "OrchestratorConfig"),
+    "quickstart.toml": ("swarmrl.job.config", "RunConfig"),
     "run.toml": ("swarmrl.job.config", "RunConfig"),
     "smollm2.toml": ("swarmrl.job.config", "RunConfig"),
     "smollm2_chain_sum.toml": ("swarmrl.job.config", "RunConfig"),

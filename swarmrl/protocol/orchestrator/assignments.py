@@ -1,7 +1,8 @@
 """Assignment: heartbeats (the full, database path) and the seeded work they hand out: one assignment per node and
 step, or in demand mode (``groups_per_step > 0``) one open assignment at a time for the step in need
 (``contract.Demand``), orphaned work (``orphans``) before new rounds. A node taking over work of a family it
-already has a row in (its own work, come back to it) gets that row re-opened, never a second one.
+already has a row in (its own work, come back to it) gets that row re-opened, never a second one; work a node
+declined (``Submissions.decline``) is never handed back to it.
 
 The steady state is answered by ``hot_path.HotPath`` from the mirror this path installs (``heartbeat_cache``)."""
 
@@ -24,7 +25,7 @@ from swarmrl.protocol.orchestrator.auth import Auth, SignedRequest
 from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.heartbeat_cache import HotNode, Mirror
-from swarmrl.protocol.orchestrator.orphans import Orphans, dirty, family
+from swarmrl.protocol.orchestrator.orphans import Orphans, dirty, family, not_declined_by
 from swarmrl.protocol.orchestrator.run_state import RunState
 from swarmrl.protocol.orchestrator.telemetry import Telemetry
 from swarmrl.protocol.schemas import AssignmentSpec, HeartbeatReply, HeartbeatRequest, TaskSpec
@@ -131,10 +132,11 @@ class Assignments:
         idle = demand and cfg.idle_after_missed and now - node.last_heartbeat > \
             cfg.heartbeat_interval_s * cfg.idle_after_missed  # its open work was (or is about to be) put back up
         node.last_heartbeat = now
-        if node.status == "dead" or idle:  # came back: reclaim own orphaned work nobody took
+        if node.status == "dead" or idle:  # came back: reclaim own orphaned work nobody took (but what it declined)
             if node.status == "dead":
                 node.status, node.status_reason = "active", None
-            s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned")
+            s.execute(update(Assignment).where(Assignment.node_id == node.id, Assignment.status == "orphaned",
+                                               not_declined_by(node.id))
                       .values(status="open", created_at=now))
         step, pv = self._run.read(s)
         lo = self._run.useful_from(step)

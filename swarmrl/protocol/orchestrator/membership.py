@@ -17,6 +17,7 @@ from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.ledger import Ledger
 from swarmrl.protocol.orchestrator.orphans import Orphans, dirty
+from swarmrl.protocol.orchestrator.run_state import RunState
 from swarmrl.protocol.schemas import DepositReply, DepositRequest, NodeInfo, RegisterReply, RegisterRequest
 from swarmrl.protocol.signing import node_id_for
 from swarmrl.protocol.tables import Node
@@ -31,8 +32,9 @@ class Membership:
     before)."""
 
     def __init__(self, cfg: OrchestratorConfig, db: Database, auth: Auth, ledger: Ledger, orphans: Orphans,
-                 changes: Changes) -> None:
+                 changes: Changes, run: RunState | None = None) -> None:
         self._cfg = cfg
+        self._run = run  # the base model the trainer announced (registrations serving another are refused)
         self._db = db
         self._auth = auth
         self._ledger = ledger
@@ -81,6 +83,10 @@ class Membership:
         now = time.time() if now is None else now
         if req.stake < self._cfg.min_stake:
             raise ProtocolError(422, f"stake {req.stake} is below the minimum {self._cfg.min_stake}")
+        base = self._run.announced()[2] if self._run is not None and req.base_model is not None else None
+        if req.base_model is not None and base is not None and req.base_model != base.blake3:
+            raise ProtocolError(422, f"this node serves base model {req.base_model[:16]}..., the run's is "
+                                     f"{base.blake3[:16]}... (GET /v1/run names it; `swarmrl node join` fetches it)")
         try:
             with self._db.tx() as s:
                 node = s.get(Node, p.node_id)

@@ -67,6 +67,8 @@ class OrchestratorMetrics:
                               "(new work, or a take-over of another node's orphaned work)", ["kind"], registry=r)
         self.assignments_new = assignments.labels("new")
         self.assignments_reassigned = assignments.labels("reassigned")
+        self.declines = Counter("swarmrl_orchestrator_assignments_declined", "Open assignments declined by their "
+                                "holder (put back up for other nodes)", registry=r)
         self.submissions = Counter("swarmrl_orchestrator_submissions", "Submissions by outcome", ["outcome"],
                                    registry=r)
         for o in SUBMISSION_OUTCOMES:

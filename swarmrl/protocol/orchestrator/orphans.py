@@ -1,11 +1,16 @@
 """Orphaned work: assignments put back up for another node (their holder died, fell silent, timed out, had its
-upload refused, or was ejected), the rows a taker may get, and the hint that lets a heartbeat skip looking.
+upload refused, declined it, or was ejected), the rows a taker may get, and the hint that lets a heartbeat skip
+looking.
 
 Reassigned work: the rows with one ``(origin_node_id, step, round)`` (so one seed) are one piece of work, a
 *family* (``family``): the original holder's row and one row per node that took it over. At most one row of a
 family is ``open`` or ``orphaned`` at a time (taking an orphan marks it ``reassigned``); any holder whose row is
 ``LIVE`` may still upload it, the first upload completes the family (``Submissions.accept_upload`` closes the
-other rows) and the others get one 409."""
+other rows) and the others get one 409.
+
+Declined work (``decline``): a holder that cannot serve an open assignment puts it back up at once, and the work's
+family is never handed to that node again (``not_declined_by``: neither by taking over another row of it nor by
+re-opening its own row when it comes back from the dead or from silence)."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from swarmrl.protocol.db import Database
 from swarmrl.protocol.orchestrator.run_state import RunState
-from swarmrl.protocol.tables import Assignment, Node
+from swarmrl.protocol.tables import Assignment, Decline, Node
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
 
@@ -27,6 +32,13 @@ def family(a: Assignment) -> tuple:
     """Where-clauses selecting every row of ``a``'s family (the same seeded work, whoever holds it)."""
     return (Assignment.origin_node_id == a.origin_node_id, Assignment.step == a.step,
             Assignment.round == (a.round or 0))
+
+
+def not_declined_by(node_id: str) -> ColumnElement[bool]:
+    """Where-clause on ``Assignment``: ``node_id`` did not decline the row's family (the same seeded work)."""
+    return ~select(Decline.assignment_id).where(
+        Decline.node_id == node_id, Decline.origin_node_id == Assignment.origin_node_id,
+        Decline.step == Assignment.step, Decline.round == Assignment.round).correlate(Assignment).exists()
 
 
 def dirty(s: Session, *node_ids: str) -> None:
@@ -76,17 +88,24 @@ class Orphans:
         return self._orphan_open(s, Assignment.created_at < created_before)
 
     def release(self, s: Session, a: Assignment) -> None:
-        """An open assignment goes back up (its upload was refused as invalid or oversized)."""
+        """An open assignment goes back up (its upload was refused as invalid or oversized, or it was declined)."""
         a.status = "orphaned"
         dirty(s, a.node_id)
         self.waiting = True
 
+    def decline(self, s: Session, a: Assignment, reason: str, now: float) -> None:
+        """Its holder declined the open assignment ``a``: it goes back up (same seed) and the refusal is recorded,
+        so the work is never handed back to that node (``not_declined_by``)."""
+        self.release(s, a)
+        s.add(Decline(assignment_id=a.id, node_id=a.node_id, origin_node_id=a.origin_node_id, step=a.step,
+                      round=a.round or 0, reason=reason, created_at=now))
+
     def for_taker(self, s: Session, node_id: str, lo: int, limit: int, lock: bool) -> list[Assignment]:
-        """Up to ``limit`` orphaned rows of steps >= ``lo`` held by others than ``node_id`` (``lock``: row-locked,
-        skipping rows another taker holds). Clears ``waiting`` when nothing at all is orphaned (the node's own
-        orphans do not count as none)."""
+        """Up to ``limit`` orphaned rows of steps >= ``lo`` held by others than ``node_id``, of work it did not
+        decline (``lock``: row-locked, skipping rows another taker holds). Clears ``waiting`` when nothing at all is
+        orphaned (the node's own orphans, and work it declined, do not count as none)."""
         q = (select(Assignment).where(Assignment.status == "orphaned", Assignment.step >= lo,
-                                      Assignment.node_id != node_id)
+                                      Assignment.node_id != node_id, not_declined_by(node_id))
              .order_by(Assignment.id).limit(limit))
         if lock:
             q = q.with_for_update(skip_locked=True)

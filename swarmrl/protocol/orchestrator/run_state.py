@@ -15,6 +15,7 @@ from swarmrl.contract import AsyncWindow
 from swarmrl.dashboard.schemas import TrainerPoint
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.db import Database
+from swarmrl.protocol.description import BaseModelRef
 from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.errors import ProtocolError
 from swarmrl.protocol.orchestrator.heartbeat_cache import Mirror
@@ -92,7 +93,8 @@ class RunState:
         ``shardcast_relays``, when set, still win)."""
         with self._db.tx() as s:
             row = s.get(State, "weights")
-            value = json.dumps({"servers": req.servers, "public_key": req.public_key})
+            base = req.base.model_dump() if req.base is not None else self._announced().get("base")
+            value = json.dumps({"servers": req.servers, "public_key": req.public_key, "base": base})
             if row is None:
                 s.add(State(key="weights", value=value))
             else:
@@ -100,11 +102,24 @@ class RunState:
         self.weights = self._load_weights()
         self._mirror.dirty_all()  # cached replies name the old servers
         self._changes.bump("work")  # idle nodes waiting for work hear of the servers
-        return WeightsReply(servers=self.weights[0], public_key=self.weights[1])
+        return WeightsReply(servers=self.weights[0], public_key=self.weights[1], base=self.base)
 
-    def _load_weights(self) -> tuple[list[str], str]:
-        """Weight servers: the config's ``shardcast_relays`` if set, else what the trainer announced (persisted)."""
+    def announced(self) -> tuple[list[str], str, BaseModelRef | None]:
+        """(weight servers, manifest key, base model) as the database holds them now (another server process may
+        have taken the trainer's announcement)."""
+        a = self._announced()
+        return (list(self._cfg.shardcast_relays) or a["servers"], a["public_key"],
+                BaseModelRef(**a["base"]) if a.get("base") else None)
+
+    def _announced(self) -> dict:
         with self._db.tx() as s:
             row = s.get(State, "weights")
-            announced = json.loads(row.value) if row is not None else {"servers": [], "public_key": ""}
+            return json.loads(row.value) if row is not None else {"servers": [], "public_key": ""}
+
+    def _load_weights(self) -> tuple[list[str], str]:
+        """Weight servers: the config's ``shardcast_relays`` if set, else what the trainer announced (persisted);
+        and the base model it published as version 0 (``base``; None before it announces one)."""
+        announced = self._announced()
+        base = announced.get("base")
+        self.base: BaseModelRef | None = BaseModelRef(**base) if base else None
         return (list(self._cfg.shardcast_relays) or announced["servers"], announced["public_key"])

@@ -7,7 +7,8 @@ What it builds, in dependency order (each gets what it uses at construction, nev
 - shared pieces: ``Database`` (the session factory; SQLite file under ``data_dir`` or the config's URL), the
   ``ContentStore`` of uploaded files, ``Changes`` (long polls), the hot path's ``Mirror``, ``Telemetry``
   (counters, Prometheus, the metrics file), ``Auth`` (signatures, nonces, the per-key rate limit), ``RunState``
-  (step, policy version, weight servers), ``Orphans`` (work put back up);
+  (step, policy version, weight servers), ``Orphans`` (work put back up), ``RunDescriber`` (the signed run
+  description joining nodes read);
 - services: ``Ledger``, ``Membership``, ``Assignments`` (the full heartbeat path), ``HotPath`` (steady-state
   heartbeats from memory), ``Submissions``, ``Verdicts``, ``Stats``.
 
@@ -23,6 +24,7 @@ from swarmrl.protocol.db import Database, sqlite_url
 from swarmrl.protocol.orchestrator.assignments import Assignments
 from swarmrl.protocol.orchestrator.auth import Auth, RateLimiter
 from swarmrl.protocol.orchestrator.changes import Changes
+from swarmrl.protocol.orchestrator.describe import RunDescriber
 from swarmrl.protocol.orchestrator.heartbeat_cache import Mirror, NonceCache
 from swarmrl.protocol.orchestrator.hot_path import HotPath
 from swarmrl.protocol.orchestrator.ledger import Ledger
@@ -53,7 +55,7 @@ class Orchestrator:
         self.ledger = Ledger(cfg, self.db)
         self.run = RunState(cfg, self.db, self.changes, self.mirror)
         self.orphans = Orphans(self.db, self.run)
-        self.membership = Membership(cfg, self.db, self.auth, self.ledger, self.orphans, self.changes)
+        self.membership = Membership(cfg, self.db, self.auth, self.ledger, self.orphans, self.changes, self.run)
         self.membership.install_principals()
         self.assignments = Assignments(cfg, self.db, self.run, self.auth, self.orphans, self.mirror, self.changes,
                                        self.telemetry)
@@ -63,6 +65,7 @@ class Orchestrator:
                                        self.changes, self.telemetry)
         self.verdicts = Verdicts(self.db, self.ledger, self.orphans, self.changes, self.telemetry)
         self.stats = Stats(cfg, self.db, self.run, self.telemetry)
+        self.describer = RunDescriber(cfg, self.run)
         self.telemetry.prom.watch_state(self.stats.gauges)
         self.db.after_commit = self.mirror.after_commit
         if self.hot_path.enabled:

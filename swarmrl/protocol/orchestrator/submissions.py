@@ -1,7 +1,8 @@
 """Submissions: upload admission (who may upload what), reception (streamed under the byte cap, hashed) and
 acceptance (read under ``RolloutLimits``, stored by hash, the work's family completed), the release of refused
-work, and what validators and the trainer read of submissions: a submission's record and file, the pending queue
-and the accepted lists (long polls, with files inline). Verdicts are ``verdicts.Verdicts``."""
+work and of work its holder declines, and what validators and the trainer read of submissions: a submission's
+record and file, the pending queue and the accepted lists (long polls, with files inline). Verdicts are
+``verdicts.Verdicts``."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from swarmrl.protocol.orchestrator.run_state import RunState
 from swarmrl.protocol.orchestrator.telemetry import Telemetry
 from swarmrl.protocol.schemas import (
     AcceptedList,
+    DeclineReply,
     InlineFile,
     PendingList,
     PendingSubmission,
@@ -35,12 +37,20 @@ from swarmrl.protocol.schemas import (
     SubmissionInfo,
     SubmitReply,
 )
-from swarmrl.protocol.tables import Assignment, Node, Submission
+from swarmrl.protocol.tables import Assignment, Decline, Node, Submission
 
 if TYPE_CHECKING:
     from swarmrl.rollouts.wire import GroupKey
 
 log = logging.getLogger("swarmrl.protocol.orchestrator")  # one logger for the whole orchestrator
+
+
+_NOT_OPEN = {  # why a row that is not open cannot be declined
+    "submitted": "it was uploaded",
+    "closed": "another holder's upload completed it",
+    "reassigned": "it was taken over by another node",
+    "orphaned": "it is up for reassignment already (timed out, or its holder fell silent)",
+}
 
 
 def submission_info(sub: Submission) -> SubmissionInfo:
@@ -204,6 +214,42 @@ class Submissions:
                          reason[:200])
         if released:
             self._changes.bump("work")  # up for another node
+
+    def decline(self, p: Principal, assignment_id: int, reason: str, now: float | None = None) -> DeclineReply:
+        """The holder of an open assignment cannot serve it (its policy version is unavailable, the task
+        environment cannot be built, ...) and says so instead of holding it until ``assignment_timeout_s``: it goes
+        back up at once through the orphan queue (same seed, so still verifiable), to be taken by another node's
+        heartbeat, and the work is never handed back to this node (``Orphans.decline``). Declining is no fault: no
+        stake, ledger or verdict changes.
+
+        Both assignment modes put it up. In demand mode (``groups_per_step > 0``) the node then holds no open work,
+        so its next heartbeat gets other work (another node's orphan, or a new round with its own seed). Outside
+        demand mode a node gets one assignment per step, and the open work of a node that cannot do it (a dead one)
+        is already put up for the others (``reassign_per_heartbeat``): declined work is treated the same, and the
+        node's row for the step (orphaned, then reassigned) keeps its heartbeats from listing it again or making it
+        a new one for that step.
+
+        404: no such assignment; 403: another node's; 409: not open (declined already, uploaded, completed by
+        another holder, taken over, or put back up already)."""
+        now = time.time() if now is None else now
+        with self._db.tx() as s:
+            a = s.get(Assignment, assignment_id, with_for_update=not self._db.is_sqlite)
+            if a is None:
+                raise ProtocolError(404, f"no assignment {assignment_id}")
+            if a.node_id != p.node_id:
+                raise ProtocolError(403, f"assignment {assignment_id} is not assigned to this node: only its holder "
+                                         "may decline it")
+            if s.get(Decline, assignment_id) is not None:
+                raise ProtocolError(409, f"assignment {assignment_id} was declined already")
+            if a.status != "open":
+                raise ProtocolError(409, f"assignment {assignment_id} is {a.status}, not open: "
+                                         f"{_NOT_OPEN.get(a.status, 'nothing to decline')}")
+            self._orphans.decline(s, a, reason, now)
+            status = a.status
+        self._telemetry.declined()
+        self._changes.bump("work")  # up for another node: held long polls of idle nodes wake up
+        log.info("assignment %d declined by %s: %s", assignment_id, p.node_id, reason[:200])
+        return DeclineReply(assignment_id=assignment_id, status=status)
 
     # ---- what validators and the trainer read ----------------------------------------------------------------
     def submission_path(self, submission_id: int) -> Path:

@@ -31,6 +31,10 @@ class Telemetry:
         self.counters["uploads"] += 1
         self.prom.submissions.labels("uploaded").inc()
 
+    def declined(self) -> None:
+        """A node declined an open assignment (it went back up for others)."""
+        self.prom.declines.inc()
+
     def refused(self, status: int, upload: bool = False) -> None:
         """A request refused with a protocol error (``upload``: an upload, also counted as a refused submission)."""
         self.counters["refused"] += 1

@@ -86,7 +86,7 @@ class FetchResult:
 async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, *,
                       version: int | str = "latest", min_version: int = 0,
                       on_shard: Callable[[int, int], None] | None = None,
-                      options: FetchOptions = FetchOptions()) -> FetchResult:
+                      options: FetchOptions = FetchOptions(), expect_blake3: str | None = None) -> FetchResult:
     """Async fetch; see module docstring. ``version``: an int or "latest" (highest version any
     server advertises whose signed manifest verifies, and >= ``min_version``). ``on_shard(done, total)``: progress
     callback. ``options``: how (``FetchOptions``: attempts, parallelism, progress deadline, ``wait_s`` to keep
@@ -94,7 +94,8 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
     ``options.insecure``: when no server offers a signed manifest for the version (a plain SHARDCAST 0.3.x server),
     or ``origin_pubkey`` is None, fetch it anyway, checked only against the whole-file checksum the same untrusted
     server lists (``unsigned``); a warning goes to stderr. A manifest that is offered but does not verify is still
-    an error."""
+    an error. ``expect_blake3``: the whole file's hash known from elsewhere (the run's base model identity); a
+    signed manifest naming another is refused before any shard is fetched."""
     t0 = time.perf_counter()
     if origin_pubkey is None and not options.insecure:
         raise ValueError("an origin public key is required (or FetchOptions(insecure=True) for an unsigned 0.3.x "
@@ -112,7 +113,12 @@ async def fetch_async(servers: Iterable[str], out: str | Path, origin_pubkey: An
         if manifest is None:  # insecure: a plain 0.3.x server
             # a fresh pool: a 0.3.x server's missing manifests are not failures of the server
             fresh = ServerPool(servers, max_failures=options.max_server_failures)
+            if expect_blake3 is not None:
+                raise FetchError(f"v{want}: no signed manifest to check against the expected hash")
             return await _fetch_unsigned(session, fresh, out, want, min_version, options, t0, deadline)
+        if expect_blake3 is not None and manifest.blake3 != expect_blake3:
+            raise FetchError(f"v{manifest.version}'s hash {manifest.blake3[:16]}... (signed manifest) is not the "
+                             f"expected {expect_blake3[:16]}...")
         part = await _download_part(session, pool, manifest, out, options, on_shard)
     if part.hasher is not None:
         digest = await asyncio.to_thread(part.hasher.finish)
@@ -261,11 +267,11 @@ async def _fetch_unsigned(session: Any, pool: ServerPool, out: Path, want: int |
 
 def fetch(servers: Iterable[str], out: str | Path, origin_pubkey: Any | None, *, version: int | str = "latest",
           min_version: int = 0, on_shard: Callable[[int, int], None] | None = None,
-          options: FetchOptions = FetchOptions()) -> FetchResult:
+          options: FetchOptions = FetchOptions(), expect_blake3: str | None = None) -> FetchResult:
     """Synchronous wrapper of :func:`fetch_async` (for worker code without an event loop)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(fetch_async(list(servers), out, origin_pubkey, version=version, min_version=min_version,
-                                       on_shard=on_shard, options=options))
+                                       on_shard=on_shard, options=options, expect_blake3=expect_blake3))
     raise RuntimeError("fetch() called from a running event loop; await fetch_async() instead")

@@ -139,8 +139,8 @@ async def server_versions(session: RawPool, url: str, *, since: int | None = Non
             raise LayoutError(f"versions.json is not JSON: {type(e).__name__}") from None
         if not isinstance(data, dict):
             raise LayoutError("versions.json is not an object")
-        comp = {int(v) for v in data.get("complete", []) if type(v) is int and v > 0}
-        part = {int(k) for k in (data.get("partial") or {}) if str(k).isdigit() and int(k) > 0}
+        comp = {int(v) for v in data.get("complete", []) if type(v) is int and v >= 0}
+        part = {int(k) for k in (data.get("partial") or {}) if str(k).isdigit() and int(k) >= 0}
         seq = data.get("seq")
         return comp, part, seq if type(seq) is int else None
     if status != 404:

@@ -14,7 +14,8 @@ is listed only once complete. The caller must not modify the file in place until
 done (writing the next checkpoint to a new path, or ``publish(..., move=True)`` which renames the
 file into the origin directory first, is safe). Version numbers are the training steps; the
 highest published version is persisted, so a restarted origin never reuses one. The last
-``keep`` versions are kept on disk.
+``keep`` versions are kept on disk, and version 0 for good: the run's base model (``publish_base``), which a node
+joining late fetches before anything else (``publish(path, 0)``, once).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 import blake3
 
 from swarmrl.shardcast.layout import (
+    BASE_VERSION,
     DEFAULT_SHARD_SIZE,
     DISTRIBUTION_NAME,
     MANIFEST_NAME,
@@ -43,6 +45,7 @@ from swarmrl.shardcast.layout import (
     atomic_write,
     format_distribution,
     parse_distribution,
+    retain,
     shard_name,
 )
 from swarmrl.shardcast.server.shard_server import BackgroundLoop, ShardServer, ensure_probe_file
@@ -177,7 +180,7 @@ class Origin:
                 except (LayoutError, ValueError):  # SignatureError is a LayoutError
                     continue  # not ours or damaged: never listed
         if found:
-            entries = sorted(self._entries() + found, key=lambda e: e.version)[-self.keep:]
+            entries = retain(self._entries() + found, self.keep)[0]
             atomic_write(self.root / DISTRIBUTION_NAME, format_distribution(entries).encode())
 
     def _recover_completed(self) -> int:
@@ -241,6 +244,15 @@ class Origin:
             v = self._reserved + 1 if version is None else int(version)
             unfinished = (v == self._reserved > self._completed and v not in self._inflight
                           and not self.is_published(v))
+            if v == BASE_VERSION:  # the base model: once, at any time (it is no step; nothing is ever reused)
+                if self.is_published(v) or v in self._inflight:
+                    raise ValueError("version 0 (the base model) is published already")
+                self._inflight.add(v)
+                if move:
+                    staged = self.root / f".incoming_v{v}"
+                    os.replace(src, staged)
+                    src = staged
+                return self._pool.submit(self._publish_now, src, v, filename or Path(path).name, move)
             if v <= self._reserved and not unfinished:
                 raise ValueError(f"version {v} is not above the last published version {self._reserved} "
                                  "(versions are never reused)")
@@ -253,6 +265,14 @@ class Origin:
                 os.replace(src, staged)
                 src = staged
         return self._pool.submit(self._publish_now, src, v, filename or Path(path).name, move)
+
+    def base(self) -> tuple[str, int] | None:
+        """(BLAKE3 hex, size) of the published version 0, None when there is none."""
+        if not self.is_published(BASE_VERSION):
+            return None
+        m = verify_manifest((self.root / f"v{BASE_VERSION}" / MANIFEST_NAME).read_bytes(), self.key.public_key(),
+                            expect_version=BASE_VERSION)
+        return m.blake3, m.size
 
     def publish_sync(self, path: str | Path, version: int | None = None, **kw: object) -> PublishResult:
         return self.publish(path, version, **kw).result()  # type: ignore[arg-type]
@@ -279,8 +299,7 @@ class Origin:
         with self._locked():
             self._inflight.discard(version)
             entries = [e for e in self._entries() if e.version != version] + [m.dist_entry()]
-            entries.sort(key=lambda e: e.version)
-            keep, drop = entries[-self.keep:], entries[:-self.keep]
+            keep, drop = retain(entries, self.keep)
             atomic_write(self.root / DISTRIBUTION_NAME, format_distribution(keep).encode())
             self._last = max(self._last, version)
             self._completed = max(self._completed, version)

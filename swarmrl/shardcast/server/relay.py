@@ -8,7 +8,7 @@
   shard is served downstream the moment it lands, while later shards are still arriving.
 * Survives restarts: verified shards stay, interrupted ``.part`` files resume with Range, a
   version enters ``distribution.txt`` (atomically rewritten) only once every shard is there.
-* Keeps the last ``keep`` versions.
+* Keeps the last ``keep`` versions, and version 0 (the run's base model) for good.
 * Fetches from its upstreams with the client's options (``upstream_options``: ``FetchOptions``, by default
   ``RELAY_UPSTREAM``: four shards in flight, four tries per shard in a round; the relay retries the round), and
   follows them as ``watch`` says (``UpstreamWatch``); serves as ``serving`` says (``shard_server.Serving``).
@@ -39,6 +39,7 @@ from swarmrl.shardcast.client.fetch import (
 from swarmrl.shardcast.client.http_get import RawPool
 from swarmrl.shardcast.client.options import RELAY_UPSTREAM, FetchOptions
 from swarmrl.shardcast.layout import (
+    BASE_VERSION,
     DISTRIBUTION_NAME,
     MANIFEST_NAME,
     LayoutError,
@@ -46,6 +47,7 @@ from swarmrl.shardcast.layout import (
     atomic_write,
     format_distribution,
     parse_distribution,
+    retain,
     shard_name,
 )
 from swarmrl.shardcast.server.metrics import RelayMetrics
@@ -258,13 +260,16 @@ class Relay:
                 backoff = min(backoff * 2, 10.0)
 
     def _consider(self, versions: set[int]) -> None:
-        """Mirror the newest ``keep`` versions an upstream offers that we do not hold yet."""
+        """Mirror the newest ``keep`` versions an upstream offers that we do not hold yet, and version 0 (the base
+        model) whenever it is offered."""
         complete = {e.version for e in self._complete_entries()}
-        window_full = len(complete) >= self.keep
-        for v in sorted(versions, reverse=True)[: self.keep]:
+        newer = complete - {BASE_VERSION}
+        window_full = len(newer) >= self.keep
+        offered = sorted(versions - {BASE_VERSION}, reverse=True)[: self.keep]
+        for v in offered + ([BASE_VERSION] if BASE_VERSION in versions else []):  # the base model: always
             if v in complete or v in self._syncing:
                 continue
-            if window_full and v < min(complete):
+            if v != BASE_VERSION and window_full and v < min(newer):
                 continue  # older than everything we keep: it would be pruned at once
             self._start_sync(v)
 
@@ -330,8 +335,7 @@ class Relay:
 
     def _commit(self, m: Manifest) -> None:
         entries = [e for e in self._complete_entries() if e.version != m.version] + [m.dist_entry()]
-        entries.sort(key=lambda e: e.version)
-        keep, drop = entries[-self.keep:], entries[:-self.keep]
+        keep, drop = retain(entries, self.keep)
         atomic_write(self.root / DISTRIBUTION_NAME, format_distribution(keep).encode())
         self.server.refresh()
         self.synced.append(m.version)

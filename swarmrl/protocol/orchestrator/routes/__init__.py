@@ -5,7 +5,7 @@ getting its service and the auth / rate-limit dependencies from ``deps`` (read f
 - ``public``: unsigned reads, rate-limited per source address (ping, metrics, health, node and ledger views, the
   dashboard and its ``/v1/stats/...`` API)
 - ``membership``: joining (registration), the stake deposits that back it, heartbeats (which carry assignments)
-- ``submissions``: uploading a rollout file, a submission's status, its file (validator, trainer)
+- ``submissions``: uploading a rollout file (or declining an assignment), a submission's status, its file (validator, trainer)
 - ``validator``: pending submissions (long poll), verdicts
 - ``trainer``: step, weight servers, accepted submissions (long poll)
 

@@ -18,6 +18,7 @@ from fastapi import Path as PathParam
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.orchestrator.assignments import Assignments
 from swarmrl.protocol.orchestrator.auth import Auth, RateLimiter, SignedRequest
+from swarmrl.protocol.orchestrator.describe import RunDescriber
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.ledger import Ledger
 from swarmrl.protocol.orchestrator.membership import Membership
@@ -106,6 +107,10 @@ async def _telemetry(request: Request) -> Telemetry:
     return orchestrator(request).telemetry
 
 
+async def _describer(request: Request) -> RunDescriber:
+    return orchestrator(request).describer
+
+
 AuthDep = Annotated[Auth, Depends(_auth)]
 MembershipDep = Annotated[Membership, Depends(_membership)]
 AssignmentsDep = Annotated[Assignments, Depends(_assignments)]
@@ -115,6 +120,7 @@ LedgerDep = Annotated[Ledger, Depends(_ledger)]
 RunStateDep = Annotated[RunState, Depends(_run)]
 StatsDep = Annotated[Stats, Depends(_stats)]
 TelemetryDep = Annotated[Telemetry, Depends(_telemetry)]
+DescriberDep = Annotated[RunDescriber, Depends(_describer)]
 
 
 # ---- callers -----------------------------------------------------------------------------------------------------

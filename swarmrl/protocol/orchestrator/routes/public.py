@@ -1,4 +1,4 @@
-"""Unsigned reads (``router``): liveness, Prometheus metrics, health, a node's record and ledger, the dashboard and
+"""Unsigned reads (``router``): liveness, the run's signed description, Prometheus metrics, health, a node's record and ledger, the dashboard and
 its ``/v1/stats/...`` API (``Stats``). All but ``/v1/ping`` spend a token of the source address's public bucket."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from swarmrl.dashboard import page_html
 from swarmrl.dashboard.schemas import MAX_NODES, MAX_POINTS, NodeList, Overview, PolicyStats, TrainerCurves
+from swarmrl.protocol.description import SignedDescription
 from swarmrl.protocol.orchestrator.routes.deps import (
     ERRORS,
     PUBLIC,
+    DescriberDep,
     LedgerDep,
     MembershipDep,
     StatsDep,
@@ -36,6 +38,14 @@ def metrics(telemetry: TelemetryDep) -> Response:
     """Prometheus metrics (text format): counters of this process, and gauges of the database read by one
     query at most every few seconds. Rate-limited per address like the other public views."""
     return Response(telemetry.prom.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/run", response_model=SignedDescription, responses=ERRORS, tags=["public"], dependencies=PUBLIC)
+def run_description(describer: DescriberDep) -> SignedDescription:
+    """The run's description, signed by this orchestrator's key: contract (task, sampling, scoring, proofs), the
+    packages generating its tasks, the base model's identity, weight servers and their key, heartbeat pacing and
+    minimum stake: all a node needs to join (``swarmrl node join URL``)."""
+    return describer.describe()
 
 
 @router.get("/v1/health", response_model=Health, responses=ERRORS, tags=["public"], dependencies=PUBLIC)

@@ -1,5 +1,5 @@
 """Submissions (``router``, over ``Submissions``): a node uploads a rollout file for an open assignment (streamed
-under a byte cap), anyone reads a submission's status and verdict, the validator and the trainer download its
+under a byte cap) or declines one it cannot serve, anyone reads a submission's status and verdict, the validator and the trainer download its
 file."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from swarmrl.protocol.orchestrator.routes.deps import (
     signed_request,
     trusted,
 )
-from swarmrl.protocol.schemas import HeartbeatRequest, SubmissionDetail, SubmitReply
+from swarmrl.protocol.schemas import DeclineReply, DeclineRequest, HeartbeatRequest, SubmissionDetail, SubmitReply
 
 _UPLOAD_BODY = {"requestBody": {"required": True, "description": "the rollout parquet file; "
                                 "X-Swarm-Content-SHA256 is its sha256",
@@ -52,6 +52,14 @@ async def upload(assignment_id: IdParam, request: Request, auth: AuthDep, subs: 
         except ProtocolError:  # it hears why at its next heartbeat; the upload itself stands
             rep.next = None
     return rep
+
+
+@router.post("/v1/assignments/{assignment_id}/decline", response_model=DeclineReply, responses=ERRORS, tags=["node"])
+def decline(assignment_id: IdParam, body: DeclineRequest, subs: SubmissionsDep,
+            p: Principal = Depends(signed("worker"))) -> DeclineReply:
+    """Decline an open assignment this node cannot serve: it goes back up at once for other nodes (same seed) and
+    is never handed back to this one. No penalty. 404 unknown, 403 another node's, 409 not open."""
+    return subs.decline(p, assignment_id, body.reason)
 
 
 @router.get("/v1/submissions/{submission_id}", response_model=SubmissionDetail, responses=ERRORS, tags=["public"],
