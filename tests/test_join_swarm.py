@@ -31,7 +31,18 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=120, env=_env(), check=False)
 
 
-def _config(tmp: Path, model: Path, lora: bool) -> Path:
+def _own_address() -> str | None:
+    """This machine's first global IPv4 address (None: it has none, or no `ip` command)."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except OSError:
+        return None
+    found = re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
+    return found[0] if found else None
+
+
+def _config(tmp: Path, model: Path, lora: bool, public: str | None) -> Path:
     f = tmp / "run.toml"
     f.write_text(f"""
 mode = "swarm"
@@ -67,15 +78,20 @@ enabled = {str(lora).lower()}
 nodes = 1
 overassign = 2.0
 assignment_timeout_s = 10.0
-""")
+""" + (f'listen = "0.0.0.0"\npublic_host = "{public}"\n' if public else ""))
     return f
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_stranger_joins_a_running_swarm_with_the_url_and_a_deposited_key(tiny_model_dir, tmp_path, lora):
-    """Full fine-tuning and a LoRA run, whose versions are adapters the node applies to the base it fetched."""
-    cfg = _config(tmp_path, tiny_model_dir, lora)
+@pytest.mark.parametrize("lora,public", [(False, False), (True, False), (False, True)],
+                         ids=["full", "lora", "beyond-loopback"])
+def test_a_stranger_joins_a_running_swarm_with_the_url_and_a_deposited_key(tiny_model_dir, tmp_path, lora, public):
+    """Full fine-tuning and a LoRA run, whose versions are adapters the node applies to the base it fetched; and
+    a run whose servers listen on every address (``swarm.listen``), joined through this machine's own address."""
+    host = _own_address() if public else None
+    if public and host is None:
+        pytest.skip("no non-loopback address here")
+    cfg = _config(tmp_path, tiny_model_dir, lora, host)
     log = (tmp_path / "run.log").open("w")
     run = subprocess.Popen([sys.executable, "-m", "swarmrl", "run", "-c", str(cfg)], cwd=tmp_path, stdout=log,
                            stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
@@ -90,6 +106,8 @@ def test_a_stranger_joins_a_running_swarm_with_the_url_and_a_deposited_key(tiny_
             time.sleep(0.5)
         assert m, (tmp_path / "run.log").read_text()[-3000:]
         url, run_key, authority, amount = m.groups()
+        if host:
+            assert url.startswith(f"http://{host}:")  # the join line names the public host
         # the operator's side: the stranger's key gets its stake
         key = json.loads(_cli("node", "keygen", "--out", "w/node.pem", cwd=stranger).stdout)
         dep = _cli("orchestrator", "deposit", "--orchestrator", url, "--key", authority, "--amount", amount,

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from swarmrl.attacks.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.config import StrictModel
+from swarmrl.protocol.config import is_loopback
 from swarmrl.rl.config import RLConfig
 from swarmrl.sft.config import SFTConfig
 
@@ -61,6 +62,26 @@ class SwarmSection(StrictModel):
     validator_threads: int = Field(1, ge=1)
     validator_lag: int = Field(3, ge=0)  # policy versions kept beyond the async window for a lagging validator
     max_restarts: int = Field(5, ge=0)  # orchestrator / validator / adapter / relay / honest node restarts
+    # the address the orchestrator, the SHARDCAST origin and the relays listen on: "0.0.0.0" (or "::") takes other
+    # machines (docs/deploy.md); public_host is then the name or address they reach this machine at, in the URLs the
+    # run announces and prints ("" = listen, which a wildcard address cannot be)
+    listen: str = Field("127.0.0.1", max_length=255)
+    # fixed ports for a deployment's firewall (0: a free one each run): the orchestrator's, and the first relay's
+    # (relay i on relay_port + i); the trainer's origin: rl.shardcast.origin_port
+    port: int = Field(0, ge=0, le=65535)
+    relay_port: int = Field(0, ge=0, le=65535)
+    public_host: str = Field("", max_length=255, pattern=r"^([A-Za-z0-9][A-Za-z0-9.\-]*|\[?[0-9A-Fa-f:.]+\]?)?$")
+
+    @model_validator(mode="after")
+    def _where(self) -> SwarmSection:
+        if self.listen.strip("[]") in ("0.0.0.0", "::", "") and not self.public_host:
+            raise ValueError(f"swarm.listen = {self.listen!r} listens on every address but names none: set "
+                             "swarm.public_host to the name or address other machines reach this one at")
+        return self
+
+    def advertised(self) -> str:
+        """The host other machines reach the servers at."""
+        return self.public_host or self.listen
 
     @field_validator("adversaries")
     @classmethod
@@ -121,6 +142,9 @@ class RunConfig(StrictModel):
         """Sampled validation must leave cheating a loss in expectation (``swarmrl.protocol.spot_checks``)."""
         if self.wan.profile and self.mode != "swarm":
             raise ValueError("wan.profile places a swarm run's roles in network namespaces: it needs mode = \"swarm\"")
+        if self.wan.profile and not is_loopback(self.swarm.listen):
+            raise ValueError("swarm.listen beyond loopback with wan.profile: the network harness places every role on "
+                             "its namespace's address itself; use one or the other")
         sw = self.swarm
         if self.mode != "swarm" or sw.full_check_rate >= 1.0:
             return self

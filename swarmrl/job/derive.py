@@ -43,15 +43,34 @@ class Placement:
 
     hosts: dict[str, str] = field(default_factory=dict)
     netns: dict[str, str] = field(default_factory=dict)
+    # where a role listens when that is not the address others reach it at (``swarm.listen`` = 0.0.0.0: ``hosts``
+    # name the public host, this the wildcard address)
+    binds: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def public(cls, listen: str, public_host: str, roles: tuple[str, ...]) -> Placement:
+        """The servers (``roles``) listen on ``listen`` and are announced at ``public_host``; the rest stay on
+        127.0.0.1 and reach them there."""
+        return cls(hosts={r: public_host for r in roles}, binds={r: listen for r in roles})
 
     def host(self, role: str) -> str:
         return self.hosts.get("trainer" if role == "adapter" else role, "127.0.0.1")
+
+    def listen(self, role: str) -> str:
+        """The address ``role`` listens on."""
+        return self.binds.get("trainer" if role == "adapter" else role) or self.host(role)
 
     def ns(self, role: str) -> str:
         return self.netns.get("trainer" if role == "adapter" else role, "")
 
     def url(self, role: str, port: int) -> str:
         return f"http://{self.host(role)}:{port}"
+
+    def local_url(self, role: str, port: int) -> str:
+        """``role`` as the run's own roles on this machine reach it: 127.0.0.1 when it listens on every address
+        (no detour through a public name a NAT may not loop back), else as others do."""
+        bind = self.binds.get(role, "").strip("[]")
+        return f"http://127.0.0.1:{port}" if bind in ("0.0.0.0", "::") else self.url(role, port)
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,8 @@ class Plan:
     rl: RLConfig
     roles: list[RoleSpec]  # in start order; relays come later (they need the trainer's origin)
     files: dict[str, str] = field(default_factory=dict)  # name under root -> text
-    url: str = ""  # the orchestrator (swarm mode)
+    url: str = ""  # the orchestrator (swarm mode), as the run's own roles reach it
+    public_url: str = ""  # the orchestrator as other machines reach it (the join line); "" = url
     members: dict[str, dict] = field(default_factory=dict)  # swarm nodes: identity and adversary kind
     orchestrator: OrchestratorConfig | None = None
     validator: ValidatorConfig | None = None
@@ -144,11 +164,14 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
     ``authority`` key deposits every member's stake (``Plan.deposits``) once the orchestrator is up, before any
     node starts: only deposited stake can be locked at registration."""
     place = place or Placement()
-    sw, rl = cfg.swarm, derive_rl(cfg, origin_port, place.host("trainer"))
-    url = place.url("orchestrator", port)
+    sw, rl = cfg.swarm, derive_rl(cfg, origin_port, place.listen("trainer"))
+    if rl.shardcast.enabled and place.listen("trainer") != place.host("trainer"):  # announced at the public host
+        rl = rl.model_copy(update={"shardcast": rl.shardcast.model_copy(
+            update={"origin_public_host": place.host("trainer")})})
+    url, public_url = place.local_url("orchestrator", port), place.url("orchestrator", port)
     kinds = member_names(cfg)
     ocfg = OrchestratorConfig(
-        host=place.host("orchestrator"), port=port, data_dir=str(root / "orchestrator"), run_secret=secret,
+        host=place.listen("orchestrator"), port=port, data_dir=str(root / "orchestrator"), run_secret=secret,
         validator_keys=[validator.public_key], trainer_keys=[trainer.public_key],
         stake_authority_keys=[authority.public_key], register_burst=max(20, 2 * len(members)),
         idle_after_missed=max(2, sw.dead_after_missed // 2),
@@ -193,7 +216,8 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
     info = {name: {"key": m.key, "public_key": m.public_key, "node_id": m.node_id, "adversary": kinds[name]}
             for name, m in members.items()}
     deposits = {m.node_id: sw.stake for m in members.values()} if sw.stake > 0 else {}
-    return Plan("swarm", root, rl, roles, url=url, members=info, orchestrator=ocfg, validator=vcfg,
+    return Plan("swarm", root, rl, roles, url=url, public_url=public_url, members=info, orchestrator=ocfg,
+                validator=vcfg,
                 authority=authority, deposits=deposits, place=place,
                 files={"rl.toml": dump_config(rl), "orchestrator.toml": dump_config(ocfg),
                        "validator.toml": dump_config(vcfg)})
@@ -211,7 +235,8 @@ def relay_roles(n: int, root: Path, origin_url: str, origin_pubkey: str, ports: 
         roles.append(RoleSpec(name, ["shardcast", "relay", "--upstream", origin_url,
                                      "--dir", str(root / "shardcast" / name), "--port", str(ports[i]),
                                      "--origin-pubkey", origin_pubkey,
-                                     *(["--set", f"host={place.host(name)}"] if place.ns(name) else [])],
+                                     *(["--set", f"host={place.listen(name)}"]
+                                       if place.ns(name) or place.listen(name) != "127.0.0.1" else [])],
                               restart=restart, max_restarts=max_restarts, netns=place.ns(name)))
         urls.append(place.url(name, ports[i]))
     return roles, urls

@@ -34,6 +34,7 @@ from swarmrl.job.supervisor import RoleFailed, Supervisor
 from swarmrl.job.warmstart import prepare_warmstart
 from swarmrl.job.zygote import Zygote, preload_modules
 from swarmrl.protocol.client import AuthorityClient
+from swarmrl.protocol.config import is_loopback
 from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex, save_private_key
 from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.procs import free_port
@@ -84,7 +85,7 @@ def _plan(cfg: RunConfig, root: Path, place: Placement | None = None) -> Plan:
     keys = root / "keys"
     keys.mkdir(exist_ok=True)
     members = {name: keygen(keys / f"{name.split('-')[0]}.pem") for name in member_names(cfg)}
-    return derive_swarm(cfg, root, free_port(), run_secret(root), keygen(keys / "validator.pem"),
+    return derive_swarm(cfg, root, cfg.swarm.port or free_port(), run_secret(root), keygen(keys / "validator.pem"),
                         keygen(keys / "trainer.pem"), members, keygen(keys / "authority.pem"), origin_port, place)
 
 
@@ -142,7 +143,9 @@ def network(cfg: RunConfig, root: Path, progress: Callable[[str], None]) -> Iter
     thread in the orchestrator's namespace meanwhile: the launcher's own calls to it (stake deposits, the
     report) stay on its side of the links, outside the measured traffic."""
     if not cfg.wan.profile:
-        yield Placement()
+        sw = cfg.swarm
+        servers = ("orchestrator", "trainer", *(f"relay{i}" for i in range(cfg.rl.shardcast.relays)))
+        yield Placement() if is_loopback(sw.listen) else Placement.public(sw.listen, sw.advertised(), servers)
         return
     from swarmrl.wan.harness import Harness  # noqa: PLC0415  # lazy: only runs under a network profile
     from swarmrl.wan.netns import inside  # noqa: PLC0415
@@ -167,8 +170,8 @@ def join_line(plan: Plan) -> str:
     key = public_key_hex(load_or_make_key(orchestrator_key_path(plan.orchestrator)))
     deposit = (f"swarmrl orchestrator deposit --orchestrator {plan.url} --key {plan.authority.key} --amount "
                f"{plan.orchestrator.min_stake:g} --public-key THEIR_KEY")
-    return (f"another machine joins with: swarmrl node join {plan.url} --run-key {key}  (its stake, once it has "
-            f"printed its key: {deposit})")
+    return (f"another machine joins with: swarmrl node join {plan.public_url or plan.url} --run-key {key}  (its "
+            f"stake, once it has printed its key: {deposit})")
 
 
 @contextmanager
@@ -229,7 +232,9 @@ def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str]
         if plan.rl.shardcast.enabled:  # the trainer is the SHARDCAST origin; relays under it serve the rest
             origin = wait_for_origin(run, trainer, sup.logs)
             n = plan.rl.shardcast.relays
-            relays, urls = relay_roles(n, root, origin["url"], origin["public_key"], [free_port() for _ in range(n)],
+            upstream = plan.place.local_url("trainer", int(origin["url"].rsplit(":", 1)[1]))  # same machine
+            ports = [cfg.swarm.relay_port + i if cfg.swarm.relay_port else free_port() for i in range(n)]
+            relays, urls = relay_roles(n, root, upstream, origin["public_key"], ports,
                                        restart="always" if swarm else "never", max_restarts=cfg.swarm.max_restarts,
                                        place=plan.place)
             for r in relays:

@@ -129,6 +129,9 @@ class ShardcastSection(StrictModel):
     # `swarmrl run` so a restarted trainer serves where its relays look
     origin_host: str = "127.0.0.1"  # the address the origin listens on and announces (`swarmrl run` under a
     # network profile: the trainer's namespace address)
+    # the host name or address other machines reach the origin at, when it listens on a wildcard address
+    # ("" = origin_host; `swarmrl run` with swarm.listen beyond loopback: swarm.public_host)
+    origin_public_host: str = ""
 
 
 class LoraSection(StrictModel):

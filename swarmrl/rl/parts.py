@@ -192,7 +192,8 @@ def build_parts(cfg: RLConfig, run: RunDir, rank: int, window: AsyncWindow, *, t
     if cfg.shardcast.enabled:
         sc = cfg.shardcast
         pubs.append(ShardcastPublisher(run, keep=sc.keep, shard_size=sc.shard_size, port=sc.origin_port,
-                                       host=sc.origin_host, on_error=lambda version, e: recorder.event(
+                                       host=sc.origin_host, public_host=sc.origin_public_host,
+                                       on_error=lambda version, e: recorder.event(
                                            "publish_failed", version=version, reason=str(e)),
                                        base_model=cfg.model))
     pubs += list(publishers)

@@ -58,11 +58,16 @@ class ShardcastPublisher:
     manifest key in the run directory (``shardcast/origin.json``), where the launcher and workers look."""
 
     def __init__(self, run: RunDir, *, keep: int, shard_size: int, port: int = 0, host: str = "127.0.0.1",
-                 on_error: ErrorHandler | None = None, base_model: str | Path | None = None) -> None:
+                 on_error: ErrorHandler | None = None, base_model: str | Path | None = None,
+                 public_host: str = "") -> None:
+        """``public_host``: the name or address other machines reach the origin at, announced instead of ``host``
+        (a wildcard address such as 0.0.0.0 listens everywhere but names no machine)."""
         run.shardcast.mkdir(parents=True, exist_ok=True)
         self.origin = Origin(run.shardcast / "origin", key=run.shardcast / "origin.key", keep=keep,
                              shard_size=shard_size, fsync=False)
         self.url = self.origin.serve(port, host)
+        if public_host:
+            self.url = f"http://{public_host}:{self.url.rsplit(':', 1)[1]}"
         run.announce_origin(self.url, self.origin.public_key)
         self.on_error = on_error
         self._pending: list[Future] = []
