@@ -2,7 +2,8 @@
 one namespace left for a guest; from that namespace, in an empty directory with no run files and no model, a
 stranger deposits nothing itself (the run's stake authority does, from the printed deposit line) and runs `swarmrl
 node join URL --run-key KEY`: it fetches the base model through the relay over its lossy link and its uploads are
-accepted. Beside it a node of the run samples at a temperature of its own and is rejected for that reason."""
+accepted. Beside it a node of the run samples at a temperature of its own and is rejected for that reason, and a
+node that serves another base model is refused at registration for that reason."""
 
 from __future__ import annotations
 
@@ -87,6 +88,23 @@ def test_a_stranger_joins_over_a_lossy_link_and_a_hot_sampler_is_rejected(tiny_m
         joined = [e for e in map(json.loads, metrics.read_text().splitlines()) if e.get("event") == "join"]
         assert joined[0]["base_source"] == "fetched" and joined[0]["base_bytes"] > 0, joined
         assert not (stranger / "runs").exists() and not list((stranger / "w" / "cache" / "base").glob("*.tar"))
+        # a node from the same guest namespace that serves another base model (the run's own config, another
+        # model): refused at registration with that reason, exit status 3
+        other_model = tmp_path / "other_model"
+        subprocess.run([sys.executable, "-m", "swarmrl", "model", "init", "--out", str(other_model),
+                        "--set", "seed=7"], env=env, capture_output=True, check=True, timeout=120)
+        rl = (run_dir / "rl.toml").read_text().replace(f'model = "{tiny_model_dir}"', f'model = "{other_model}"')
+        assert str(other_model) in rl
+        (tmp_path / "other_rl.toml").write_text(rl)
+        other = json.loads(subprocess.run(_in_ns(ns, "node", "keygen", "--out", "o/node.pem"), cwd=stranger, env=env,
+                                          capture_output=True, text=True, check=True).stdout)
+        subprocess.run(_in_ns(ns, "orchestrator", "deposit", "--orchestrator", url, "--key", authority, "--amount",
+                              amount, "--public-key", other["public_key"]), cwd=tmp_path, env=env, check=True,
+                       capture_output=True, timeout=120)
+        r = subprocess.run(_in_ns(ns, "node", "run", "--orchestrator", url, "--key", "o/node.pem", "--rl-config",
+                                  str(tmp_path / "other_rl.toml"), "--set", f'work_dir="{stranger / "o"}"'),
+                           cwd=stranger, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 3 and "serves base model" in r.stdout + r.stderr, (r.returncode, r.stderr[-2000:])
     finally:
         if node is not None and node.poll() is None:
             node.terminate()

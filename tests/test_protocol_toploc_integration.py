@@ -13,7 +13,7 @@ from protocol_support import make_cfg, running  # noqa: E402
 from swarmrl.contract import Rollout  # noqa: E402
 from swarmrl.envs import make_env  # noqa: E402
 from swarmrl.inference.prompts import decode_completion  # noqa: E402
-from swarmrl.inference.sampler import SamplingParams, generate  # noqa: E402
+from swarmrl.inference.sampler import generate  # noqa: E402
 from swarmrl.models import ModelInitConfig, init_model, load_tokenizer  # noqa: E402
 from swarmrl.protocol.client import NodeClient, ValidatorClient  # noqa: E402
 from swarmrl.protocol.config import ValidatorConfig  # noqa: E402
@@ -34,7 +34,7 @@ def _rollouts(model, tok, node_id, a, seed):  # noqa: ANN001
     shown = [format_prompt(t.prompt, a.budget()) if a.target_length is not None
              else t.prompt for t in tasks]
     prompts = [tok.encode(p, add_special_tokens=False) for p in shown for _ in range(a.contract.group_size)]
-    out = generate(model, prompts, SamplingParams(max_new_tokens=12, temperature=1.0), tok.eos_token_id,
+    out = generate(model, prompts, a.contract.sampling, tok.eos_token_id,
                    tok.pad_token_id, capture_hidden=True, generator=torch.Generator().manual_seed(seed))
     rows = []
     for i, (p, c, lp, fin, h) in enumerate(zip(out.prompt_ids, out.completion_ids, out.logprobs, out.finished,
@@ -57,7 +57,7 @@ def test_real_toploc_proofs(tmp_path):
     from swarmrl.models import load_model
 
     policy = load_model(tmp_path / "policy")
-    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, contract={"group_size": 2})
+    cfg, keys = make_cfg(tmp_path, tasks_per_node=2, contract={"group_size": 2, "sampling": {"max_new_tokens": 12}})
     with running(cfg, run_sweeper=False) as srv:
         # logprob_rows=0: this test is about TOPLOC and the sampling check catching cheats on their own
         val = Validator(ValidatorConfig(run_secret="test-secret", work_dir=str(tmp_path / "v"), logprob_rows=0,

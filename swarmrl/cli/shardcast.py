@@ -40,6 +40,15 @@ def _private_key(path: Path):  # noqa: ANN202
         fail(f"{e} (--key: an origin private key file from `swarmrl shardcast keygen`)")
 
 
+def _where(url: str, host: str) -> str:
+    """Where a server listens, for its start line: its URL, or for a wildcard address (0.0.0.0, ::), which names
+    no machine, the port on every address."""
+    if host.strip().strip("[]") in ("0.0.0.0", "::"):
+        port = url.rsplit(":", 1)[1]
+        return f"port {port} of every address ({host}; others reach it at http://<this machine's name>:{port})"
+    return url
+
+
 @app.command("keygen")
 def keygen_cmd(out: Annotated[Path, typer.Option("--out", "-o", help="Private key file; public key goes to FILE.pub")]
                ) -> None:
@@ -78,7 +87,7 @@ def origin_cmd(dir: Annotated[Optional[Path], typer.Option("--dir", help="Origin
         srv = ShardServer(cfg.dir, hold_s=cfg.hold_s, limits=ConnLimits.from_config(cfg),
                           max_upload_mbps=cfg.max_upload_mbps)
         await srv.start(cfg.host, cfg.port)
-        console.print(f"origin serving {cfg.dir} on http://{cfg.host}:{srv.port}")
+        console.print(f"origin serving {cfg.dir} on {_where(srv.url, cfg.host)}")
         if key is not None:
             from swarmrl.shardcast.signing import public_key_hex  # noqa: PLC0415  # lazy: startup
 
@@ -153,7 +162,7 @@ def relay_cmd(upstream: Annotated[Optional[list[str]], typer.Option("--upstream"
                                       max_upload_mbps=cfg.max_upload_mbps),
                       metrics=cfg.metrics)
         url = await relay.start(cfg.host, cfg.port)
-        console.print(f"relay serving {cfg.dir} on {url}, upstreams {cfg.upstream}")
+        console.print(f"relay serving {cfg.dir} on {_where(url, cfg.host)}, upstreams {cfg.upstream}")
         try:
             await asyncio.Event().wait()
         finally:

@@ -3,9 +3,11 @@ derived from it by ``swarmrl.job.derive``."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from swarmrl.attacks.config import ADVERSARY_KINDS, AdversaryConfig
 from swarmrl.config import StrictModel
@@ -70,18 +72,39 @@ class SwarmSection(StrictModel):
     # (relay i on relay_port + i); the trainer's origin: rl.shardcast.origin_port
     port: int = Field(0, ge=0, le=65535)
     relay_port: int = Field(0, ge=0, le=65535)
-    public_host: str = Field("", max_length=255, pattern=r"^([A-Za-z0-9][A-Za-z0-9.\-]*|\[?[0-9A-Fa-f:.]+\]?)?$")
+    public_host: str = Field("", max_length=255)
+
+    @field_validator("listen", "public_host")
+    @classmethod
+    def _plain_host(cls, v: str, info: ValidationInfo) -> str:
+        """A host name or IP address alone (an IPv6 one without brackets), not a URL or ``host:port``."""
+        v = v.strip()
+        h = v[1:-1] if v.startswith("[") and v.endswith("]") else v
+        if not h and info.field_name == "public_host":
+            return ""
+        try:
+            ip = ipaddress.ip_address(h)
+        except ValueError:
+            if re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*\.?", h):
+                return h
+            raise ValueError(f"swarm.{info.field_name} = {v!r}: give a host name or an IP address alone, without a "
+                             "scheme, port or path (e.g. swarm.example.org or 203.0.113.7)") from None
+        if info.field_name == "public_host" and ip.is_unspecified:
+            raise ValueError(f"swarm.public_host = {v!r} names no machine: give the name or address other machines "
+                             "reach this one at")
+        return str(ip)
 
     @model_validator(mode="after")
     def _where(self) -> SwarmSection:
-        if self.listen.strip("[]") in ("0.0.0.0", "::", "") and not self.public_host:
+        if self.listen in ("0.0.0.0", "::") and not self.public_host:
             raise ValueError(f"swarm.listen = {self.listen!r} listens on every address but names none: set "
                              "swarm.public_host to the name or address other machines reach this one at")
         return self
 
     def advertised(self) -> str:
-        """The host other machines reach the servers at."""
-        return self.public_host or self.listen
+        """The host other machines reach the servers at, as it goes in a URL (an IPv6 address in brackets)."""
+        h = self.public_host or self.listen
+        return f"[{h}]" if ":" in h else h
 
     @field_validator("adversaries")
     @classmethod

@@ -133,6 +133,13 @@ class ShardcastSection(StrictModel):
     # ("" = origin_host; `swarmrl run` with swarm.listen beyond loopback: swarm.public_host)
     origin_public_host: str = ""
 
+    @model_validator(mode="after")
+    def _named(self) -> ShardcastSection:
+        if self.origin_host.strip().strip("[]") in ("0.0.0.0", "::") and not self.origin_public_host:
+            raise ValueError(f"rl.shardcast.origin_host = {self.origin_host!r} listens on every address but names "
+                             "none: set rl.shardcast.origin_public_host to the name or address others reach it at")
+        return self
+
 
 class LoraSection(StrictModel):
     """Train a LoRA adapter instead of the whole policy (``swarmrl.rl.lora``): each version is the adapter alone

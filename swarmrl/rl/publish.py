@@ -66,8 +66,9 @@ class ShardcastPublisher:
         self.origin = Origin(run.shardcast / "origin", key=run.shardcast / "origin.key", keep=keep,
                              shard_size=shard_size, fsync=False)
         self.url = self.origin.serve(port, host)
-        if public_host:
-            self.url = f"http://{public_host}:{self.url.rsplit(':', 1)[1]}"
+        if public_host:  # an IPv6 address goes in brackets
+            h = public_host if public_host.startswith("[") or ":" not in public_host else f"[{public_host}]"
+            self.url = f"http://{h}:{self.url.rsplit(':', 1)[1]}"
         run.announce_origin(self.url, self.origin.public_key)
         self.on_error = on_error
         self._pending: list[Future] = []
