@@ -93,7 +93,8 @@ class RunState:
         ``shardcast_relays``, when set, still win)."""
         with self._db.tx() as s:
             row = s.get(State, "weights")
-            base = req.base.model_dump() if req.base is not None else self._announced().get("base")
+            kept = json.loads(row.value).get("base") if row is not None else None  # announced before, kept
+            base = req.base.model_dump() if req.base is not None else kept
             value = json.dumps({"servers": req.servers, "public_key": req.public_key, "base": base})
             if row is None:
                 s.add(State(key="weights", value=value))
