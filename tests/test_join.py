@@ -267,3 +267,12 @@ def test_an_answer_too_large_is_refused_before_it_is_all_read(tmp_path):
         assert sent["bytes"] < 64 * MAX_DESCRIPTION_BYTES  # the client hung up early
     finally:
         srv.shutdown()
+
+
+def test_a_remembered_run_key_holds_and_says_where_it_came_from(tmp_path):
+    cfg, _ = make_cfg(tmp_path)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "run_key").write_text(public_key_hex(generate_key()) + "\n")  # an earlier run's
+    with running(cfg) as srv:
+        r = _cli("node", "join", srv.url, "--work-dir", "w", cwd=tmp_path)
+        assert r.returncode == 1 and "remembered in w/run_key" in r.stderr, r.stderr

@@ -126,7 +126,13 @@ def join(cfg: JoinConfig) -> int:
     t0 = time.time()
     work = Path(cfg.work_dir)
     pinned = _run_key(cfg, work)
-    d = read_description(cfg.orchestrator, pinned, cfg.timeout_s)
+    try:
+        d = read_description(cfg.orchestrator, pinned, cfg.timeout_s)
+    except JoinRefused as e:
+        if pinned is not None and not cfg.run_key and "not the run key" in str(e):
+            raise JoinRefused(f"{e} (remembered in {work / RUN_KEY_FILE} from an earlier join: for another run, "
+                              "give its --run-key or use another --work-dir)") from None
+        raise
     if pinned is None:
         log.warning("trusting run key %s on first use (remembered in %s)", d.orchestrator_key, work / RUN_KEY_FILE)
     check_machine(d, cfg.memory_factor)
