@@ -276,3 +276,16 @@ def test_a_remembered_run_key_holds_and_says_where_it_came_from(tmp_path):
     with running(cfg) as srv:
         r = _cli("node", "join", srv.url, "--work-dir", "w", cwd=tmp_path)
         assert r.returncode == 1 and "remembered in w/run_key" in r.stderr, r.stderr
+
+
+def test_a_joined_node_waits_for_its_deposit_as_long_as_its_config_says(tmp_path):
+    """A stranger sends its key and waits for the operator: registration keeps asking for ``deposit_wait_s``."""
+    from swarmrl.swarm.config import JoinConfig
+    from swarmrl.swarm.join import node_settings
+
+    raw, _ = _signed(weights={"servers": [], "public_key": "ab" * 32})
+    d = verify_description(raw)
+    node, rl = node_settings(JoinConfig(orchestrator="http://x:1", deposit_wait_s=900), d, tmp_path,
+                             tmp_path / "k.pem", tmp_path / "base")
+    assert node.deposit_wait_s == 900 and node.stake == d.min_stake and rl.contract == d.contract
+    assert JoinConfig().deposit_wait_s >= 300  # minutes, not the 60 s a node of the run's own waits

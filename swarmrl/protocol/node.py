@@ -49,7 +49,8 @@ def ensure_registered(client: NodeClient, throughput: float, stake: float, hardw
                     (no_deposit_yet and time.monotonic() - t0 >= deposit_wait_s):
                 raise
             wait = min(30.0, e.retry_after or 1.0)
-            log.warning("registration refused for now (%s); retrying in %.0f s", e.detail, wait)
+            if i % 30 == 0:  # a wait for a deposit may be long: say so now and then, not every second
+                log.warning("registration refused for now (%s); retrying in %.0f s", e.detail, wait)
             time.sleep(wait)
 
 

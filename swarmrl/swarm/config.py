@@ -26,6 +26,7 @@ class SwarmNodeConfig(NodeConfig):
     # swarmrl.policy.prefetch); false: wait for the assigned version before sampling
     hold_policy: bool = True
     hold_grace_s: float = Field(0.5, ge=0, le=60)
+    deposit_wait_s: float = Field(60.0, ge=0)  # how long registration waits for a stake deposit not made yet
     inference: InferenceConfig | None = None  # the sampling backend (None: the RL config's `inference` section)
 
 
@@ -48,5 +49,8 @@ class JoinConfig(StrictModel):
     policy_timeout_s: float = Field(600.0, gt=0)  # one policy version's download
     hold_policy: bool = True
     hold_grace_s: float = Field(0.5, ge=0, le=60)
+    # how long registration waits for the run's stake authority to deposit for this key (a stranger sends its key
+    # and waits for the operator)
+    deposit_wait_s: float = Field(600.0, ge=0)
     # refuse to join when the machine has less available memory than this many times the base model's size
     memory_factor: float = Field(3.0, ge=0)

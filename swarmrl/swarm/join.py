@@ -25,9 +25,10 @@ import httpx
 from swarmrl.envs.requirements import Requirement, missing
 from swarmrl.policy.base import BaseUnavailable, ensure_base
 from swarmrl.protocol.description import MAX_DESCRIPTION_BYTES, DescriptionError, RunDescription, verify_description
+from swarmrl.protocol.signing import node_id_for
 from swarmrl.rl.config import RLConfig
 from swarmrl.swarm.config import JoinConfig, SwarmNodeConfig
-from swarmrl.utils.keys import generate_key, save_private_key
+from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key
 
 log = logging.getLogger("swarmrl.swarm.join")
 
@@ -115,7 +116,8 @@ def node_settings(cfg: JoinConfig, d: RunDescription, work: Path, key: Path, bas
                            threads=cfg.threads, policy_source=f"shardcast:{d.weights.public_key}",
                            work_dir=str(work), stop_file=str(work / "STOP"),
                            policy_timeout_s=cfg.policy_timeout_s, hold_policy=cfg.hold_policy,
-                           hold_grace_s=cfg.hold_grace_s, inference=cfg.inference)
+                           hold_grace_s=cfg.hold_grace_s, inference=cfg.inference,
+                           deposit_wait_s=cfg.deposit_wait_s)
     return node, rl
 
 
@@ -146,6 +148,9 @@ def join(cfg: JoinConfig) -> int:
         d = read_description(cfg.orchestrator, d.orchestrator_key, cfg.timeout_s)
     work.mkdir(parents=True, exist_ok=True)
     key = node_key(cfg, work)
+    pub = public_key_hex(load_private_key(key))
+    log.info("node key %s (node id %s): registration waits up to %g s for a stake deposited for it", pub,
+             node_id_for(pub), cfg.deposit_wait_s)
     local = [cfg.model_dir] if cfg.model_dir else []
     try:
         base_dir, got = ensure_base(d.base.blake3, d.base.bytes, d.weights.servers, d.weights.public_key,

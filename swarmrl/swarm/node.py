@@ -157,7 +157,8 @@ class SwarmNode:
             self.base_model = served_base(self.rl.model)
         ensure_registered(self.client, tps, self.cfg.stake,
                           {"cpu_threads": self.cfg.threads, "os_cpus": os.cpu_count(), "device": "cpu"},
-                          base_model=self.base_model)
+                          base_model=self.base_model, deposit_wait_s=self.cfg.deposit_wait_s,
+                          attempts=30 + int(self.cfg.deposit_wait_s))
         return tps
 
     def run(self, stop: threading.Event | None = None) -> int:
