@@ -43,7 +43,9 @@ def _private_key(path: Path):  # noqa: ANN202
 def _where(url: str, host: str) -> str:
     """Where a server listens, for its start line: its URL, or for a wildcard address (0.0.0.0, ::), which names
     no machine, the port on every address."""
-    if host.strip().strip("[]") in ("0.0.0.0", "::"):
+    from swarmrl.utils.serving import is_wildcard  # noqa: PLC0415  # lazy: startup
+
+    if is_wildcard(host):
         port = url.rsplit(":", 1)[1]
         return f"port {port} of every address ({host}; others reach it at http://<this machine's name>:{port})"
     return url

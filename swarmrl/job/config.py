@@ -14,6 +14,7 @@ from swarmrl.config import StrictModel
 from swarmrl.protocol.config import is_loopback
 from swarmrl.rl.config import RLConfig
 from swarmrl.sft.config import SFTConfig
+from swarmrl.utils.serving import is_wildcard
 
 
 class WarmstartSection(StrictModel):
@@ -96,7 +97,7 @@ class SwarmSection(StrictModel):
 
     @model_validator(mode="after")
     def _where(self) -> SwarmSection:
-        if self.listen in ("0.0.0.0", "::") and not self.public_host:
+        if is_wildcard(self.listen) and not self.public_host:
             raise ValueError(f"swarm.listen = {self.listen!r} listens on every address but names none: set "
                              "swarm.public_host to the name or address other machines reach this one at")
         return self

@@ -23,6 +23,7 @@ from swarmrl.protocol.config import OrchestratorConfig, ValidatorConfig
 from swarmrl.rl.config import RLConfig
 from swarmrl.rollouts.limits import RolloutLimits
 from swarmrl.rundir import RunLayout
+from swarmrl.utils.serving import is_wildcard
 
 Restart = Literal["never", "always", "unless_refused"]
 
@@ -69,8 +70,7 @@ class Placement:
     def local_url(self, role: str, port: int) -> str:
         """``role`` as the run's own roles on this machine reach it: 127.0.0.1 when it listens on every address
         (no detour through a public name a NAT may not loop back), else as others do."""
-        bind = self.binds.get(role, "").strip("[]")
-        return f"http://127.0.0.1:{port}" if bind in ("0.0.0.0", "::") else self.url(role, port)
+        return f"http://127.0.0.1:{port}" if is_wildcard(self.binds.get(role, "")) else self.url(role, port)
 
 
 @dataclass(frozen=True)

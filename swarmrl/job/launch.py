@@ -35,19 +35,15 @@ from swarmrl.job.warmstart import prepare_warmstart
 from swarmrl.job.zygote import Zygote, preload_modules
 from swarmrl.protocol.client import AuthorityClient
 from swarmrl.protocol.config import is_loopback
-from swarmrl.protocol.signing import generate_key, load_private_key, node_id_for, public_key_hex, save_private_key
+from swarmrl.protocol.signing import node_id_for, public_key_hex
 from swarmrl.rundir.writer import RunDir
+from swarmrl.utils.keys import load_or_make_private_key
 from swarmrl.utils.procs import free_port
 
 
 def keygen(path: Path) -> Identity:
     """The identity in ``path``: made now, or the one a resumed run already has."""
-    if path.exists():
-        key = load_private_key(path)
-    else:
-        key = generate_key()
-        save_private_key(key, path)
-    pub = public_key_hex(key)
+    pub = public_key_hex(load_or_make_private_key(path))
     return Identity(str(path), pub, node_id_for(pub))
 
 
@@ -165,9 +161,9 @@ def network(cfg: RunConfig, root: Path, progress: Callable[[str], None]) -> Iter
 def join_line(plan: Plan) -> str:
     """What another machine runs to join this swarm: the orchestrator's URL and the key that signs its run
     description (made here before the orchestrator starts, so the line is known at once)."""
-    from swarmrl.protocol.orchestrator.describe import load_or_make_key, orchestrator_key_path  # noqa: PLC0415
+    from swarmrl.protocol.orchestrator.describe import orchestrator_key_path  # noqa: PLC0415
     assert plan.orchestrator is not None and plan.authority is not None
-    key = public_key_hex(load_or_make_key(orchestrator_key_path(plan.orchestrator)))
+    key = public_key_hex(load_or_make_private_key(orchestrator_key_path(plan.orchestrator)))
     deposit = (f"swarmrl orchestrator deposit --orchestrator {plan.url} --key {plan.authority.key} --amount "
                f"{plan.orchestrator.min_stake:g} --public-key THEIR_KEY")
     return (f"another machine joins with: swarmrl node join {plan.public_url or plan.url} --run-key {key}  (its "

@@ -14,6 +14,7 @@ from swarmrl.models.adapter_file import DEFAULT_TARGETS, MAX_RANK
 from swarmrl.rl.losses.objective import Correction, Normalization, Objective
 from swarmrl.rl.losses.registry import get_loss
 from swarmrl.rl.tracking import TrackingSection
+from swarmrl.utils.serving import is_wildcard
 
 # settings that moved into ``rl.contract`` (every role shares them): an old config is told where they went
 MOVED_TO_CONTRACT = {"task": "contract.task", "chat_template": "contract.chat_template",
@@ -135,7 +136,7 @@ class ShardcastSection(StrictModel):
 
     @model_validator(mode="after")
     def _named(self) -> ShardcastSection:
-        if self.origin_host.strip().strip("[]") in ("0.0.0.0", "::") and not self.origin_public_host:
+        if is_wildcard(self.origin_host) and not self.origin_public_host:
             raise ValueError(f"rl.shardcast.origin_host = {self.origin_host!r} listens on every address but names "
                              "none: set rl.shardcast.origin_public_host to the name or address others reach it at")
         return self

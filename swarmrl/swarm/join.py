@@ -28,7 +28,7 @@ from swarmrl.protocol.description import MAX_DESCRIPTION_BYTES, DescriptionError
 from swarmrl.protocol.signing import node_id_for
 from swarmrl.rl.config import RLConfig
 from swarmrl.swarm.config import JoinConfig, SwarmNodeConfig
-from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key
+from swarmrl.utils.keys import load_or_make_private_key, public_key_hex
 
 log = logging.getLogger("swarmrl.swarm.join")
 
@@ -96,13 +96,10 @@ def _run_key(cfg: JoinConfig, work: Path) -> str | None:
     return f.read_text().strip() if f.is_file() else None
 
 
-def node_key(cfg: JoinConfig, work: Path) -> Path:
-    """The node's key file, made on first join (mode 0600)."""
+def node_key(cfg: JoinConfig, work: Path) -> tuple[Path, str]:
+    """The node's key file (made on first join, mode 0600) and its public key."""
     path = Path(cfg.key) if cfg.key else work / "node.pem"
-    if not path.exists():
-        save_private_key(generate_key(), path)
-        log.info("made a node key at %s", path)
-    return path
+    return path, public_key_hex(load_or_make_private_key(path))
 
 
 def node_settings(cfg: JoinConfig, d: RunDescription, work: Path, key: Path, base_dir: Path
@@ -147,8 +144,7 @@ def join(cfg: JoinConfig) -> int:
         time.sleep(2.0)
         d = read_description(cfg.orchestrator, d.orchestrator_key, cfg.timeout_s)
     work.mkdir(parents=True, exist_ok=True)
-    key = node_key(cfg, work)
-    pub = public_key_hex(load_private_key(key))
+    key, pub = node_key(cfg, work)
     log.info("node key %s (node id %s): registration waits up to %g s for a stake deposited for it", pub,
              node_id_for(pub), cfg.deposit_wait_s)
     local = [cfg.model_dir] if cfg.model_dir else []

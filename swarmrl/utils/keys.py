@@ -106,3 +106,14 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path} does not hold an Ed25519 private key")
     return key
+
+
+def load_or_make_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """The key in ``path``, made there first (mode 0600) when there is none; a key another process made meanwhile
+    is read, not overwritten."""
+    if not Path(path).exists():
+        try:
+            save_private_key(generate_key(), path)
+        except FileExistsError:
+            pass
+    return load_private_key(path)

@@ -67,6 +67,12 @@ class ConnLimits:
 _nofile_logged = False
 
 
+def is_wildcard(host: str) -> bool:
+    """Whether listening on ``host`` means every address (0.0.0.0, ::, in brackets or not): an address to listen
+    on that names no machine to connect to."""
+    return host.strip().strip("[]") in ("0.0.0.0", "::")
+
+
 def raise_nofile_limit() -> tuple[int, int]:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit (every socket is a file); returns (soft, hard)."""
     global _nofile_logged

@@ -13,7 +13,7 @@ from swarmrl.envs.requirements import requirements
 from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.description import PackagePin, RunDescription, SignedDescription, WeightsRef, sign_description
 from swarmrl.protocol.orchestrator.run_state import RunState
-from swarmrl.utils.keys import generate_key, load_private_key, public_key_hex, save_private_key
+from swarmrl.utils.keys import load_or_make_private_key, public_key_hex
 
 KEY_NAME = "orchestrator.pem"
 
@@ -22,21 +22,11 @@ def orchestrator_key_path(cfg: OrchestratorConfig) -> Path:
     return Path(cfg.key) if cfg.key else Path(cfg.data_dir) / KEY_NAME
 
 
-def load_or_make_key(path: Path):  # noqa: ANN201  # an Ed25519PrivateKey
-    """The key at ``path``, made (mode 0600) when there is none."""
-    if not path.exists():
-        try:
-            save_private_key(generate_key(), path)
-        except FileExistsError:  # another server process made it first
-            pass
-    return load_private_key(path)
-
-
 class RunDescriber:
     def __init__(self, cfg: OrchestratorConfig, run: RunState) -> None:
         self._cfg = cfg
         self._run = run
-        self._key = load_or_make_key(orchestrator_key_path(cfg))
+        self._key = load_or_make_private_key(orchestrator_key_path(cfg))
         self.public_key = public_key_hex(self._key)
         self._requires = [PackagePin(name=r.name, version=r.version) for r in requirements(cfg.contract.task.name)]
 
