@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swarmrl.utils.procs import stop_process
+from swarmrl.utils.procs import child_env, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRIBUTOR = ("swarmrl node keygen", "swarmrl node join")  # run in the contributor's directory
@@ -51,7 +51,7 @@ def test_the_quick_start_runs_as_written_and_the_joined_node_earns_credit(tmp_pa
     operator.mkdir()
     contributor.mkdir()
     (operator / "configs").symlink_to(ROOT / "configs")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = child_env({**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})  # they die with the test
     values: dict[str, str] = {}
     procs: list[subprocess.Popen] = []
     node_id = ""

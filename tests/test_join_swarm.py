@@ -16,14 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swarmrl.utils.procs import stop_process
+from swarmrl.utils.procs import child_env, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 JOIN = re.compile(r"swarmrl node join (\S+) --run-key ([0-9a-f]{64}).*--key (\S+) --amount ([0-9.]+)")
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return child_env({**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})  # they die with the test
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ from swarm_support import _cfg, _kill_leftovers, _started  # noqa: F401
 
 from swarmrl.job.config import WanSection
 from swarmrl.job.launch import launch
+from swarmrl.utils.procs import child_env
 from swarmrl.wan import netns
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def test_a_stranger_joins_over_a_lossy_link_and_a_hot_sampler_is_rejected(tiny_m
     t = threading.Thread(target=go, daemon=True)
     t.start()
     _started.append((cfg.rl.run_dir, t))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = child_env({**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})  # they die with the test
     stranger = tmp_path / "elsewhere"
     stranger.mkdir()
     node = None

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from swarmrl.utils.procs import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -68,7 +70,7 @@ def measure(run_dir: Path) -> dict:
 
 
 def train(config: str, run_dir: Path, minutes: float) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env({**os.environ, "PYTHONPATH": str(ROOT)})  # the run dies with this benchmark
     sets = [f'rl.run_dir="{run_dir}"', f"rl.max_minutes={minutes}", "rl.steps=100000", "rl.keep_versions=100000",
             "rl.eval.every_steps=0", "final_eval_n=16"]
     subprocess.run([sys.executable, "-m", "swarmrl", "run", "-c", config, "--local",

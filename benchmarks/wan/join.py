@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from swarmrl.utils.procs import stop_process
+from swarmrl.utils.procs import child_env, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 JOIN = re.compile(r"swarmrl node join (\S+) --run-key ([0-9a-f]{64}).*--key (\S+) --amount ([0-9.]+)")
@@ -59,7 +59,8 @@ def one(config: str, profile: str, timeout_s: float, keep: bool, min_step: int =
     sets = [f'rl.run_dir="{run_dir}"', "rl.eval.every_steps=0"]
     if profile != "loopback":
         sets += [f'wan.profile="{profile}"', "wan.guests=1"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    # child_env: the run and the stranger die with this benchmark, however it ends
+    env = child_env({**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
     log = work.parent / f"{work.name}.run.log"
     run = subprocess.Popen([sys.executable, "-m", "swarmrl", "run", "-c", config,
                             *(a for s in sets for a in ("--set", s))], cwd=ROOT, env=env, stdout=log.open("w"),
