@@ -25,6 +25,7 @@ from swarmrl.envs.config import TaskConfig
 from swarmrl.rl.config import EvalSection, OptimConfig, RLConfig, TrainerSection
 from swarmrl.rl.trainer import Trainer
 from swarmrl.rollouts.wire import write_rollouts
+from swarmrl.rundir.layout import MASTER_DIR
 from swarmrl.rundir.writer import RunDir
 from swarmrl.training.checkpoint import read_saved_state
 from swarmrl.utils.metrics import read_metrics
@@ -92,7 +93,8 @@ def _result(run_dir):
     vdir = run.version_dir(STEPS)
     state = read_saved_state(vdir)["trainer"]
     return {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows], "steps": [r["step"] for r in rows],
-            "weights": load_file(str(vdir / "model.safetensors")), "optimizer": state["optimizer"],
+            # the trainer's own float32 weights (what it publishes is their bfloat16 cast, contract.weights)
+            "weights": load_file(str(vdir / MASTER_DIR / "model.safetensors")), "optimizer": state["optimizer"],
             "scheduler": state["scheduler"], "files": sorted(p.name for p in vdir.iterdir())}
 
 

@@ -73,7 +73,10 @@ def test_a_publisher_and_a_source_written_here_drive_a_real_trainer(tmp_path, ti
     t = Trainer(_cfg(tmp_path, tiny_model_dir, 3), source=src, publishers=[pub])
     assert t.run_loop() == 3
     weights = (Path(tiny_model_dir) / "model.safetensors").stat().st_size
-    assert pub.bytes == {v: weights for v in range(4)} and pub.closed == 1  # version 0 too: the base, committed
+    cast = (t.run.version_dir(1) / "model.safetensors").stat().st_size  # the published bfloat16 weights
+    assert cast < weights * 0.51
+    # version 0 too: the base, committed as it is (every holder's version 0 is the base itself)
+    assert pub.bytes == {0: weights, 1: cast, 2: cast, 3: cast} and pub.closed == 1
     assert src.polled[:3] == [0, 1, 2] and not src.pending
     log = read_trainer_log(t.run.trainer_metrics)
     assert [r.step for r in log.steps] == [0, 1, 2] and all(r.files == [f"memory-{r.step}"] for r in log.steps)

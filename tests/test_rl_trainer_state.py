@@ -1,6 +1,7 @@
 """Policy versions on disk: only the newest keeps the trainer's state (trainer_state/, the optimizer's is twice the
 weights with AdamW), every version carries the base model's TOPLOC calibration file, and a trainer resumes from the
-newest with its optimizer, schedule, RNG and counters as they were."""
+newest with its float32 master weights (the published weights are their bfloat16 cast), optimizer, schedule, RNG and
+counters as they were."""
 
 from __future__ import annotations
 
@@ -51,9 +52,15 @@ def test_only_the_newest_version_keeps_the_optimizer_state_and_resume_works(tmp_
     assert all((run / "policy" / v / "model.safetensors").is_file() for v in versions)
     assert all((run / "policy" / v / CALIBRATION_FILE).read_text() == '{"stands": "in"}' for v in versions)
     adam = t.opt.state_dict()["state"]
+    # published: the bfloat16 cast (contract.weights.dtype); kept for the trainer: its float32 masters, newest only
+    assert sorted(p.parent.name for p in (run / "policy").glob("v*/master")) == ["v000003"]
+    masters = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
 
     resumed = _trainer(tmp_path, model, 4, monkeypatch)  # a restart: the newest version's state is loaded
     assert resumed.resumed and resumed.step == 3
+    got = resumed.model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in masters.items())  # the masters, not their cast
+    assert any(not torch.equal(v.to(torch.bfloat16).float(), v) for v in masters.values())
     back = resumed.opt.state_dict()["state"]
     assert back.keys() == adam.keys() and all(torch.equal(back[k]["exp_avg"], adam[k]["exp_avg"]) for k in adam)
     assert resumed.run_loop() == 4

@@ -3,9 +3,10 @@
 A worker or node that samples, the trainer that trains, the orchestrator that hands out work and the validator
 that re-checks it must read the same staleness window, group size, tie rule, task (with its prompt and answer
 rules), chat-template flag, thinking-budget rule, sampling settings (temperature, top_p, token limits: every
-sampler uses the assignment's, whatever its own config says, and the validator holds each row to them) and TOPLOC
-proof geometry. They do: the run config (``rl.contract``), the orchestrator's and validator's configs (``contract``)
-and the wire schemas (``AssignmentSpec.contract``) all carry this one object under one name, and ``swarmrl run``
+sampler uses the assignment's, whatever its own config says, and the validator holds each row to them), TOPLOC
+proof geometry and what a policy version is (``WeightsRule``: the inference weights' precision, whole or delta).
+They do: the run config (``rl.contract``), the orchestrator's and validator's configs (``contract``) and the wire
+schemas (``AssignmentSpec.contract``) all carry this one object under one name, and ``swarmrl run``
 derives every role's copy from the run config's (``swarmrl.job.derive``). The rules that interpret it live beside it: ``window()``
 (``AsyncWindow``), ``group_rule()`` (``GroupRule``), ``BudgetRule.budget`` (``Budget``).
 
@@ -22,6 +23,7 @@ from swarmrl.config import StrictModel
 from swarmrl.contract.groups import GroupRule
 from swarmrl.contract.sampling import SamplingParams
 from swarmrl.contract.scoring import Budget, check_prompt_format
+from swarmrl.contract.weights import WeightsRule
 from swarmrl.contract.window import AsyncWindow
 from swarmrl.envs.config import TaskConfig
 
@@ -82,6 +84,8 @@ class RLContract(StrictModel):
     # validator refuses a row at another temperature or over the limit (``protocol.checks.check_schema``)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     proof: ProofGeometry = Field(default_factory=ProofGeometry)
+    # what a policy version is: the inference weights' precision, and whole versions or deltas (``contract.weights``)
+    weights: WeightsRule = Field(default_factory=WeightsRule)
 
     @field_validator("task")
     @classmethod

@@ -225,16 +225,16 @@ def derive_swarm(cfg: RunConfig, root: Path, port: int, secret: str, validator: 
 
 def relay_roles(n: int, root: Path, origin_url: str, origin_pubkey: str, ports: list[int],
                 restart: Restart = "always", max_restarts: int = 5,
-                place: Placement | None = None) -> tuple[list[RoleSpec], list[str]]:
+                place: Placement | None = None, keep: int = 5) -> tuple[list[RoleSpec], list[str]]:
     """``n`` SHARDCAST relays under the trainer's origin (each on its port; under a network profile on its
-    namespace's address, ``place``), and their URLs."""
+    namespace's address, ``place``), each keeping ``keep`` versions besides the base model, and their URLs."""
     place = place or Placement()
     roles, urls = [], []
     for i in range(n):
         name = f"relay{i}"
         roles.append(RoleSpec(name, ["shardcast", "relay", "--upstream", origin_url,
                                      "--dir", str(root / "shardcast" / name), "--port", str(ports[i]),
-                                     "--origin-pubkey", origin_pubkey,
+                                     "--origin-pubkey", origin_pubkey, "--set", f"keep={keep}",
                                      *(["--set", f"host={place.listen(name)}"]
                                        if place.ns(name) or place.listen(name) != "127.0.0.1" else [])],
                               restart=restart, max_restarts=max_restarts, netns=place.ns(name)))

@@ -232,7 +232,8 @@ def _supervise(cfg: RunConfig, plan: Plan, run: RunDir, progress: Callable[[str]
             ports = [cfg.swarm.relay_port + i if cfg.swarm.relay_port else free_port() for i in range(n)]
             relays, urls = relay_roles(n, root, upstream, origin["public_key"], ports,
                                        restart="always" if swarm else "never", max_restarts=cfg.swarm.max_restarts,
-                                       place=plan.place)
+                                       place=plan.place,
+                                       keep=plan.rl.contract.weights.versions_to_serve(plan.rl.shardcast.keep))
             for r in relays:
                 sup.start(r)
             run.announce_relays(urls)

@@ -14,9 +14,9 @@ import httpx
 
 from swarmrl.job.commands import eval_settings
 from swarmrl.job.config import RunConfig
-from swarmrl.models.adapter_file import ADAPTER_FILE
+from swarmrl.models.adapter_file import ADAPTER_FILE, MODEL_FILE
 from swarmrl.rundir import RunLayout, read_trainer_log
-from swarmrl.rundir.layout import STATE_DIR
+from swarmrl.rundir.layout import MASTER_DIR, STATE_DIR
 from swarmrl.rundir.writer import RunDir
 from swarmrl.utils.metrics import read_metrics
 
@@ -183,7 +183,9 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
 
         export_merged(cfg.rl.model, latest, final_dir)
     else:
-        shutil.copytree(latest, final_dir, ignore=shutil.ignore_patterns(STATE_DIR))
+        shutil.copytree(latest, final_dir, ignore=shutil.ignore_patterns(STATE_DIR, MASTER_DIR))
+        if (latest / MASTER_DIR / MODEL_FILE).is_file():  # the trainer's own float32 weights, not their cast
+            shutil.copy2(latest / MASTER_DIR / MODEL_FILE, final_dir / MODEL_FILE)
     png = plot_run(root)
     log = read_trainer_log(run.trainer_metrics)
     steps = log.steps

@@ -66,3 +66,25 @@ def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> Path:
     else:
         tmp.rename(out)
     return out
+
+
+def save_inference_weights(model: PreTrainedModel, out_dir: str | Path, dtype: str = "float32",
+                           master_dir: str | Path | None = None) -> None:
+    """``model`` as a policy version's published weights in ``out_dir``: its ``model.safetensors`` holds every
+    floating-point tensor cast to ``dtype`` (round to nearest even, as ``Tensor.to`` does), the config beside it.
+    Loaders read it at the precision they ask for (``load_model``), so a float32 holder holds exactly these values.
+    ``master_dir``: when the cast loses precision, the model at its own precision is saved there too (the trainer
+    resumes from it)."""
+    want = resolve_dtype(dtype)
+    if all(p.dtype == want for p in model.state_dict().values() if p.is_floating_point()):
+        model.save_pretrained(out_dir, safe_serialization=True)
+        return
+    if master_dir is not None:
+        model.save_pretrained(master_dir, safe_serialization=True)
+    cast: dict[str, torch.Tensor] = {}
+    once: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}  # a tied tensor stays one tensor
+    for k, v in model.state_dict().items():
+        if v.is_floating_point():
+            v = once.setdefault((v.data_ptr(), v.dtype, tuple(v.shape)), v.detach().to(want))
+        cast[k] = v
+    model.save_pretrained(out_dir, state_dict=cast, safe_serialization=True)

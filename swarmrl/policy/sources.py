@@ -9,8 +9,9 @@ nothing was downloaded since), for the holder's metrics.
 - ``RunDirPolicySource``: the trainer's policy dir (one machine, shared disk);
 - ``TemplatePolicySource``: a path template such as ``runs/x/policy/v{policy_version:06d}`` (the validator);
 - ``ShardcastPolicySource``: downloads through SHARDCAST servers into a cache dir (signed manifest, BLAKE3
-  per shard); its servers are fixed, or ``discover``-ed before each fetch (a local worker reads the run
-  dir's ``origin.json`` / ``relays.json``);
+  per shard; a version published as a delta is applied to the version before it, bit-exact or refused); its
+  servers are fixed, or ``discover``-ed before each fetch (a local worker reads the run dir's ``origin.json`` /
+  ``relays.json``);
 - ``AnnouncedPolicySource`` (a node's default): switches to SHARDCAST as soon as the orchestrator's
   heartbeat names weight servers.
 """
@@ -26,6 +27,7 @@ from typing import Protocol
 
 from swarmrl.models.adapter_file import (
     ADAPTER_FILE,
+    MODEL_FILE,
     AdapterRefused,
     AdapterSpec,
     header_metadata,
@@ -35,7 +37,8 @@ from swarmrl.models.adapter_file import (
 )
 from swarmrl.rundir import RunLayout
 from swarmrl.rundir.policy_versions import PolicyDir
-from swarmrl.shardcast import FetchError, FetchOptions, fetch
+from swarmrl.shardcast import FetchError, FetchOptions
+from swarmrl.shardcast.client.chain import fetch_chain
 
 
 class PolicyUnavailable(RuntimeError):
@@ -148,29 +151,43 @@ class ShardcastPolicySource:
         d = self.cache / f"v{version:06d}"
         return d if weights_file(d) is not None else None
 
+    def _held_file(self, version: int) -> Path | None:
+        """Version ``version``'s weights file when it is in the cache (a delta's base); never the base model's."""
+        f = self.cache / f"v{version:06d}" / MODEL_FILE
+        return f if version > 0 and f.is_file() else None
+
+    def _dir_for(self, version: int) -> Path:
+        """Version ``version``'s cache directory, with the base model's config and tokenizer files in it."""
+        d = self.cache / f"v{version:06d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for f in self.base.iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".pt", ".bin")):
+                shutil.copy2(f, d / f.name)
+        return d
+
     def fetch(self, version: int, timeout_s: float = 60.0) -> Path:
+        """Version ``version``: whole, or as deltas from a version held here (``swarmrl.shardcast.client.chain``:
+        each version on the way is kept in the cache too)."""
         have = self.local(version)
         if have is not None:
             return have
-        d = self.cache / f"v{version:06d}"
         if self.discover is not None:
             found = self.discover()
             if found is not None:
                 self.set_servers(*found)
         if not self.servers or not self.origin_pubkey:
             raise PolicyUnavailable(f"policy v{version}: no SHARDCAST servers known yet")
-        d.mkdir(parents=True, exist_ok=True)
-        for f in self.base.iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".pt", ".bin")):
-                shutil.copy2(f, d / f.name)
         try:
-            res = fetch(self.servers, d / "model.safetensors", self.origin_pubkey, version=version,
-                        options=replace(self.options, wait_s=timeout_s))
+            res = fetch_chain(self.servers, self.origin_pubkey, version, held=self._held_file,
+                              out_for=lambda v: self._dir_for(v) / MODEL_FILE,
+                              options=replace(self.options, wait_s=timeout_s))
         except (FetchError, OSError) as e:
             raise PolicyUnavailable(f"policy v{version} via SHARDCAST: {e}") from None
+        d = res.path.parent
         _name_adapter(d)
-        self._report = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.size,
-                           "bytes_by_server": res.bytes_by_server, "excluded": res.excluded}
+        self._report = {"version": version, "fetch_s": round(res.seconds, 4), "bytes": res.bytes,
+                        "bytes_by_server": res.bytes_by_server, "excluded": res.excluded,
+                        "path": [f"{s.kind}:v{s.version}" for s in res.steps]}
         self._latest = max(version, self._latest or 0)
         # the newest `keep` complete versions stay (a failed download's partial directory neither counts nor goes:
         # the next try of that version resumes it)

@@ -27,13 +27,14 @@ import torch
 from swarmrl.contract import AsyncWindow
 from swarmrl.envs.base import Environment
 from swarmrl.eval.heldout import evaluate
+from swarmrl.models.io import save_inference_weights
 from swarmrl.rl.config import RLConfig
 from swarmrl.rl.lora import LoraPolicy
-from swarmrl.rl.publish import ShardcastPublisher, WeightPublisher
+from swarmrl.rl.publish import DeltaPublisher, ShardcastPublisher, WeightPublisher
 from swarmrl.rl.sources import NoRollouts, RolloutSource, RunDirRolloutSource
 from swarmrl.rl.tracking import SafeTracker, Tracker, make_tracker, numbers
 from swarmrl.rundir import EvalRecord, StepRecord, read_trainer_log
-from swarmrl.rundir.layout import STATE_DIR
+from swarmrl.rundir.layout import MASTER_DIR, STATE_DIR
 from swarmrl.rundir.writer import RunDir
 from swarmrl.toploc.thresholds_file import copy_calibration
 from swarmrl.utils.metrics import MetricsWriter
@@ -126,7 +127,9 @@ class VersionWriter:
         elif lora is not None:  # its version 0 is the base itself
             lora.save_base(staged, self.tokenizer)
         else:
-            full.save_pretrained(staged, safe_serialization=True)
+            # version 0 is the base model as every holder has it (a node's is the base itself): never a cast
+            dtype = self.cfg.contract.weights.dtype if version else "float32"
+            save_inference_weights(full, staged, dtype, master_dir=staged / MASTER_DIR)
             self.tokenizer.save_pretrained(staged)
         copy_calibration(self.cfg.model, staged)  # per-model TOPLOC thresholds travel with every version
         full.train(was)
@@ -136,6 +139,7 @@ class VersionWriter:
         cfg, run = self.cfg, self.run
         run.commit_version(version, run.policies.staging_path(version))
         run.policies.drop_older_states(STATE_DIR)  # after LATEST names the new version and its state
+        run.policies.drop_older_states(MASTER_DIR)
         self.publish(version)
         run.prune_versions(cfg.keep_versions)
         if cfg.keep_rollout_steps >= 0:  # the trainer never reads the steps it has trained again
@@ -191,10 +195,12 @@ def build_parts(cfg: RLConfig, run: RunDir, rank: int, window: AsyncWindow, *, t
     pubs: list[WeightPublisher] = []
     if cfg.shardcast.enabled:
         sc = cfg.shardcast
-        pubs.append(ShardcastPublisher(run, keep=sc.keep, shard_size=sc.shard_size, port=sc.origin_port,
-                                       host=sc.origin_host, public_host=sc.origin_public_host,
-                                       on_error=lambda version, e: recorder.event(
-                                           "publish_failed", version=version, reason=str(e)),
-                                       base_model=cfg.model))
+        rule = cfg.contract.weights
+        kw = dict(keep=rule.versions_to_serve(sc.keep), shard_size=sc.shard_size, port=sc.origin_port,
+                  host=sc.origin_host, public_host=sc.origin_public_host, base_model=cfg.model,
+                  on_error=lambda version, e: recorder.event("publish_failed", version=version, reason=str(e)))
+        # versions as deltas (``contract.weights``); a LoRA run's adapters go whole either way
+        delta = rule.encoding == "delta" and not cfg.lora.enabled
+        pubs.append(DeltaPublisher(run, rule=rule, **kw) if delta else ShardcastPublisher(run, **kw))
     pubs += list(publishers)
     return TrainerParts(source, recorder, Evaluator(cfg, tokenizer, env), VersionWriter(cfg, run, tokenizer, pubs))

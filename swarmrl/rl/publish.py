@@ -8,21 +8,30 @@ validators read directly); then each publisher is handed it. A publisher may wor
 ``ShardcastPublisher``: the trainer is the SHARDCAST origin; version N of the policy is SHARDCAST version N
 (version 0 is the base model's bundle, ``swarmrl.models.bundle``, published once at start for nodes that join
 with nothing on disk, and announced with its hash in ``origin.json``); a LoRA run's version is its adapter file
-(``swarmrl.models.adapter_file``: one safetensors file, moved exactly as a full model's). Other publishers (an adapter-only or a delta publisher)
-implement the same two methods.
+(``swarmrl.models.adapter_file``: one safetensors file, moved exactly as a full model's).
+
+``DeltaPublisher`` (``contract.weights.encoding = "delta"``): the same origin, but version N of a full fine-tuning
+run is published as its difference from version N-1 (``swarmrl.shardcast.delta``) whenever that is worth it, and as
+the whole file (a keyframe) otherwise: the first version it publishes, every ``keyframe_every`` versions, when the
+delta would not be smaller, or when the deltas since the last keyframe would together outweigh one. Each publication
+is a line of ``shardcast/published.jsonl`` (version, kind, bytes, share of elements changed, seconds to encode).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
+from swarmrl.contract.weights import WeightsRule
 from swarmrl.models.adapter_file import MODEL_FILE, weights_file
 from swarmrl.models.bundle import write_bundle
 from swarmrl.rundir.writer import RunDir
 from swarmrl.shardcast import Origin
+from swarmrl.shardcast.delta import delta_filename, encode_delta, read_header
 from swarmrl.shardcast.layout import BASE_VERSION
 
 ErrorHandler = Callable[[int, BaseException], None]
@@ -103,3 +112,59 @@ class ShardcastPublisher:
         for f in self._pending:
             f.exception()  # waits; a failure was reported through on_error
         self._pending = []
+
+
+class DeltaPublisher(ShardcastPublisher):
+    """``ShardcastPublisher`` sending full fine-tuning versions as deltas with keyframes (module docstring); a LoRA
+    run's adapters go whole, as there."""
+
+    def __init__(self, run: RunDir, *, rule: WeightsRule, **kw: object) -> None:
+        super().__init__(run, **kw)  # type: ignore[arg-type]
+        self.rule = rule
+        self.elem = 2 if rule.dtype == "bfloat16" else 4
+        self._prev: tuple[int, bytes] | None = None  # the newest version published and its file's bytes
+        self._chain = (0, 0)  # deltas published since the newest keyframe, and their bytes
+        self._log = run.shardcast / "published.jsonl"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardcast-delta")  # in version order
+
+    def publish(self, version: int, version_dir: Path) -> None:
+        o = self.origin
+        if version < 1 or version < o.last_version or o.is_published(version):
+            return
+        f = weights_file(version_dir) or version_dir / MODEL_FILE
+        if f.name != MODEL_FILE:  # an adapter: whole, as any publisher sends it
+            super().publish(version, version_dir)
+            return
+        self._pending = [p for p in self._pending if not p.done()]
+        fut = self._pool.submit(self._publish_one, version, f.read_bytes())  # read now: the version may be pruned
+        self._pending.append(fut)
+        if self.on_error is not None:
+            handler = self.on_error
+            fut.add_done_callback(lambda p: handler(version, p.exception()) if p.exception() else None)
+
+    def _publish_one(self, version: int, data: bytes) -> None:
+        t0 = time.perf_counter()
+        prev, self._prev = self._prev, None  # until this one is out, the next is a keyframe
+        n, nbytes = self._chain
+        delta = None
+        if prev is not None and prev[0] == version - 1 and n + 1 < self.rule.keyframe_every:
+            delta = encode_delta(prev[1], data, elem=self.elem)
+            if delta is not None and (len(delta) >= len(data) or nbytes + len(delta) > len(data)):
+                delta = None
+        encode_s = time.perf_counter() - t0
+        staged = self.origin.root / f".publish_v{version}"
+        staged.write_bytes(data if delta is None else delta)
+        try:
+            self.origin.publish_sync(staged, version, move=True,
+                                     filename=MODEL_FILE if delta is None else delta_filename(version - 1))
+        finally:
+            staged.unlink(missing_ok=True)  # moved into place, or refused
+        if delta is None:
+            self._chain, row = (0, 0), {"kind": "keyframe", "bytes": len(data)}
+        else:
+            self._chain = (n + 1, nbytes + len(delta))
+            row = {"kind": "delta", "bytes": len(delta), "changed_share": round(read_header(delta).share, 6)}
+        self._prev = (version, data)
+        with self._log.open("a") as fh:
+            fh.write(json.dumps({"version": version, **row, "full_bytes": len(data), "encode_s": round(encode_s, 3),
+                                 "time": time.time()}) + "\n")

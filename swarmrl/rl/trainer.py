@@ -45,6 +45,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -60,6 +61,7 @@ from swarmrl.rl.sources import RolloutSource
 from swarmrl.rl.train_step import Passes, WholeBatch, accumulate_gradients
 from swarmrl.rollouts.packing import Sequence
 from swarmrl.rundir import StepRecord
+from swarmrl.rundir.layout import MASTER_DIR
 from swarmrl.rundir.writer import RunDir
 from swarmrl.training.checkpoint import Checkpointer, TrainerState
 from swarmrl.training.model import build_reference, prepare_model
@@ -114,10 +116,13 @@ class Trainer:
     def _build_policy(self, latest: int | None) -> None:
         """``par`` and ``model``: the newest version's weights (the initial policy's on a fresh run), held as
         ``trainer.parallel`` says (fsdp2: built sharded), ready to train; with ``lora``, the base wrapped with the
-        adapter (the newest version's, on resume)."""
+        adapter (the newest version's, on resume). A resumed trainer starts from its float32 master weights
+        (``MASTER_DIR``) when the published ones are a cast."""
         cfg = self.cfg
         lora = cfg.lora.enabled  # versions are adapters on the base (cfg.model), which is always what is loaded
         start = self.run.version_dir(latest) if latest is not None and not lora else cfg.model
+        if start != cfg.model and (Path(start) / MASTER_DIR).is_dir():  # published weights are a cast: the masters
+            start = Path(start) / MASTER_DIR
         self.par = build_parallel(cfg.trainer.parallel, start, self.world, self.rank)
         self.model = prepare_model(self.par.model, activation_checkpointing=cfg.optim.activation_checkpointing,
                                    release_memory=True)

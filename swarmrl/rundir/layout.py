@@ -22,6 +22,9 @@ from pathlib import Path
 
 POLICY, ROLLOUTS, METRICS, SHARDCAST, CACHE, DONE = "policy", "rollouts", "metrics", "shardcast", "cache", "DONE"
 STATE_DIR = "trainer_state"  # in the newest version's directory: the trainer's state (``swarmrl.training.checkpoint``)
+# in the newest version's directory, when the published weights are not float32 (``contract.weights.dtype``): the
+# trainer's float32 master weights, a model directory it resumes from
+MASTER_DIR = "master"
 ROLLOUT_FILE = re.compile(r"^(?P<worker>[A-Za-z0-9_.-]+)-(?P<t>\d+)-g(?P<g>\d+)\.parquet$")
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 

@@ -13,12 +13,17 @@ element size, base and target BLAKE3 and size, data offset, changed count, compr
 compressed gaps and the compressed values. Everything read from a delta is bounded before it is used: lengths
 against the file, the changed count against the data region, positions against the data region.
 
+A SHARDCAST version holding a delta says so in its signed manifest's file name (``delta_filename``: which version it
+is against), so a node plans its path from manifests alone; a version holding a whole weights file (a keyframe) is
+named ``model.safetensors`` and stays readable by any SHARDCAST client.
+
 Pure: numpy, zlib and blake3; no server, no torch.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -26,12 +31,24 @@ from dataclasses import dataclass
 import blake3
 import numpy as np
 
-__all__ = ["DeltaError", "DeltaInfo", "apply_delta", "encode_delta", "read_header"]
+__all__ = ["DeltaError", "DeltaInfo", "apply_delta", "delta_base", "delta_filename", "encode_delta", "read_header"]
 
 MAGIC = b"SWRLDLT1"
 FORMAT = "swarmrl-delta/1"
 MAX_HEADER = 1 << 16
 _DTYPES = {2: np.uint16, 4: np.uint32}
+_NAME = re.compile(r"model\.delta-from-v(\d{1,13})")
+
+
+def delta_filename(base_version: int) -> str:
+    """The file name a delta against version ``base_version`` is published under (its signed manifest's)."""
+    return f"model.delta-from-v{base_version}"
+
+
+def delta_base(filename: str) -> int | None:
+    """The version a published file is a delta against (None: a whole file, a keyframe)."""
+    m = _NAME.fullmatch(filename)
+    return int(m.group(1)) if m else None
 
 
 class DeltaError(ValueError):
