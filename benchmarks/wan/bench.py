@@ -93,6 +93,10 @@ def figures(profile: str, run_dir: Path) -> dict:
     reach = [max(r["time"] for rs in fetches.values() for r in rs if r["version"] == v) - committed[v]
              for v in sorted(everywhere) if v in committed]
     med = lambda xs: round(statistics.median(xs), 3) if xs else None  # noqa: E731
+    trainer_rows = [r for r in read_metrics(run_dir / "metrics" / "trainer.jsonl") if r.get("mismatch_kl") is not None]
+    pub_log = run_dir / "shardcast" / "published.jsonl"
+    published = [json.loads(ln) for ln in pub_log.read_text().splitlines()] if pub_log.is_file() else []
+    deltas = [p for p in published if p["kind"] == "delta"]
     return {"profile": profile, "steps": s["steps"], "wall_s": s["wall_s"],
             "steps_per_hour": round(s["steps"] / s["wall_s"] * 3600, 1), "trainer_idle": s.get("trainer_wait_frac"),
             "policy_lag": s.get("mean_lag"), "bytes_per_version": med([r["bytes"] for r in rows]),
@@ -103,7 +107,13 @@ def figures(profile: str, run_dir: Path) -> dict:
             if done else None, "acc_initial": s["heldout_acc_initial"],
             "acc_final": s["heldout_acc_final"], "heldout_n": s["heldout_n"], "curve": s.get("curve", []),
             "accepted": sum(v.get("accepted", 0) for v in nodes.values()),
-            "rejected": sum(v.get("rejected", 0) for v in nodes.values())}
+            "rejected": sum(v.get("rejected", 0) for v in nodes.values()),
+            "mismatch_kl_mean": round(statistics.fmean(r["mismatch_kl"] for r in trainer_rows), 6)
+            if trainer_rows else None,
+            "published": {"keyframes": len(published) - len(deltas), "deltas": len(deltas),
+                          "delta_bytes_mean": round(statistics.fmean(p["bytes"] for p in deltas)) if deltas else None,
+                          "changed_share_mean": round(statistics.fmean(p["changed_share"] for p in deltas), 5)
+                          if deltas else None} if published else None}
 
 
 def at_equal_wall(rows: list[dict]) -> None:
