@@ -8,9 +8,9 @@ needs only the deltas after it). Then, oldest first, each keyframe is fetched wh
 applied to the version before it, every result written as that version's file: the applied bytes must hash to the
 target named inside the signed delta, so a node's weights are the publisher's bit for bit or nothing is written.
 
-A delta is refused before any of its shards is fetched when its base is not held (with the reason), when its signed
-size exceeds its base file's (no honest delta is larger than a keyframe), or when its versions do not descend; and
-before it touches the base file when it is malformed (``apply_delta`` bounds every length and the decompressed
+A delta is refused before any of its shards is fetched when its base is neither held nor offered by any server (with
+the reason), when its signed size exceeds its base file's (no honest delta is larger than a keyframe), or when its
+versions do not descend; and before anything is written when it is malformed (``apply_delta`` bounds every length and the decompressed
 sizes). A download interrupted (a restart) resumes where it stopped, as any SHARDCAST download does.
 """
 
