@@ -183,9 +183,11 @@ def finish(cfg: RunConfig, root: Path, wall_s: float, extra: dict | None = None)
 
         export_merged(cfg.rl.model, latest, final_dir)
     else:
-        shutil.copytree(latest, final_dir, ignore=shutil.ignore_patterns(STATE_DIR, MASTER_DIR))
-        if (latest / MASTER_DIR / MODEL_FILE).is_file():  # the trainer's own float32 weights, not their cast
-            shutil.copy2(latest / MASTER_DIR / MODEL_FILE, final_dir / MODEL_FILE)
+        master = latest / MASTER_DIR / MODEL_FILE  # the trainer's own float32 weights, when the version is a cast
+        skip = [STATE_DIR, MASTER_DIR] + ([MODEL_FILE] if master.is_file() else [])
+        shutil.copytree(latest, final_dir, ignore=shutil.ignore_patterns(*skip))
+        if master.is_file():
+            shutil.copy2(master, final_dir / MODEL_FILE)
     png = plot_run(root)
     log = read_trainer_log(run.trainer_metrics)
     steps = log.steps

@@ -148,17 +148,20 @@ class ShardcastPolicySource:
     def local(self, version: int) -> Path | None:
         if version == 0:
             return self.base
-        d = self.cache / f"v{version:06d}"
+        d = self._vdir(version)
         return d if weights_file(d) is not None else None
+
+    def _vdir(self, version: int) -> Path:
+        return self.cache / f"v{version:06d}"
 
     def _held_file(self, version: int) -> Path | None:
         """Version ``version``'s weights file when it is in the cache (a delta's base); never the base model's."""
-        f = self.cache / f"v{version:06d}" / MODEL_FILE
+        f = self._vdir(version) / MODEL_FILE
         return f if version > 0 and f.is_file() else None
 
     def _dir_for(self, version: int) -> Path:
         """Version ``version``'s cache directory, with the base model's config and tokenizer files in it."""
-        d = self.cache / f"v{version:06d}"
+        d = self._vdir(version)
         d.mkdir(parents=True, exist_ok=True)
         for f in self.base.iterdir():
             if f.is_file() and not f.name.endswith((".safetensors", ".pt", ".bin")):

@@ -102,11 +102,15 @@ class ShardcastPublisher:
         if version < 1 or version < o.last_version or o.is_published(version):
             return
         self._pending = [f for f in self._pending if not f.done()]
-        fut = o.publish(weights_file(version_dir) or version_dir / MODEL_FILE, version)  # a LoRA run's: the adapter
+        fut = self._start(version, version_dir)
         self._pending.append(fut)
         if self.on_error is not None:
             handler = self.on_error
             fut.add_done_callback(lambda f: handler(version, f.exception()) if f.exception() else None)
+
+    def _start(self, version: int, version_dir: Path) -> Future:
+        """Start publishing ``version``: its weights file, whole (a LoRA run's: the adapter)."""
+        return self.origin.publish(weights_file(version_dir) or version_dir / MODEL_FILE, version)
 
     def close(self) -> None:
         for f in self._pending:
@@ -127,20 +131,11 @@ class DeltaPublisher(ShardcastPublisher):
         self._log = run.shardcast / "published.jsonl"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardcast-delta")  # in version order
 
-    def publish(self, version: int, version_dir: Path) -> None:
-        o = self.origin
-        if version < 1 or version < o.last_version or o.is_published(version):
-            return
+    def _start(self, version: int, version_dir: Path) -> Future:
         f = weights_file(version_dir) or version_dir / MODEL_FILE
         if f.name != MODEL_FILE:  # an adapter: whole, as any publisher sends it
-            super().publish(version, version_dir)
-            return
-        self._pending = [p for p in self._pending if not p.done()]
-        fut = self._pool.submit(self._publish_one, version, f.read_bytes())  # read now: the version may be pruned
-        self._pending.append(fut)
-        if self.on_error is not None:
-            handler = self.on_error
-            fut.add_done_callback(lambda p: handler(version, p.exception()) if p.exception() else None)
+            return super()._start(version, version_dir)
+        return self._pool.submit(self._publish_one, version, f.read_bytes())  # read now: the version may be pruned
 
     def _publish_one(self, version: int, data: bytes) -> None:
         t0 = time.perf_counter()

@@ -10,8 +10,10 @@ target named inside the signed delta, so a node's weights are the publisher's bi
 
 A delta is refused before any of its shards is fetched when its base is neither held nor offered by any server (with
 the reason), when its signed size exceeds its base file's (no honest delta is larger than a keyframe), or when its
-versions do not descend; and before anything is written when it is malformed (``apply_delta`` bounds every length and the decompressed
-sizes). A download interrupted (a restart) resumes where it stopped, as any SHARDCAST download does.
+versions do not descend; and before anything is written when it is malformed (``apply_delta`` bounds every length
+and the decompressed sizes). A download interrupted (a restart) resumes where it stopped, as any SHARDCAST download
+does. The servers are asked what they list once, for the version asked for (waiting for it); the walk back reads
+the older manifests from that listing, one request each.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from swarmrl.shardcast.client.fetch import _signed_manifest, fetch
 from swarmrl.shardcast.client.options import FetchOptions
-from swarmrl.shardcast.client.pool import FetchError, ServerPool, new_session
+from swarmrl.shardcast.client.pool import FetchError, ServerPool, get_manifest, new_session
 from swarmrl.shardcast.delta import DeltaError, apply_delta, delta_base
 from swarmrl.shardcast.layout import Manifest, atomic_write
 from swarmrl.shardcast.signing import load_public_key
@@ -65,16 +67,9 @@ async def _plan(servers: list[str], pub: Any, version: int, held: Held, options:
     deadline = time.monotonic() + options.wait_s
     chain: list[Manifest] = []
     async with new_session() as session:
-        v = version
+        m = await _signed_manifest(session, pool, pub, version, 0, False, deadline)
+        assert m is not None  # a key is given: None only for unsigned servers
         while True:
-            try:
-                m = await _signed_manifest(session, pool, pub, v, 0, False, deadline if v == version else 0.0)
-            except FetchError as e:
-                if v == version:
-                    raise
-                raise FetchError(f"v{chain[-1].version} is a delta against v{v}, which this node does not hold "
-                                 f"and no server offers ({e})") from None
-            assert m is not None  # a key is given: None only for unsigned servers
             chain.append(m)
             base = delta_base(m.filename)
             if base is None:
@@ -89,7 +84,11 @@ async def _plan(servers: list[str], pub: Any, version: int, held: Held, options:
                 return chain
             if len(chain) >= MAX_CHAIN:
                 raise FetchError(f"v{version}: no keyframe within {MAX_CHAIN} versions back")
-            v = base
+            try:  # listed by the discovery above, or by no server
+                m = await get_manifest(session, pool, base, pub)
+            except FetchError as e:
+                raise FetchError(f"v{chain[-1].version} is a delta against v{base}, which this node does not hold "
+                                 f"and no server offers ({e})") from None
 
 
 def plan_chain(servers: Iterable[str], origin_pubkey: Any, version: int, held: Held,
