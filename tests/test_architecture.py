@@ -93,6 +93,7 @@ def test_nothing_imports_the_cli_and_the_contract_stays_pure():
 def test_the_math_imports_no_server():
     ours = {"swarmrl.protocol", "swarmrl.shardcast", "swarmrl.job", "swarmrl.swarm", "swarmrl.cli"}
     for rel in ("rl/train_step.py", "rollouts/packing.py", "toploc/proof.py", "toploc/verify.py", "diloco/outer.py",
+                *(f"diloco/trust/{m}.py" for m in ("judge", "wire", "scoring", "calibration", "rounds")),
                 *(str(p.relative_to(PKG)) for p in (PKG / "rl" / "losses").rglob("*.py")),
                 *(str(p.relative_to(PKG)) for p in (PKG / "contract").glob("*.py"))):
         names = _imports(PKG / rel)

@@ -68,7 +68,7 @@ def test_config_rejects_ddp_on_hivemind_and_bad_fields(tmp_path):
 def test_failing_worker_is_reported(tmp_path):
     # an unknown task: the worker process exits non-zero before training; the launcher says which
     cfg = _tiny(tmp_path, workers=1)
-    cfg.task.name = "no_such_task"
+    cfg.data, cfg.task.name = "task", "no_such_task"
     with pytest.raises(WorkerFailed, match="worker 0"):
         run(cfg)
 

@@ -1,4 +1,5 @@
-"""DiLoCo (``DilocoConfig()`` unchanged) vs DDP on the same data and budget, on two data sets.
+"""DiLoCo (``DilocoConfig()`` unchanged) vs DDP on the same data and budget: the stdlib corpus, and the older
+arithmetic data sets as options.
 
 The method is ``DilocoConfig()``'s, untouched (``swarmrl.diloco.config.METHOD_FIELDS``: the inner AdamW and its
 schedule, H, the wire, the outer Nesterov step, the overlap); so is the scenario (model, workers, steps, batch)
@@ -13,16 +14,20 @@ in every run):
                         no communication: what the averaging itself buys, apart from the outer optimiser;
                         ``comm_gap_closed`` = (lone diloco - diloco) / (lone diloco - ddp)
 and on the first data set only, unless --no-extras:
-  * before              DDP and DiLoCo with the previous ``DilocoConfig()`` inner optimiser (lr 4e-4, warmup
-                        100), the setting this version replaced: before/after in one sitting
-  * overlap             the default with the outer all-reduce overlapped with the next H inner steps
-  * W=4                 DDP and DiLoCo with 4 workers (a lone worker is further from DDP there); --no-w4 skips it
+  * before              DDP and DiLoCo at inner lr 5e-4, outer lr 1.0: the setting a candidate of this version
+                        chose because it put DiLoCo within 2% of a DDP held back by the same small lr (both end
+                        worse than at the default inner lr 1e-3, outer lr 0.7); kept beside the default
+  * W=4                 DDP and DiLoCo with 4 workers (the lone rows serve both); --no-w4 skips it
+  * overlap             (--overlap) the default with the outer all-reduce overlapped with the next H inner steps
 
-Data sets (``--data``; the config's ``task`` field selects them in ``swarmrl diloco``):
-  * mul_add   ``12*7+33=117``: the task the outer settings were tuned on
-  * add5      ``40123+7789=47912``: 5-digit addition (the ``add`` task, digits 5), never used for tuning
-  * add3      ``401+778=1179``: the ``add`` task as registered (3 digits), never used for tuning; added after add5
-              turned out to be one where communication hardly matters (a lone worker within 0.3% of DDP)
+Data sets (``--data``; the config's ``data`` field, and ``task`` for the arithmetic ones, select them):
+  * stdlib    the default: the running interpreter's standard library source, byte-level, split by file into
+              train / held-out (``swarmrl.diloco.corpus``); eval on held-out files; the method was tuned on the
+              validation files (``corpus.eval_split = "valid"``), never on held-out ones
+  * mul_add   ``12*7+33=117``: the previous scenario's task (outer settings tuned on it then)
+  * add5      ``40123+7789=47912``: 5-digit addition (the ``add`` task, digits 5)
+  * add3      ``401+778=1179``: the ``add`` task as registered (3 digits)
+  The arithmetic sets run with the default method and model; on them a lone worker is close to DDP.
 
 Bytes, per worker (the most any worker sent):
   * ``bytes``: what the worker handed to the averaging, counted per call: over gloo the tensors passed to
@@ -33,13 +38,14 @@ Bytes, per worker (the most any worker sent):
     and the DHT included; the set-up before the first step, e.g. the initial broadcast, is reported apart).
 Each data set ends with one JSON line: bytes and TCP ratios, loss gaps, the hivemind figures, the lone worker.
 
-    flock /tmp/swarmrl-bench.lock python benchmarks/diloco/bench.py [--data mul_add,add5,add3] [--no-extras] ...
+    flock /tmp/swarmrl-bench.lock python benchmarks/diloco/bench.py [--data stdlib,mul_add] [--no-extras] ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,10 +58,16 @@ from swarmrl.diloco.comm import hivemind_available  # noqa: E402
 from swarmrl.diloco.config import METHOD_FIELDS  # noqa: E402
 from swarmrl.envs.config import TaskConfig  # noqa: E402
 
-DATA = {"mul_add": TaskConfig(name="mul_add"), "add5": TaskConfig(name="add", params={"digits": 5}),
-        "add3": TaskConfig(name="add")}
-# the inner optimiser DilocoConfig() had before this version (OpenDiLoCo's), for the before/after rows
-PREVIOUS_INNER = {"inner_lr": 4e-4, "warmup_steps": 100}
+TASKS = {"mul_add": TaskConfig(name="mul_add"), "add5": TaskConfig(name="add", params={"digits": 5}),
+         "add3": TaskConfig(name="add")}
+DATA = ("stdlib", *TASKS)
+# the rejected candidate method (a weaker DDP baseline: RESULTS.md), for the "before" rows
+PREVIOUS_INNER = {"inner_lr": 5e-4, "outer_lr": 1.0}
+
+
+def data_fields(data: str) -> dict:
+    """The scenario fields that select a data set."""
+    return {"data": "stdlib"} if data == "stdlib" else {"data": "task", "task": TASKS[data]}
 
 
 @dataclass
@@ -69,7 +81,7 @@ def plan(data: str, args: argparse.Namespace, extras: bool) -> list[Planned]:
     """The runs on one data set: ``DilocoConfig()`` with only the scenario, ``mode`` and ``backend`` set, except the
     labelled extras, whose ``varies`` names the method fields they change."""
     out = Path(args.out) / data
-    scenario = dict(task=DATA[data], seed=args.seed, timeout_s=3600)
+    scenario = dict(**data_fields(data), seed=args.seed, timeout_s=3600)
     if args.workers is not None:
         scenario["workers"] = args.workers
     if args.steps is not None:
@@ -78,19 +90,21 @@ def plan(data: str, args: argparse.Namespace, extras: bool) -> list[Planned]:
     def cfg(slug: str, **kw) -> DilocoConfig:
         return DilocoConfig(**{**scenario, **kw, "out": str(out / slug)})
 
+    key_rows = getattr(args, "key_rows", False)
     runs = [Planned("ddp fp32", cfg("ddp", mode="ddp")), Planned("diloco default", cfg("diloco"))]
-    if not args.no_hivemind and hivemind_available():
-        runs.append(Planned("diloco hivemind", cfg("hivemind", backend="hivemind")))
     runs.append(Planned("1 worker, no comm", cfg("lone", mode="ddp", workers=1)))
     runs.append(Planned("1 diloco worker, no comm", cfg("lone_diloco", workers=1)))
-    if extras:
+    if extras and not args.no_w4:
+        runs += [Planned("W=4 ddp fp32", cfg("w4_ddp", mode="ddp", workers=4)),
+                 Planned("W=4 diloco default", cfg("w4_diloco", workers=4))]
+    if not key_rows and not args.no_hivemind and hivemind_available():
+        runs.append(Planned("diloco hivemind", cfg("hivemind", backend="hivemind")))
+    if extras and not key_rows:
         runs += [Planned("before: ddp", cfg("before_ddp", mode="ddp", **PREVIOUS_INNER), tuple(PREVIOUS_INNER)),
                  Planned("before: diloco", cfg("before_diloco", **PREVIOUS_INNER), tuple(PREVIOUS_INNER))]
-        h = DilocoConfig().inner_steps
-        runs.append(Planned(f"overlap tau={h}", cfg("overlap", overlap_steps=h), ("overlap_steps",)))
-        if not args.no_w4:
-            runs += [Planned("W=4 ddp fp32", cfg("w4_ddp", mode="ddp", workers=4)),
-                     Planned("W=4 diloco default", cfg("w4_diloco", workers=4))]
+        if getattr(args, "overlap", False):
+            h = DilocoConfig().inner_steps
+            runs.append(Planned(f"overlap tau={h}", cfg("overlap", overlap_steps=h), ("overlap_steps",)))
     return runs
 
 
@@ -111,7 +125,8 @@ def _run(p: Planned) -> dict:
     ws = [json.loads((Path(p.cfg.out) / f"worker{r}.summary.json").read_text()) for r in range(p.cfg.workers)]
     s["solo_rounds"] = max(w["solo_rounds"] for w in ws)
     tcp = s["tcp_bytes_sent_per_worker"]
-    print(f"{p.name:>22}: eval loss {s['final_eval_loss']:.4f} (answers {s['final_answer_loss']:.4f})  "
+    ans = s["final_answer_loss"]
+    print(f"{p.name:>22}: eval loss {s['final_eval_loss']:.4f} (answers {'-' if ans is None else f'{ans:.4f}'})  "
           f"bytes/worker {s['bytes_sent_per_worker']:>12,}  tcp {'-' if tcp is None else f'{tcp:,}':>12}  "
           f"syncs {s['sync_calls_per_worker']:>4}  identical {s['identical_params']}  "
           f"wall {s['bench_wall_s']:.0f}s (sync {s['sync_s']:.2f}s)", flush=True)
@@ -127,33 +142,45 @@ def _reference(name: str, results: dict[str, dict]) -> dict:
     return results["ddp fp32"]
 
 
+def _answer_cells(s: dict, ref: dict) -> str:
+    a, b = s.get("final_answer_loss"), ref.get("final_answer_loss")
+    if a is None or b is None:  # the stdlib corpus has no answers: its second column is the perplexity
+        return f"{math.exp(s['final_eval_loss']):11.3f} | {math.exp(s['final_eval_loss'] - ref['final_eval_loss']):6.3f}"
+    return f"{a:11.4f} | {a / b:6.3f}"
+
+
 def _table(data: str, results: dict[str, dict]) -> None:
     base = results["ddp fp32"]
     print(f"\n{data}: DiLoCo vs DDP, {base['workers']} workers x {base['total_steps']} inner steps, "
           f"{base['params']:,} params")
-    print(f"{'run':>22} | {'eval loss':>9} | {'/ DDP':>6} | {'answer loss':>11} | {'/ DDP':>6} | "
-          f"{'bytes/worker':>12} | {'DDP / it':>8} | {'tcp/worker':>12} | {'DDP / it':>8}")
+    second = "perplexity" if base.get("final_answer_loss") is None else "answer loss"
+    print(f"{'run':>22} | {'eval loss':>9} | {'/ DDP':>6} | {second:>11} | {'/ DDP':>6} | "
+          f"{'bytes/worker':>12} | {'DDP / it':>8} | {'tcp/worker':>12} | {'DDP / it':>8} | {'wall s':>6}")
     for name, s in results.items():
         ref = _reference(name, results)
         r, rt = _ratio(ref, s), _ratio(ref, s, "tcp_bytes_sent_per_worker")
         tcp = s["tcp_bytes_sent_per_worker"]
         print(f"{name:>22} | {s['final_eval_loss']:9.4f} | {s['final_eval_loss'] / ref['final_eval_loss']:6.4f} | "
-              f"{s['final_answer_loss']:11.4f} | {s['final_answer_loss'] / ref['final_answer_loss']:6.3f} | "
+              f"{_answer_cells(s, ref)} | "
               f"{s['bytes_sent_per_worker']:12,} | {'-' if r is None else f'{r:.1f}':>8} | "
-              f"{'-' if tcp is None else f'{tcp:,}':>12} | {'-' if rt is None else f'{rt:.1f}':>8}")
+              f"{'-' if tcp is None else f'{tcp:,}':>12} | {'-' if rt is None else f'{rt:.1f}':>8} | "
+              f"{s['bench_wall_s']:6.0f}")
 
 
-def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> dict:
+def summary_line(data: str, results: dict[str, dict], hm_skip: str | None, args_seed: int = 0) -> dict:
     """The JSON line of one data set (ratios: DDP's bytes over the run's; gaps: the run's loss over DDP's - 1)."""
     base, lone, ours = results["ddp fp32"], results["1 worker, no comm"], results["diloco default"]
     lone_dl = results["1 diloco worker, no comm"]
 
     def gap_closed(ddp: dict, s: dict, key: str = "final_eval_loss", alone: dict = lone) -> float | None:
+        if any(x.get(key) is None for x in (ddp, s, alone)):
+            return None
         span = alone[key] - ddp[key]
         return round((alone[key] - s[key]) / span, 3) if span > 0 else None
 
     line: dict = {
-        "data": data, "task": DATA[data].model_dump(),
+        "data": data, "task": TASKS[data].model_dump() if data in TASKS else None,
+        "corpus": base.get("data"),  # the stdlib corpus's digest and split sizes (its files, sizes and contents)
         "bytes_ratio": _ratio(base, ours), "tcp_bytes_ratio": _ratio(base, ours, "tcp_bytes_sent_per_worker"),
         "loss_gap": _gap(base, ours),
         "ddp_eval_loss": round(base["final_eval_loss"], 5), "diloco_eval_loss": round(ours["final_eval_loss"], 5),
@@ -189,6 +216,7 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> di
         line.update(overlap_bytes_ratio=_ratio(base, ov), overlap_loss_gap=_gap(base, ov),
                     overlap_answer_loss_gap=_gap(base, ov, "final_answer_loss"),
                     overlap_sync_s=ov["sync_s"], default_sync_s=ours["sync_s"])
+    line["lone_diloco_vs_lone_adamw"] = _gap(lone, lone_dl)
     if "W=4 ddp fp32" in results:
         b4, o4 = results["W=4 ddp fp32"], results["W=4 diloco default"]
         line.update(w4_bytes_ratio=_ratio(b4, o4), w4_tcp_bytes_ratio=_ratio(b4, o4, "tcp_bytes_sent_per_worker"),
@@ -199,19 +227,22 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None) -> di
                     w4_answer_gap_closed=gap_closed(b4, o4, "final_answer_loss"))
     d = DilocoConfig()
     line["settings"] = {"workers": base["workers"], "total_steps": base["total_steps"], "batch_size": d.batch_size,
-                        "seq_len": d.seq_len, "eval_seqs": d.eval_seqs, "params": base["params"],
+                        "seq_len": d.seq_len, "eval_seqs": d.eval_seqs, "params": base["params"], "seed": args_seed,
                         **{k: getattr(d, k) for k in METHOD_FIELDS}}
     return line
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=",".join(DATA), help=f"comma-separated, of {', '.join(DATA)}")
+    ap.add_argument("--data", default="stdlib", help=f"comma-separated, of {', '.join(DATA)}")
     ap.add_argument("--workers", type=int, default=None, help="scenario; default: DilocoConfig's")
     ap.add_argument("--steps", type=int, default=None, help="inner steps per worker; default: DilocoConfig's")
     ap.add_argument("--no-hivemind", action="store_true")
-    ap.add_argument("--no-extras", action="store_true", help="skip the before / overlap / W=4 runs")
+    ap.add_argument("--no-extras", action="store_true", help="skip the before / W=4 / overlap runs")
     ap.add_argument("--no-w4", action="store_true")
+    ap.add_argument("--overlap", action="store_true", help="add the overlapped-outer-step row (first data set)")
+    ap.add_argument("--key-rows", action="store_true",
+                    help="only ddp, diloco and the lone AdamW worker at W = 2 and 4 (e.g. a second seed)")
     ap.add_argument("--out", default="runs/bench_diloco")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -223,7 +254,7 @@ def main() -> None:
     for i, data in enumerate(names):
         results = {p.name: _run(p) for p in plan(data, args, extras=i == 0 and not args.no_extras)}
         _table(data, results)
-        line = summary_line(data, results, hm_skip)
+        line = summary_line(data, results, hm_skip, args.seed)
         Path(args.out, data).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / data / "bench.json").write_text(json.dumps({"runs": results, "summary": line}, indent=2,
                                                                      default=str))

@@ -17,7 +17,7 @@ def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt
            workers: Annotated[Optional[int], typer.Option(help="Number of worker processes.")] = None,
            inner_steps: Annotated[Optional[int], typer.Option("--inner-steps", "-H", help="Inner steps per round.")] = None,
            steps: Annotated[Optional[int], typer.Option(help="Inner steps per worker in total.")] = None,
-           backend: Annotated[Optional[str], typer.Option(help="torch (fixed group) or hivemind (elastic).")] = None,
+           backend: Annotated[Optional[str], typer.Option(help="torch (fixed group), hivemind (elastic) or swarm (signed uploads to a judging aggregator; starts an orchestrator and the aggregator).")] = None,
            wire: Annotated[Optional[str], typer.Option(help="All-reduce dtype: fp32, fp16, bf16 or int8 (chunk-scaled).")] = None,
            out: Annotated[Optional[Path], typer.Option(help="Output directory.")] = None) -> None:
     """Train a small LM with DiLoCo (H inner AdamW steps, outer Nesterov on averaged pseudo-gradients).
@@ -44,7 +44,8 @@ def diloco(config: ConfigOpt = None, set_: SetOpt = None, print_config: PrintOpt
         console.print(msg, highlight=False)
 
     try:
-        summary = run(cfg, progress)
+        # a hostile worker (benchmarks, demos: trust.adversary) runs as the attack tools' entry, named here
+        summary = run(cfg, progress, hostile_entry="swarmrl.attacks.diloco" if cfg.trust.adversary != "none" else None)
     except WorkerFailed as e:
         fail(f"{e}", 1)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "evals"}, indent=2))

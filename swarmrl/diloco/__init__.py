@@ -3,6 +3,7 @@
 * ``swarmrl.diloco.outer``: pure math (pseudo-gradient, outer Nesterov step, wire compression).
 * ``swarmrl.diloco.comm``: averaging backends (torch.distributed fixed group; hivemind DHT, elastic).
 * ``swarmrl.diloco.worker``: one worker process; ``swarmrl.diloco.launch``: W workers on loopback.
+* ``swarmrl.diloco.wan``: W workers, each in a network namespace of the WAN harness (``swarmrl.wan``).
 """
 
 from __future__ import annotations

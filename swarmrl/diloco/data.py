@@ -1,4 +1,5 @@
-"""A small language-modelling corpus generated from the project's tasks.
+"""A small language-modelling corpus generated from the project's tasks (``data = "task"``; the default data is
+the standard library's source, ``swarmrl.diloco.corpus``), and the eval losses both use.
 
 Text is lines ``<prompt><answer>\\n`` from a registered task (default ``mul_add``: ``12*7+33=117``),
 packed into fixed-length token sequences with the byte-level tokenizer. Training batches are drawn

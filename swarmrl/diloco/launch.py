@@ -84,8 +84,17 @@ def wait_all(procs: dict[int, subprocess.Popen], out: Path, timeout_s: float,
         stop_all(list(procs.values()))
 
 
-def run(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = None) -> dict:
-    """Run ``cfg.workers`` workers to completion; returns the run summary (also OUT/summary.json)."""
+def run(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = None,
+        hostile_entry: str | None = None) -> dict:
+    """Run ``cfg.workers`` workers to completion; returns the run summary (also OUT/summary.json).
+    ``hostile_entry`` (backend swarm with ``trust.adversary``): the hostile workers' module (``run_swarm``)."""
+    if cfg.backend == "swarm":  # orchestrator + judging aggregator + workers (swarmrl.diloco.trust.launch)
+        from swarmrl.diloco.trust.launch import SwarmFailed, run_swarm  # noqa: PLC0415  # lazy: the swarm backend only
+
+        try:
+            return run_swarm(cfg, on_progress, hostile_entry)
+        except SwarmFailed as e:
+            raise WorkerFailed(str(e)) from None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("worker*.jsonl")) + list(out.glob("worker*.summary.json")) + [out / "hivemind_peers.json"]:
@@ -105,7 +114,7 @@ def summarize(cfg: DilocoConfig, workers: list[dict], wall_s: float) -> dict:
     return {
         "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire, "workers": cfg.workers,
         "total_steps": cfg.total_steps, "inner_steps": cfg.inner_steps if cfg.mode == "diloco" else 1,
-        "params": w0["params"], "tokens_per_worker": w0["tokens"],
+        "params": w0["params"], "tokens_per_worker": w0["tokens"], "data": w0.get("data"),
         "final_eval_loss": w0["final_eval_loss"], "final_answer_loss": w0.get("final_answer_loss"),
         "bytes_sent_per_worker": max(w["bytes_sent"] for w in workers),
         # measured by the kernel on each worker's TCP connections (None where it cannot be read)

@@ -99,6 +99,13 @@ def _parse(data: bytes, start: int, end: int, family: int) -> _Sock | None:
     return None  # listening sockets and sockets without tcp_info move no payload
 
 
+def _address(raw: bytes) -> str:
+    """An IPv4 or IPv6 address as text (an IPv4-mapped IPv6 address as its IPv4 form)."""
+    if len(raw) == 16 and raw[:12] == bytes(10) + b"\xff\xff":
+        raw = raw[12:]
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
 def tcp_sockets() -> list[_Sock]:
     """Every TCP socket of this network namespace (IPv4 and IPv6) with its byte counters."""
     return _dump(socket.AF_INET) + _dump(socket.AF_INET6)
@@ -155,12 +162,15 @@ class TcpTraffic:
         self._base: dict[int, tuple[int, int]] | None = None  # inode -> counters at the first sample
         self._last: dict[int, tuple[int, int]] = {}  # inode -> counters when last seen
         self.available = True
+        self.peers: set[str] = set()  # remote addresses of the counted connections seen by any sample
 
     def _ours(self) -> dict[int, tuple[int, int]]:
         mine = socket_inodes(process_tree(self.pid))
         socks = [s for s in tcp_sockets() if s.inode in mine]
         ends = {(s.local, s.remote) for s in socks}
-        return {s.inode: (s.sent, s.received) for s in socks if (s.remote, s.local) not in ends}
+        counted = [s for s in socks if (s.remote, s.local) not in ends]
+        self.peers.update(_address(s.remote[0]) for s in counted if s.remote[1])  # port 0: a listener
+        return {s.inode: (s.sent, s.received) for s in counted}
 
     def sample(self) -> TcpCounts | None:
         """Bytes sent and received since the first sample, over every connection seen since then."""

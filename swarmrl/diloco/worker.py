@@ -19,12 +19,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from swarmrl.diloco.comm import AverageResult, HivemindAverager, TorchDistributedAverager
 from swarmrl.diloco.config import DilocoConfig
-from swarmrl.diloco.data import PackedCorpus, answer_mask, eval_loss, masked_eval_loss
+from swarmrl.diloco.corpus import build_corpus, describe
+from swarmrl.diloco.data import answer_mask, eval_loss, masked_eval_loss
 from swarmrl.diloco.outer import (
     OuterNesterov,
     apply_delayed,
@@ -39,6 +41,10 @@ from swarmrl.training.model import build_model, prepare_model
 from swarmrl.training.optim import build_optimizer, clip_gradients
 from swarmrl.training.schedule import build_scheduler
 from swarmrl.utils.metrics import MetricsWriter
+from swarmrl.utils.procs import adopt_parent_death
+
+if TYPE_CHECKING:
+    from swarmrl.diloco.trust.client import TamperHook
 
 
 def peers_file(out: Path) -> Path:
@@ -104,10 +110,12 @@ class _Pending:
     due_step: int
 
 
-def run_worker(cfg: DilocoConfig, rank: int, world: int) -> dict:
-    """Train as worker ``rank`` of ``world``; returns the summary (also in ``OUT/worker{R}.summary.json``)."""
+def run_worker(cfg: DilocoConfig, rank: int, world: int, tamper: TamperHook | None = None) -> dict:
+    """Train as worker ``rank`` of ``world``; returns the summary (also in ``OUT/worker{R}.summary.json``).
+    ``tamper`` (backend swarm; benchmarks and tests only): what a hostile worker uploads instead."""
     w = _Worker(cfg, rank, world)
-    if world > 1 or cfg.backend == "hivemind":
+    w.tamper = tamper
+    if world > 1 or cfg.backend in ("hivemind", "swarm"):
         w.connect()
     w.tcp_setup = w.tcp.sample()  # rendezvous, initial broadcast or state download: reported apart
     w.train()
@@ -130,7 +138,7 @@ class _Worker:
         prepare_model(self.model.to(self.device))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
-        self.corpus = PackedCorpus(cfg.task.build(), self.tok, seq_len=cfg.seq_len, seed=cfg.seed)
+        self.corpus = build_corpus(cfg, self.tok)  # the stdlib source (default) or a task's text
         self.eval_batch = self.corpus.eval_batch(cfg.eval_seqs)
         # torch's own AdamW implementation (not the fused kernel): the inner steps DiLoCo's figures were measured with
         self.opt = build_optimizer(self.params, cfg.inner_lr, cfg.betas, cfg.weight_decay, fused=False)
@@ -144,10 +152,17 @@ class _Worker:
         self.step = 0
         self.rnd = 0
         self.joined_from: dict | None = None
+        self.tamper: TamperHook | None = None  # backend swarm: an adversary's hook (run_worker)
         self.state = {"round": 0}  # what a joining peer downloads (guarded by the averager's lock)
         self.t0 = 0.0
         self.train_s = 0.0
         self.sync_time = 0.0
+        # compute utilization (benchmarks/diloco/wan.py): inner_s = forward, backward, clipping and the AdamW step
+        # (a DDP step's gradient all-reduce not included); eval_s = held-out evaluation and metric logging;
+        # loop_s = the training loop's wall time, first inner step (or step-0 evaluation) to the last round
+        self.inner_s = self.eval_s = self.loop_s = 0.0
+        self.out_of_time = False  # DDP with max_wall_s: the group agreed to stop
+        self.last_step_s = 0.0
         self.losses: list[float] = []
         self.evals: list[dict] = []
         self.round_rows: list[dict] = []
@@ -178,6 +193,9 @@ class _Worker:
             # is training traffic (rank 0's broadcast may still be in its socket buffer when it returns)
             self.averager.barrier()
             return
+        if cfg.backend == "swarm":
+            self._connect_swarm()
+            return
         hm = cfg.hivemind
         pfile = peers_file(self.out)
         if hm.initial_peers:
@@ -189,13 +207,34 @@ class _Worker:
         self.averager = HivemindAverager(self.numel, initial, prefix=hm.prefix, wire=cfg.wire,
                                          target_group_size=self.world if self.world > 1 else None,
                                          min_group_size=hm.min_group_size, matchmaking_time=hm.matchmaking_time,
-                                         round_timeout=hm.round_timeout, state_fn=self._peer_state)
+                                         round_timeout=hm.round_timeout, state_fn=self._peer_state,
+                                         host=hm.host)
         if self.rank == 0 and not initial:
             tmp = pfile.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.averager.visible_maddrs()))
             tmp.replace(pfile)
         if hm.join:
             self._join()
+
+    def _connect_swarm(self) -> None:
+        """Register at the orchestrator, join the judging aggregator and start from its anchor and momentum
+        (``swarmrl.diloco.trust.client``); with a ``tamper`` hook (a hostile worker: ``swarmrl.attacks.diloco``
+        runs it) it uploads what the hook says instead of its pseudo-gradient."""
+        from swarmrl.diloco.trust.client import SwarmAverager  # noqa: PLC0415  # lazy: the swarm backend only
+
+        cfg, tr, tamper = self.cfg, self.cfg.trust, self.tamper
+        self.averager = SwarmAverager(tr, self.numel, int8_chunk=cfg.int8_chunk, error_feedback=cfg.error_feedback,
+                                      tamper=tamper)
+        st = self.averager.state
+        self.outer.load_state(st.anchor, st.momentum, st.outer_steps)
+        unflatten_into(self.outer.anchor, self.params)
+        self.rnd = self.state["round"] = st.round
+        self.start_step = min(cfg.total_steps, st.round * cfg.inner_steps)
+        for _ in range(self.start_step):
+            self.sched.step()  # a late joiner resumes the schedule where the run is
+        self.joined_from = {"round": st.round, "digest": st.digest, "node_id": self.averager.node_id,
+                            "adversary": tr.adversary if tamper is not None else "none"}
+        self.metrics.write(event="joined", **self.joined_from)
 
     def _peer_state(self) -> tuple[dict, list[torch.Tensor]]:
         """What a joining peer downloads: the round, the outer steps, the anchor and the momentum buffer."""
@@ -237,12 +276,13 @@ class _Worker:
         self.step = self.start_step
         if self.evaluates and self.start_step == 0:
             ev = eval_loss(self.model, self.eval_batch)
-            self.evals.append({"step": 0, "eval_loss": ev})
+            self.evals.append({"step": 0, "eval_loss": ev, "wall_s": 0.0})
+            self.eval_s += time.perf_counter() - self.t0
             self.metrics.write(step=0, eval_loss=ev)
         pending: _Pending | None = None
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if cfg.overlap_steps and self.averager else None
         hm_leave = cfg.backend == "hivemind" and cfg.hivemind.leave_after_rounds
-        while self.step < cfg.total_steps:
+        while self.step < cfg.total_steps and not self.out_of_time:
             ts = time.perf_counter()
             self._inner_step()
             row: dict = {}
@@ -258,11 +298,13 @@ class _Worker:
             self._finish_round(pending)
         if self.executor is not None:
             self.executor.shutdown(wait=True)
+        self.loop_s = time.perf_counter() - self.t0
         self.tcp_end = self.tcp.sample()
 
     def _inner_step(self) -> None:
         """One AdamW step on this worker's batch (DDP mode: on the gradients all-reduced first)."""
         cfg, params, averager = self.cfg, self.params, self.averager
+        t_in, comm_s = time.perf_counter(), 0.0
         x = self.corpus.train_batch(self.rank, self.step, cfg.batch_size).to(self.device)
         loss = self.model(input_ids=x, labels=x).loss
         self.opt.zero_grad(set_to_none=True)
@@ -270,11 +312,21 @@ class _Worker:
         if cfg.mode == "ddp" and averager is not None:
             ta = time.perf_counter()
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            res = averager.average(flatten(grads))
-            unflatten_into(res.tensor, grads)
+            flat = flatten(grads)
+            if cfg.max_wall_s is not None:  # this worker's vote to stop rides on the gradients: the group agrees
+                # (stop after this step if the next one would end past max_wall_s, steps taking as long as the last:
+                # the rest of this one and the next, at most two of them)
+                late = ta - self.t0 + 2 * self.last_step_s >= cfg.max_wall_s
+                flat = torch.cat([flat, torch.ones(1) if late else torch.zeros(1)])
+            res = averager.average(flat)
+            mean = res.tensor
+            if cfg.max_wall_s is not None:
+                self.out_of_time, mean = bool(mean[-1] > 0), mean[:-1]
+            unflatten_into(mean, grads)
             for p, g in zip(params, grads):
                 p.grad = g
-            self.sync_time += time.perf_counter() - ta
+            comm_s = time.perf_counter() - ta
+            self.sync_time += comm_s
         clip_gradients(params, self.opt, cfg.grad_clip)
         self.opt.step()
         self.sched.step()
@@ -283,6 +335,8 @@ class _Worker:
         if not math.isfinite(lv):
             raise FloatingPointError(f"worker {self.rank}: loss became {lv} at step {self.step}")
         self.losses.append(lv)
+        self.last_step_s = time.perf_counter() - t_in
+        self.inner_s += self.last_step_s - comm_s
 
     def _outer_round(self, pending: _Pending | None) -> tuple[dict, _Pending | None]:
         """DiLoCo after an inner step: finish the round in flight once it is due; every ``inner_steps`` send
@@ -305,21 +359,23 @@ class _Worker:
 
     def _evaluate_and_log(self, row: dict) -> None:
         cfg, step = self.cfg, self.step
-        if step % cfg.eval_interval == 0 or step == cfg.total_steps:
+        te = time.perf_counter()
+        if step % cfg.eval_interval == 0 or step == cfg.total_steps or self.out_of_time:
             if self.evaluates:
                 row["eval_loss"] = eval_loss(self.model, self.eval_batch)
-                self.evals.append({"step": step, "eval_loss": row["eval_loss"]})
+                self.evals.append({"step": step, "eval_loss": row["eval_loss"], "wall_s": round(te - self.t0, 3)})
             self.tcp.sample()  # a connection closed later keeps what it carried up to here
         if row or step % cfg.log_every == 0:
             recent = self.losses[-cfg.log_every:]
             self.metrics.write(step=step, loss=sum(recent) / len(recent), lr=self.sched.get_last_lr()[0],
                                train_s=round(self.train_s, 3), **row)
+        self.eval_s += time.perf_counter() - te
 
     def _average(self, pg: torch.Tensor, round_no: int) -> AverageResult:
         averager = self.averager
         if averager is None:
             return AverageResult(pg, 1)
-        return averager.average(pg, round_no) if self.cfg.backend == "hivemind" else averager.average(pg)
+        return averager.average(pg, round_no) if self.cfg.backend in ("hivemind", "swarm") else averager.average(pg)
 
     def _submit_average(self, pg: torch.Tensor, round_no: int) -> Future[AverageResult]:
         if self.executor is not None:
@@ -344,6 +400,8 @@ class _Worker:
         else:
             outer.step(pg)
             self.rnd += 1
+        if self.cfg.backend == "swarm":
+            averager.verify_anchor(outer.anchor)  # the aggregator's published anchor, or stop loudly
         if behind_of is not None:  # a peer is ahead: catch up from its state
             caught = _catch_up(averager, outer, behind_of + 1, self.cfg.hivemind.round_timeout)
             if caught is not None:
@@ -378,13 +436,13 @@ class _Worker:
         final_eval = eval_loss(model, self.eval_batch)
         sep, eol = (tok.encode(c, add_special_tokens=False) for c in ("=", "\n"))
         final_answer = (masked_eval_loss(model, self.eval_batch, answer_mask(self.eval_batch, sep[0], eol[0]))
-                        if len(sep) == 1 and len(eol) == 1 else None)
+                        if cfg.data == "task" and len(sep) == 1 and len(eol) == 1 else None)
         flat = flatten(self.params)
         step, losses = self.step, self.losses
         summary = {
             "rank": rank, "world": self.world, "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire,
             "steps": step, "start_step": self.start_step, "rounds": self.rnd, "inner_steps": cfg.inner_steps,
-            "params": self.numel, "bytes_sent": averager.bytes_sent if averager else 0,
+            "params": self.numel, "data": describe(self.corpus, cfg), "bytes_sent": averager.bytes_sent if averager else 0,
             **self._tcp_summary(),
             "sync_calls": averager.rounds if averager else 0,
             "solo_rounds": getattr(averager, "solo_rounds", 0),
@@ -392,6 +450,11 @@ class _Worker:
             "final_eval_loss": final_eval, "final_answer_loss": final_answer, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
             "digest": params_digest(flat), "train_s": round(self.train_s, 2), "sync_s": round(self.sync_time, 2),
             "wall_s": round(time.perf_counter() - self.t0, 2),
+            # compute utilization: inner-step time over the loop's wall time less its evaluation and logging
+            "inner_s": round(self.inner_s, 3), "eval_s": round(self.eval_s, 3), "loop_s": round(self.loop_s, 3),
+            "utilization": round(self.inner_s / max(1e-9, self.loop_s - self.eval_s), 4),
+            "stopped_at_max_wall": self.out_of_time,
+            "tcp_peers": sorted(self.tcp.peers),  # remote addresses of its TCP connections (a WAN run: namespaces)
             "tokens": (step - self.start_step) * cfg.batch_size * cfg.seq_len,
             "evals": self.evals, "round_log": self.round_rows, "left": self.left, "joined_from": self.joined_from,
         }
@@ -421,4 +484,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    adopt_parent_death()  # started by a launcher with child_env: die with it
     main()

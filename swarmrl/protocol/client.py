@@ -27,6 +27,8 @@ from swarmrl.protocol.schemas import (
     DeclineRequest,
     DepositReply,
     DepositRequest,
+    DilocoRoundReply,
+    DilocoRoundRequest,
     HeartbeatReply,
     HeartbeatRequest,
     InlineFile,
@@ -214,6 +216,11 @@ class ValidatorClient(SignedClient):
 
     def verdict(self, req: VerdictRequest) -> VerdictReply:
         return VerdictReply.model_validate_json(self.request("POST", "/v1/validator/verdicts", req).content)
+
+    def diloco_round(self, req: DilocoRoundRequest) -> DilocoRoundReply:
+        """Report a DiLoCo round's judgements (credit the accepted, slash and eject the rejected; idempotent)."""
+        return DilocoRoundReply.model_validate_json(
+            self.request("POST", "/v1/validator/diloco/rounds", req).content)
 
 
 class TrainerClient(ValidatorClient):

@@ -118,6 +118,8 @@ class OrchestratorConfig(StrictModel):
     credit_per_sample: float = Field(1.0, ge=0)
     challenge_window_s: float = Field(24 * 3600.0, ge=0)
     slash_fraction: float = Field(0.5, ge=0, le=1)
+    # DiLoCo (swarmrl.diloco.trust): credit per accepted pseudo-gradient (a round), locked for challenge_window_s
+    diloco_credit_per_round: float = Field(1.0, ge=0)
     optimistic: bool = False  # trainer may use pending submissions before a verdict
     # metrics (JSONL): "" = <data_dir>/metrics.jsonl; a snapshot row every metrics_interval_s plus verdict events
     metrics_path: str = ""

@@ -220,6 +220,56 @@ class VerdictReply(Body):
     ejected: bool = False
 
 
+MAX_DILOCO_NODES = 1024
+_NODE_ID = r"^[0-9a-f]{32}$"
+
+
+class DilocoRejection(Body):
+    node_id: str = Field(..., pattern=_NODE_ID)
+    reason: str = Field(..., min_length=1, max_length=1000)
+
+
+class DilocoRoundRequest(Body):
+    """``POST /v1/validator/diloco/rounds``: a DiLoCo aggregator's judgements of one round: credit the accepted
+    nodes, slash and eject the rejected ones (once per run, round and node: a retried report changes nothing)."""
+
+    run_id: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    round: int = Field(..., ge=0, le=2**62)
+    accepted: list[str] = Field(default_factory=list, max_length=MAX_DILOCO_NODES)
+    rejected: list[DilocoRejection] = Field(default_factory=list, max_length=MAX_DILOCO_NODES)
+
+    @field_validator("accepted")
+    @classmethod
+    def _ids(cls, v: list[str]) -> list[str]:
+        for nid in v:
+            if not re.match(_NODE_ID, nid):
+                raise ValueError(f"not a node id: {nid[:40]!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _once(self) -> DilocoRoundRequest:
+        ids = self.accepted + [r.node_id for r in self.rejected]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a node may be named once per round (accepted or rejected)")
+        return self
+
+
+class DilocoOutcome(Body):
+    node_id: str
+    accepted: bool
+    credited: float = 0.0
+    slashed: float = 0.0
+    revoked: float = 0.0
+    ejected: bool = False
+    again: bool = False  # judged in an earlier report of this round: nothing changed now (the first's figures)
+
+
+class DilocoRoundReply(Body):
+    run_id: str
+    round: int
+    outcomes: list[DilocoOutcome]
+
+
 MAX_STEP_METRICS = 64
 
 

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, event
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -109,6 +121,26 @@ class LedgerEntry(Base):
     unlock_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # credits: end of challenge window
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class DilocoJudgement(Base):
+    """A DiLoCo aggregator's judgement of one node's pseudo-gradient in one round (``POST
+    /v1/validator/diloco/rounds``): one row per (run, round, node), so a retried report credits or slashes once."""
+
+    __tablename__ = "diloco_judgements"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    round: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    node_id: Mapped[str] = mapped_column(String(32), nullable=False, index=True)
+    validator_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    accepted: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    credited: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    slashed: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    revoked: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    ejected: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    __table_args__ = (UniqueConstraint("run_id", "round", "node_id", name="uq_diloco_judgement"),)
 
 
 class TrainerMetric(Base):

@@ -138,7 +138,14 @@ class Ledger:
         """Whether the credit of this submission is still inside its challenge window (and not revoked)."""
         return any(c.submission_id == submission_id for c in credits_in_window(s, node_id, now))
 
-    def slash(self, s: Session, node_id: str, reason: str, submission_id: int, now: float) -> SlashResult:
+    def credit_round(self, s: Session, node_id: str, note: str, now: float) -> float:
+        """Credit an accepted DiLoCo pseudo-gradient (``diloco_credit_per_round``, locked for
+        ``challenge_window_s``, no submission); the amount."""
+        amount = self._cfg.diloco_credit_per_round
+        add(s, node_id, "credit", amount, unlock_at=now + self._cfg.challenge_window_s, now=now, note=note[:500])
+        return amount
+
+    def slash(self, s: Session, node_id: str, reason: str, submission_id: int | None, now: float) -> SlashResult:
         """Slash ``slash_fraction`` of the node's stake and revoke its credits still in their window."""
         return slash(s, node_id, self._cfg.slash_fraction, reason, submission_id=submission_id, now=now)
 

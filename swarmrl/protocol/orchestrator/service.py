@@ -10,7 +10,7 @@ What it builds, in dependency order (each gets what it uses at construction, nev
   (step, policy version, weight servers), ``Orphans`` (work put back up), ``RunDescriber`` (the signed run
   description joining nodes read);
 - services: ``Ledger``, ``Membership``, ``Assignments`` (the full heartbeat path), ``HotPath`` (steady-state
-  heartbeats from memory), ``Submissions``, ``Verdicts``, ``Stats``.
+  heartbeats from memory), ``Submissions``, ``Verdicts``, ``DilocoRounds`` (DiLoCo aggregators' reports), ``Stats``.
 
 Every state change is a database transaction, so restarting on the same database loses nothing."""
 
@@ -25,6 +25,7 @@ from swarmrl.protocol.orchestrator.assignments import Assignments
 from swarmrl.protocol.orchestrator.auth import Auth, RateLimiter
 from swarmrl.protocol.orchestrator.changes import Changes
 from swarmrl.protocol.orchestrator.describe import RunDescriber
+from swarmrl.protocol.orchestrator.diloco import DilocoRounds
 from swarmrl.protocol.orchestrator.heartbeat_cache import Mirror, NonceCache
 from swarmrl.protocol.orchestrator.hot_path import HotPath
 from swarmrl.protocol.orchestrator.ledger import Ledger
@@ -64,6 +65,7 @@ class Orchestrator:
         self.submissions = Submissions(cfg, self.db, self.store, self.run, self.assignments, self.orphans,
                                        self.changes, self.telemetry)
         self.verdicts = Verdicts(self.db, self.ledger, self.orphans, self.changes, self.telemetry)
+        self.diloco = DilocoRounds(self.db, self.ledger, self.verdicts, self.changes, self.telemetry)
         self.stats = Stats(cfg, self.db, self.run, self.telemetry)
         self.describer = RunDescriber(cfg, self.run)
         self.telemetry.prom.watch_state(self.stats.gauges)

@@ -75,17 +75,23 @@ class Verdicts:
         """Reject: slash the stake, revoke in-window credits, eject, reject its pending work, free its tasks."""
         sub.status, sub.reason = "rejected", req.reason or "rejected by validator"
         res = self._ledger.slash(s, sub.node_id, f"submission {sub.id}: {sub.reason}", sub.id, now)
-        node = s.get(Node, sub.node_id)
-        node.status, node.status_reason = "ejected", f"invalid submission {sub.id}: {sub.reason}"[:1000]
+        self.eject(s, sub.node_id, f"invalid submission {sub.id}: {sub.reason}", now, [sub.assignment_id])
+        reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
+        self._telemetry.prom.stake_slashed.inc(max(res.slashed, 0.0))
+
+    def eject(self, s: Session, node_id: str, reason: str, now: float, rows: list[int] | None = None) -> int:
+        """Eject the node (inside ``s``): its status, its pending work rejected, everything it held (and the
+        assignment ``rows`` given) back up for honest nodes; counted as a slash. Returns the pending submissions
+        rejected."""
+        node = s.get(Node, node_id)
+        node.status, node.status_reason = "ejected", reason[:1000]
         others = s.execute(select(Submission).where(Submission.node_id == node.id,
                                                      Submission.status == "pending")).scalars().all()
         for o in others:
             o.status, o.reason, o.validated_at = "rejected", "node ejected", now
-        # everything the node still held goes back to the pool for honest nodes
-        self._orphans.rows(s, [o.assignment_id for o in others] + [sub.assignment_id])
+        self._orphans.rows(s, [o.assignment_id for o in others] + list(rows or []))
         self._orphans.of_nodes(s, [node.id])
-        reply.slashed, reply.revoked, reply.ejected = res.slashed, res.revoked, True
         prom = self._telemetry.prom
         prom.slashes.inc()
-        prom.stake_slashed.inc(max(res.slashed, 0.0))
         prom.submissions.labels("ejected").inc(len(others))
+        return len(others)

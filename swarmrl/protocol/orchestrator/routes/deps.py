@@ -19,6 +19,7 @@ from swarmrl.protocol.config import OrchestratorConfig
 from swarmrl.protocol.orchestrator.assignments import Assignments
 from swarmrl.protocol.orchestrator.auth import Auth, RateLimiter, SignedRequest
 from swarmrl.protocol.orchestrator.describe import RunDescriber
+from swarmrl.protocol.orchestrator.diloco import DilocoRounds
 from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.ledger import Ledger
 from swarmrl.protocol.orchestrator.membership import Membership
@@ -91,6 +92,10 @@ async def _verdicts(request: Request) -> Verdicts:
     return orchestrator(request).verdicts
 
 
+async def _diloco(request: Request) -> DilocoRounds:
+    return orchestrator(request).diloco
+
+
 async def _ledger(request: Request) -> Ledger:
     return orchestrator(request).ledger
 
@@ -116,6 +121,7 @@ MembershipDep = Annotated[Membership, Depends(_membership)]
 AssignmentsDep = Annotated[Assignments, Depends(_assignments)]
 SubmissionsDep = Annotated[Submissions, Depends(_submissions)]
 VerdictsDep = Annotated[Verdicts, Depends(_verdicts)]
+DilocoDep = Annotated[DilocoRounds, Depends(_diloco)]
 LedgerDep = Annotated[Ledger, Depends(_ledger)]
 RunStateDep = Annotated[RunState, Depends(_run)]
 StatsDep = Annotated[Stats, Depends(_stats)]

@@ -1,5 +1,5 @@
-"""The validator's routes (``router``, over ``Submissions`` and ``Verdicts``): the pending submissions (a long
-poll, optionally with files inline) and verdicts."""
+"""The validator's routes (``router``, over ``Submissions``, ``Verdicts`` and ``DilocoRounds``): the pending
+submissions (a long poll, optionally with files inline), verdicts, and DiLoCo aggregators' round reports."""
 
 from __future__ import annotations
 
@@ -8,8 +8,21 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from swarmrl.protocol.orchestrator.errors import Principal
-from swarmrl.protocol.orchestrator.routes.deps import ERRORS, MAX_CHANGES_WAIT_S, SubmissionsDep, VerdictsDep, signed
-from swarmrl.protocol.schemas import PendingList, VerdictReply, VerdictRequest
+from swarmrl.protocol.orchestrator.routes.deps import (
+    ERRORS,
+    MAX_CHANGES_WAIT_S,
+    DilocoDep,
+    SubmissionsDep,
+    VerdictsDep,
+    signed,
+)
+from swarmrl.protocol.schemas import (
+    DilocoRoundReply,
+    DilocoRoundRequest,
+    PendingList,
+    VerdictReply,
+    VerdictRequest,
+)
 
 router = APIRouter()
 
@@ -30,3 +43,12 @@ def verdict(body: VerdictRequest, verdicts: VerdictsDep, p: Principal = Depends(
     """Accept (credit, locked for the challenge window) or reject (slash, revoke, eject). Rejecting an
     accepted submission inside its challenge window is a challenge."""
     return verdicts.verdict(p, body)
+
+
+@router.post("/v1/validator/diloco/rounds", response_model=DilocoRoundReply, responses=ERRORS, tags=["validator"])
+def diloco_round(body: DilocoRoundRequest, diloco: DilocoDep,
+                 p: Principal = Depends(signed("validator"))) -> DilocoRoundReply:
+    """A DiLoCo aggregator's judgements of one round: each accepted node credited (locked for the challenge
+    window), each rejected node slashed and ejected, in one transaction; once per (run, round, node), so a retried
+    report changes nothing (its outcomes say ``again``)."""
+    return diloco.report(p, body)

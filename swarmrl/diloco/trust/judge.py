@@ -1,0 +1,238 @@
+"""Judging DiLoCo contributions (pure math: no server, no network; the aggregator calls it).
+
+Each contribution ``x_i`` is a worker's dequantized pseudo-gradient for the open round. Per contribution:
+
+* ``norm``: ``||x_i||`` and ``norm_ratio = ||x_i|| / median_j ||x_j||``;
+* ``agreement``: the ``ceil((n - 1) / 2)``-th largest cosine of ``x_i`` to the round's other contributions (the
+  largest of two for n = 3, the median of three for n = 4): an honest contribution keeps an honest partner's
+  cosine while at most ``floor((n - 1) / 2)`` are hostile;
+* ``loss_change``: ``L(anchor - x_i) - L(anchor)`` on the aggregator's scoring batch (drawn from the training
+  data with a seed the aggregator keeps secret until the round closes: no worker could choose or fit it), and
+  ``loss_rise = loss_change / L(anchor)``;
+* ``history_cosine``: the largest cosine of ``x_i`` to a vector remembered from the last ``history_rounds``
+  earlier rounds (every well-formed contribution and every published update), estimated on a count sketch (a
+  seeded bucket and sign per element, ``SKETCH_BUCKETS`` buckets: ~0.016 standard error for unrelated vectors).
+
+Verdict rules (``Rules``; a contribution is condemned by the first that fires, in this order):
+
+* ``replayed`` (closest remembered vector: a published update) / ``stale`` (a contribution): ``history_cosine >=
+  replay_cosine`` and either a copy (``1 - history_cosine <= COPY_GAP``: fires at any count) or, with 3+
+  contributions, ``1 - history_cosine <= replay_gap * (1 - median_j history_cosine_j)``. A threshold on the
+  cosine alone is not safe: consecutive honest pseudo-gradients of one worker point the same way more and more as
+  the learning rate decays (measured up to 0.996 on a tiny model, 0.79 at the default);
+* relative rules, only with at least ``MIN_RELATIVE`` (3) contributions, so that a median means something:
+  ``scaled``: ``norm_ratio > norm_ratio`` (or a non-finite norm); ``opposed``: ``agreement < min_agreement``
+  (sign-flipped, random);
+* ``harmful`` (absolute): ``loss_rise > max_loss_rise`` (or a non-finite loss). The loss change of one honest
+  contribution on a 16-sequence batch is noisy once training slows (honest ones measured up to +0.23% of the
+  loss), so no rule compares it with the round's median; the absolute margin only catches what wrecks the model.
+
+The aggregate is the mean of the accepted contributions (optionally each clipped to the median norm of the
+accepted); ``aggregate = "mean"`` (the unguarded baseline) averages every contribution and judges nobody.
+
+Calibration (``benchmarks/diloco/judge_calibration.py`` over ``calibration.honest_rounds``): the default
+``DilocoConfig()`` (148k parameters, stdlib corpus, H = 50, the whole 600-step schedule: 12 rounds), W = 4, each
+attack in rank 0's place, judged with 4 and with 3 contributions, seeds 0 / 1. Honest worst vs hostile best:
+
+=================  ====================================  ===================================================
+statistic          honest worst (seed 0 / 1)             hostile best (seed 0 / 1)
+=================  ====================================  ===================================================
+norm_ratio         1.116 / 1.384  (rule: > 5)            scale x100: 92.2 / 72.3
+agreement          0.362 / 0.398  (rule: < 0.1)          sign flip: -0.363 / -0.388; random: 0.003 / 0.002
+loss_rise          0.0023 / 0.0042  (rule: > 0.05)       scale: 2.26 / 1.13 (sign flip from 0.0058: "opposed")
+history_cosine     0.793 / 0.773 (rule: >= 0.95 and a    stale, replay: 1.0000, gap ratio <= 6e-15
+                   copy or gap ratio <= 0.1); gap ratio
+                   min 0.400 / 0.454
+=================  ====================================  ===================================================
+
+0 of 369 honest rows condemned per seed; every attack caught in every round it could be made (stale from round 2,
+replay from round 1). On the tiny model of the tests (hidden 32, H = 5 or 10) honest history cosines reach 0.996
+and the rules still hold (tests/test_diloco_judge.py). A larger candidate (hidden 128, batch 8 x 128, 800 steps):
+honest agreement falls to 0.253 (the narrowest margin), random 0.003, sign flip -0.270; 0 honest condemned.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["SKETCH_BUCKETS", "MIN_RELATIVE", "COPY_GAP", "CountSketch", "History", "Rules", "Stats", "Verdict",
+           "contribution_stats", "judge", "aggregate", "cosine"]
+
+SKETCH_BUCKETS = 4096
+MIN_RELATIVE = 3  # fewer contributions: no relative rule may condemn anyone
+COPY_GAP = 1e-4  # 1 - cosine to a remembered vector at most this: a copy (a re-sent int8 vector: ~1e-7)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine similarity in float64 (0.0 when either vector is zero)."""
+    a64, b64 = a.double().reshape(-1), b.double().reshape(-1)
+    na, nb = float(a64.norm()), float(b64.norm())
+    if na == 0.0 or nb == 0.0 or not math.isfinite(na * nb):
+        return 0.0
+    return float(a64 @ b64) / (na * nb)
+
+
+class CountSketch:
+    """A linear sketch: ``s[h(i)] += sign(i) * x[i]`` with a seeded bucket ``h`` and sign per element, so
+    inner products (and cosines) of sketches estimate those of the vectors."""
+
+    def __init__(self, numel: int, buckets: int = SKETCH_BUCKETS, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(int(seed))
+        self.numel, self.buckets = numel, buckets
+        self.index = torch.randint(0, buckets, (numel,), generator=g, dtype=torch.int64)
+        self.sign = torch.randint(0, 2, (numel,), generator=g, dtype=torch.int8).float().mul_(2).sub_(1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != self.numel:
+            raise ValueError(f"sketch of {self.numel} elements given {x.numel()}")
+        out = torch.zeros(self.buckets, dtype=torch.float64)
+        out.index_add_(0, self.index, (x.reshape(-1).double() * self.sign))
+        return out
+
+
+@dataclass
+class History:
+    """Sketches of the last ``rounds`` rounds: ``(round, kind, node_id, sketch)``, kind ``contribution`` or
+    ``update`` (a published outer update; node_id "")."""
+
+    rounds: int
+    entries: deque = field(default_factory=deque)
+
+    def add(self, round_no: int, kind: str, node_id: str, sketch: torch.Tensor) -> None:
+        self.entries.append((round_no, kind, node_id, sketch))
+        while self.entries and self.entries[0][0] <= round_no - self.rounds:
+            self.entries.popleft()
+
+    def closest(self, sketch: torch.Tensor, before_round: int) -> tuple[float, str, str, int]:
+        """The largest cosine to a remembered sketch of an earlier round: (cosine, kind, node_id, round)."""
+        best = (-1.0, "", "", -1)
+        for r, kind, nid, s in self.entries:
+            if r < before_round:
+                c = cosine(sketch, s)
+                if c > best[0]:
+                    best = (c, kind, nid, r)
+        return best
+
+
+@dataclass(frozen=True)
+class Rules:
+    norm_ratio: float = 5.0  # scaled: norm above this times the round's median norm
+    replay_cosine: float = 0.95  # replayed / stale: at least this similar to a remembered vector, and a copy
+    replay_gap: float = 0.1  # or 10x closer to it (1 - cosine) than the round's median contribution
+    min_agreement: float = 0.1  # opposed: cosine to the others' coordinate-wise median below this
+    max_loss_rise: float = 0.05  # harmful: the loss at anchor - x rises by more than this fraction of the anchor's
+    clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
+
+
+@dataclass
+class Stats:
+    node_id: str
+    norm: float
+    norm_ratio: float
+    agreement: float
+    loss_change: float
+    loss_rise: float  # loss_change / loss at the anchor
+    history_cosine: float
+    history_kind: str  # "contribution" / "update" / "" (nothing remembered)
+    history_of: str  # the node (contribution) the closest remembered vector came from
+
+
+@dataclass
+class Verdict:
+    node_id: str
+    accepted: bool
+    reason: str = ""
+
+
+def _agreements(stacked: torch.Tensor) -> list[float]:
+    """Per row: the ``ceil((n - 1) / 2)``-th largest cosine to the other rows (the max for n = 3, the median of
+    three for n = 4): an honest row keeps an honest partner's cosine while at most ``floor((n - 1) / 2)`` rows are
+    hostile; a hostile row passes only if that many others agree with it."""
+    n = stacked.shape[0]
+    if n < 2:
+        return [1.0] * n
+    x = stacked.double()
+    norms = x.norm(dim=1).clamp_min(1e-300)
+    gram = (x @ x.T) / norms[:, None] / norms[None, :]
+    k = -(-(n - 1) // 2)
+    out = []
+    for i in range(n):
+        others = torch.cat([gram[i, :i], gram[i, i + 1:]])
+        out.append(float(others.sort(descending=True).values[k - 1]))
+    return out
+
+
+def contribution_stats(node_ids: Sequence[str], vectors: Sequence[torch.Tensor],
+                       loss_at: Callable[[torch.Tensor], float] | None, anchor: torch.Tensor,
+                       sketch: CountSketch, history: History, round_no: int) -> list[Stats]:
+    """The statistics of each contribution (``loss_at(params) -> loss`` on the scoring batch; None: no loss
+    statistics, they read 0)."""
+    n = len(vectors)
+    if n == 0:
+        return []
+    stacked = torch.stack([v.reshape(-1).float() for v in vectors])
+    norms = [float(v.double().norm()) for v in stacked]
+    med_norm = statistics.median(norms)
+    agreement = _agreements(stacked)
+    base = loss_at(anchor) if loss_at is not None else 0.0
+    changes = [loss_at(anchor - stacked[i]) - base for i in range(n)] if loss_at is not None else [0.0] * n
+    out = []
+    for i in range(n):
+        hc, kind, of, _ = history.closest(sketch(stacked[i]), round_no)
+        rise = changes[i] / abs(base) if base else 0.0
+        out.append(Stats(node_ids[i], norms[i], norms[i] / med_norm if med_norm > 0 else 0.0, agreement[i],
+                         changes[i], rise, hc, kind, of))
+    return out
+
+
+def _is_copy(s: Stats, rules: Rules, relative: bool, median_gap: float) -> bool:
+    """At least ``replay_cosine`` similar to a remembered vector, and either a copy (``1 - cosine <= COPY_GAP``)
+    or (3+ contributions) ``replay_gap`` times closer to it than the round's median contribution is to its own."""
+    gap = 1.0 - s.history_cosine
+    if s.history_cosine < rules.replay_cosine:
+        return False
+    return gap <= COPY_GAP or (relative and gap <= rules.replay_gap * median_gap)
+
+
+def _reason(s: Stats, rules: Rules, relative: bool, median_gap: float) -> str:
+    if _is_copy(s, rules, relative, median_gap):
+        what = "replayed" if s.history_kind == "update" else "stale"
+        return f"{what}: cosine {s.history_cosine:.3f} to a remembered {s.history_kind}"
+    if relative and (not math.isfinite(s.norm) or s.norm_ratio > rules.norm_ratio):
+        return f"scaled: norm {s.norm:.4g} is {s.norm_ratio:.1f}x the round's median"
+    if relative and s.agreement < rules.min_agreement:
+        return f"opposed: cosine {s.agreement:.3f} to the other contributions"
+    if not math.isfinite(s.loss_change) or s.loss_rise > rules.max_loss_rise:
+        return f"harmful: the loss rises by {s.loss_change:+.4f} ({100 * s.loss_rise:.1f}% of the anchor's)"
+    return ""
+
+
+def judge(stats: Sequence[Stats], rules: Rules) -> list[Verdict]:
+    """A verdict per contribution (see the module docstring for the rules)."""
+    relative = len(stats) >= MIN_RELATIVE
+    median_gap = 1.0 - statistics.median(s.history_cosine for s in stats) if stats else 0.0
+    out = []
+    for s in stats:
+        why = _reason(s, rules, relative, median_gap)
+        out.append(Verdict(s.node_id, not why, why))
+    return out
+
+
+def aggregate(vectors: Sequence[torch.Tensor], clip: bool = False) -> torch.Tensor | None:
+    """The mean of ``vectors`` (fp32; None when there are none); ``clip``: each scaled down to the median norm
+    first."""
+    if not vectors:
+        return None
+    stacked = torch.stack([v.reshape(-1).float() for v in vectors])
+    if clip and len(vectors) > 1:
+        norms = stacked.double().norm(dim=1)
+        med = float(norms.median())
+        factors = torch.clamp(med / norms.clamp_min(1e-30), max=1.0).float()
+        stacked = stacked * factors[:, None]
+    return stacked.mean(dim=0)

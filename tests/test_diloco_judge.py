@@ -1,0 +1,109 @@
+"""The DiLoCo judge (swarmrl.diloco.trust.judge): each rule fires on its attack and never on honest pseudo-gradients
+from the calibration generator (real AdamW steps of a tiny model, round after round); the count sketch; no
+relative rule with fewer than 3 contributions; the aggregate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diloco_trust_support import tiny_cfg
+
+from swarmrl.diloco.trust.calibration import ATTACKS, attack_vector, honest_rounds, int8_roundtrip
+from swarmrl.diloco.trust.judge import (
+    MIN_RELATIVE,
+    CountSketch,
+    History,
+    Rules,
+    aggregate,
+    contribution_stats,
+    cosine,
+    judge,
+)
+from swarmrl.diloco.trust.scoring import ScoringModel
+
+CFG = tiny_cfg()
+EXPECTED = {"sign_flip": "opposed", "scale": "scaled", "random": "opposed", "stale": "stale", "replay": "replayed"}
+
+
+@pytest.fixture(scope="module")
+def judged() -> list[dict]:
+    """Six rounds of 4 honest ranks (10 inner steps each); per round and case (honest, each attack in rank 0's
+    place) the verdicts, with 4 contributions and with 3."""
+    t = CFG.trust
+    rules = Rules(norm_ratio=t.norm_ratio, replay_cosine=t.replay_cosine, replay_gap=t.replay_gap,
+                             min_agreement=t.min_agreement,
+                  max_loss_rise=t.max_loss_rise)
+    scorer = ScoringModel(CFG)
+    sketch, history, gen = CountSketch(scorer.numel, seed=5), History(t.history_rounds), torch.Generator().manual_seed(1)
+    ids = ["r0", "r1", "r2", "r3"]
+    rows = []
+    for r in honest_rounds(CFG, 4, 6, steps=10):
+        loss_at = scorer.loss_fn(scorer.batch(999, r.round, t.score_seqs))
+        cases = {"honest": r.pgs}
+        for kind in ATTACKS:
+            v = attack_vector(kind, r, gen)
+            if v is not None:
+                cases[kind] = [int8_roundtrip(v, CFG.int8_chunk)] + r.pgs[1:]
+        for case, vecs in cases.items():
+            for n in (4, 3):
+                stats = contribution_stats(ids[:n], vecs[:n], loss_at, r.anchor, sketch, history, r.round)
+                for s, v in zip(stats, judge(stats, rules)):
+                    rows.append({"round": r.round, "case": case, "n": n, "node": s.node_id, "accepted": v.accepted,
+                                 "reason": v.reason, "hostile": case != "honest" and s.node_id == "r0"})
+        for i, v in zip(ids, r.pgs):
+            history.add(r.round, "contribution", i, sketch(v))
+        history.add(r.round, "update", "", sketch(r.update))
+    return rows
+
+
+def test_no_honest_contribution_is_ever_condemned(judged):
+    honest = [r for r in judged if not r["hostile"]]
+    assert len(honest) > 150
+    assert [r for r in honest if not r["accepted"]] == []
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_each_attack_is_condemned_by_its_rule(judged, attack):
+    hostile = [r for r in judged if r["hostile"] and r["case"] == attack]
+    assert len(hostile) >= 6  # stale from round 2, replay from round 1, with 4 and with 3 contributions
+    assert all(not r["accepted"] for r in hostile), hostile
+    assert {r["reason"].split(":")[0] for r in hostile} == {EXPECTED[attack]}
+
+
+def test_fewer_than_three_contributions_condemn_nobody_by_a_relative_rule():
+    g = torch.Generator().manual_seed(0)
+    honest = torch.randn(5000, generator=g)
+    sketch, history = CountSketch(5000, seed=1), History(4)
+    for vecs in ([honest, honest * 100], [honest, -honest], [honest, torch.randn(5000, generator=g)]):
+        stats = contribution_stats(["a", "b"], vecs, None, torch.zeros(5000), sketch, history, 0)
+        assert all(v.accepted for v in judge(stats, Rules()))
+    assert MIN_RELATIVE == 3
+    # an absolute rule still applies: a replay of a remembered update, even alone
+    history.add(0, "update", "", sketch(honest))
+    stats = contribution_stats(["a"], [honest.clone()], None, torch.zeros(5000), sketch, history, 1)
+    (v,) = judge(stats, Rules())
+    assert not v.accepted and v.reason.startswith("replayed")
+    # and only earlier rounds are remembered: the same vector in the same round is no replay
+    stats = contribution_stats(["a"], [honest.clone()], None, torch.zeros(5000), sketch, history, 0)
+    assert judge(stats, Rules())[0].accepted
+
+
+def test_the_count_sketch_estimates_cosines():
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(100_000, generator=g), torch.randn(100_000, generator=g)
+    sk = CountSketch(100_000, buckets=4096, seed=9)
+    assert abs(cosine(sk(x), sk(y))) < 0.08  # unrelated: ~0 (standard error ~1/64)
+    assert cosine(sk(x), sk(x * 3)) == pytest.approx(1.0)
+    z = x + 0.5 * y  # cosine to x: 1/sqrt(1.25) = 0.894
+    assert cosine(sk(x), sk(z)) == pytest.approx(cosine(x, z), abs=0.05)
+    h = History(2)
+    for r in range(5):
+        h.add(r, "contribution", "a", sk(x))
+    assert {e[0] for e in h.entries} == {3, 4}
+
+
+def test_the_aggregate_is_the_mean_optionally_clipped_to_the_median_norm():
+    a, b, c = torch.ones(10), 2 * torch.ones(10), 100 * torch.ones(10)
+    assert torch.equal(aggregate([a, b, c]), (a + b + c) / 3)
+    assert torch.allclose(aggregate([a, b, c], clip=True), (a + b + b) / 3)
+    assert aggregate([]) is None
