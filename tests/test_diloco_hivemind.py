@@ -190,3 +190,50 @@ def test_hivemind_int8_average_is_the_mean_and_its_bytes_are_counted(tmp_path):
     for peer in (a, b):
         assert 2 * n <= peer["sent"] <= 2 * (n + 2 * 1032 + 128)
     assert a["sent"] + b["sent"] >= 2 * 2 * (n + 1032)
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (from /proc)."""
+    import os  # noqa: PLC0415
+
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_hivemind_worker_leaves_no_forked_process_behind(tmp_path):
+    # hivemind forks its DHT and averager processes; a SIGKILLed worker used to leave them running
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    cfg = _cfg(tmp_path, workers=1, total_steps=100_000, hivemind={"min_group_size": 1})
+    p = start_worker(cfg, 0, 1, free_port())
+    try:
+        deadline, kids = time.monotonic() + 60, set()
+        while time.monotonic() < deadline and len(kids) < 2:  # the DHT and the averager are up
+            kids = _children(p.pid)
+            time.sleep(0.5)
+        assert len(kids) >= 2, kids
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.monotonic() + 15
+        alive = kids
+        while time.monotonic() < deadline and alive:
+            alive = {k for k in kids if os.path.exists(f"/proc/{k}") and
+                     open(f"/proc/{k}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"}
+            time.sleep(0.3)
+        assert not alive, f"forked processes outlived their killed worker: {alive}"
+    finally:
+        stop_all([p])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from swarmrl.diloco.outer import Int8Chunked, WireDtype, compress, decompress, int8_levels
+from swarmrl.utils.procs import die_with_parent
 
 __all__ = ["AverageResult", "Averager", "TorchDistributedAverager", "HivemindAverager", "hivemind_available",
            "HIVEMIND_MISSING"]
@@ -133,6 +135,18 @@ class TorchDistributedAverager:
             self._dist.destroy_process_group()
 
 
+_FORK_HOOK = False
+
+
+def _forks_die_with_parent() -> None:
+    """Every process forked from here on (hivemind's DHT and averager processes, and theirs) gets SIGKILLed when
+    the process that forked it dies: without it a killed worker left them running (seen after a killed bench)."""
+    global _FORK_HOOK
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=lambda: die_with_parent(os.getppid()))
+        _FORK_HOOK = True
+
+
 class HivemindAverager:
     """Elastic averaging of a flat vector over a hivemind DHT.
 
@@ -175,6 +189,7 @@ class HivemindAverager:
         self.refused_rounds = 0  # a group formed but some part came back as an error: those values stayed local
         self._lock = threading.Lock()
         self._traffic = AllReduceTraffic()  # before the averager forks: its child process counts into it
+        _forks_die_with_parent()  # hivemind forks its DHT and averager: they must not outlive this process
         self.dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=[f"/ip4/{host}/tcp/0"], start=True)
         averager = averager_class(self._traffic, state_fn, self._lock)
         self._avg = averager([torch.zeros(numel)], dht=self.dht, prefix=prefix, start=True,
