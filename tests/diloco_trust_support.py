@@ -3,7 +3,6 @@ with registered worker keys, a real aggregator served by uvicorn on a free loopb
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import uvicorn
-from protocol_support import make_cfg, running
+from protocol_support import ThreadedApp, make_cfg, running
 
 from swarmrl.diloco.config import DilocoConfig, TrustConfig
 from swarmrl.diloco.trust import wire
@@ -31,28 +29,15 @@ def tiny_cfg(**trust) -> DilocoConfig:
                         warmup_steps=2, int8_chunk=1024, trust=TrustConfig(**{"score_seqs": 4, **trust}))
 
 
-class Aggregator:
+class Aggregator(ThreadedApp):
     """A real aggregator app (``aggregator.build``) under uvicorn on a free port, in a thread of this process."""
 
     def __init__(self, cfg: DilocoConfig, key, orchestrator_url: str, run_id: str = "test-run") -> None:  # noqa: ANN001
-        self.app, self.rounds, self.client = build(cfg, key, orchestrator_url, run_id)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                                                    lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> Aggregator:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-        return self
+        app, self.rounds, self.client = build(cfg, key, orchestrator_url, run_id)
+        super().__init__(app)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().stop()
         self.client.close()
 
 

@@ -60,15 +60,16 @@ def make_cfg(tmp: Path, contract: dict | None = None, **kw) -> tuple[Orchestrato
     return OrchestratorConfig(**base), {"validator": validator, "trainer": trainer, "authority": authority}
 
 
-class Server:
-    def __init__(self, cfg: OrchestratorConfig, run_sweeper: bool = True) -> None:
-        self.orch = Orchestrator(cfg)
-        self.app = create_app(cfg, self.orch, run_sweeper=run_sweeper)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
+class ThreadedApp:
+    """An ASGI app under uvicorn on a free loopback port, in a thread of this process (``start`` sets ``url``)."""
+
+    def __init__(self, app) -> None:  # noqa: ANN001
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                                     lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self) -> Server:
+    def start(self):  # noqa: ANN201  # the subclass
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -82,6 +83,15 @@ class Server:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+class Server(ThreadedApp):
+    def __init__(self, cfg: OrchestratorConfig, run_sweeper: bool = True) -> None:
+        self.orch = Orchestrator(cfg)
+        super().__init__(create_app(cfg, self.orch, run_sweeper=run_sweeper))
+
+    def stop(self) -> None:
+        super().stop()
         self.orch.db.dispose()
 
 

@@ -38,15 +38,15 @@ Needs root (network namespaces).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks" / "job")]
+
+from mainjob import held  # noqa: E402  # the benchmark lock, per run, as the main job's benchmark takes it
 
 from swarmrl.diloco.config import DilocoConfig  # noqa: E402
 from swarmrl.diloco.wan import run_wan  # noqa: E402
@@ -87,20 +87,6 @@ def row(name: str, s: dict) -> dict:
             "stopped_at_budget": s["stopped_at_max_wall"], "tcp_peers": s["tcp_peers"],
             "rtt_ms": (s["wan"]["rtt_ms_w1_w0"] or {}).get("median"), "process_wall_s": s["wall_s"],
             "curve": [(e["step"], e.get("wall_s"), round(e["eval_loss"], 4)) for e in s["evals"]]}
-
-
-@contextlib.contextmanager
-def held(lock: Path | None) -> Iterator[None]:
-    """``lock`` flocked for the block (one run: other measurements interleave between runs), or nothing."""
-    if lock is None:
-        yield
-        return
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def bench_profile(profile: str, args: argparse.Namespace) -> list[dict]:
