@@ -16,7 +16,8 @@ torch.set_num_threads(1)
 
 def _tiny(tmp_path, **kw) -> DilocoConfig:
     base = dict(out=str(tmp_path / "run"), workers=2, total_steps=12, inner_steps=4, warmup_steps=2, batch_size=4,
-                seq_len=32, eval_seqs=4, timeout_s=240, save_final_params=True)
+                seq_len=32, eval_seqs=4, timeout_s=240, save_final_params=True,
+                overlap_steps=0)  # blocking unless a test says otherwise ("auto" depends on timing)
     base.update(kw)
     return DilocoConfig(**base)
 
@@ -103,6 +104,38 @@ def test_overlapped_outer_step_keeps_anchors_identical(tmp_path):
     assert all(a["digest"] == b["digest"] for a, b in zip(*logs))  # identical anchors every round
     assert s["identical_params"]  # after the final (blocking) round both hold the anchor
     assert s["final_eval_loss"] < s["evals"][0]["eval_loss"]
+
+
+def test_auto_overlap_blocks_when_the_all_reduce_is_cheap(tmp_path):
+    # "auto" times an all-reduce of the pseudo-gradient's size at set-up; here it must exceed 99% of a round's
+    # compute to turn overlap on, which 16 inner steps on loopback never let it: every round blocks
+    s = run(_tiny(tmp_path, overlap_steps="auto", overlap_auto_share=0.99, total_steps=32, inner_steps=16))
+    assert s["overlap_steps_per_worker"] == [0, 0]
+    d = s["overlap_decision"]
+    assert d["overlap_steps"] == 0 and 0 < d["comm_s"] and d["share"] < 0.99 and d["inner_step_s"] > 0
+    logs = [r for r in read_metrics(tmp_path / "run" / "worker0.jsonl") if "round" in r and "final" not in r]
+    assert [(r["round"], r["step"]) for r in logs if "event" not in r] == [(1, 16), (2, 32)]  # none delayed
+    assert s["identical_params"]
+
+
+def test_auto_overlap_turns_on_when_the_all_reduce_is_slow_and_the_group_agrees(tmp_path):
+    # with a share no all-reduce stays under, the first outer sync decides to overlap: every worker takes the
+    # group's largest tau (>= 1, at most H), and each round lands tau steps after it was sent
+    s = run(_tiny(tmp_path, overlap_steps="auto", overlap_auto_share=1e-9, total_steps=16, inner_steps=4))
+    taus = s["overlap_steps_per_worker"]
+    assert len(set(taus)) == 1 and 1 <= taus[0] <= 4, taus
+    tau = taus[0]
+    out = tmp_path / "run"
+    for k in (0, 1):
+        ev = [r for r in read_metrics(out / f"worker{k}.jsonl") if r.get("event") == "overlap"]
+        assert len(ev) == 1 and ev[0]["overlap_steps"] == tau and ev[0]["own_choice"] <= tau and ev[0]["step"] == 4
+    logs = [[r for r in read_metrics(out / f"worker{k}.jsonl") if "round" in r and "final" not in r and "event" not in r]
+            for k in (0, 1)]
+    assert [r["round"] for r in logs[0]] == [1, 2, 3, 4] == [r["round"] for r in logs[1]]
+    # rounds sent at 4, 8 and 12 landed tau steps later; the last one (step 16) is waited for at the end
+    assert [r["step"] for r in logs[0]] == [4 + tau, 8 + tau, 12 + tau, 16]
+    assert all(a["digest"] == b["digest"] for a, b in zip(*logs))  # identical anchors every round
+    assert s["identical_params"] and s["final_eval_loss"] < s["evals"][0]["eval_loss"]
 
 
 def test_ddp_baseline_defaults_to_fp32_wire():

@@ -50,6 +50,10 @@ def test_two_hivemind_workers_average_each_round(tmp_path):
     # weight: ~50 bytes a round measured)
     assert 4 * s["params"] * 2 <= s["bytes_sent_per_worker"] <= 4 * (s["params"] * 2 + 128)
     assert s["final_eval_loss"] < s["evals"][0]["eval_loss"]
+    # overlap_steps = "auto": a round costs at least the 1.5 s of matchmaking, far more than 3 inner steps, so
+    # every round ran in the background from the first (tau = H), decided without a blocking round
+    assert s["overlap_steps_per_worker"] == [3, 3] and s["overlap_decision"]["comm_s"] == 1.5
+    assert s["overlap_decision"]["share"] > DilocoConfig().overlap_auto_share
 
 
 @pytest.mark.slow
@@ -89,6 +93,8 @@ def test_worker_leaves_and_another_joins_without_stalling(tmp_path):
     assert any(r["group_size"] == 2 for r in ra if r["round"] > joined["round"])
     pa, pc = torch.load(out / "worker0.params.pt"), torch.load(out / "worker2.params.pt")
     assert (pa - pc).abs().max() < 1e-2 * pa.abs().max()
+    # C resumed the lr schedule at the swarm's step without torch's warning about stepping it first
+    assert "lr_scheduler.step()" not in (out / "worker2.stderr.log").read_text()
 
 
 def test_hivemind_int8_averages_with_codebook_bytes(tmp_path):

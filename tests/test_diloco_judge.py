@@ -14,6 +14,7 @@ from swarmrl.diloco.trust.judge import (
     CountSketch,
     History,
     Rules,
+    Stats,
     aggregate,
     contribution_stats,
     cosine,
@@ -68,6 +69,23 @@ def test_each_attack_is_condemned_by_its_rule(judged, attack):
     assert len(hostile) >= 6  # stale from round 2, replay from round 1, with 4 and with 3 contributions
     assert all(not r["accepted"] for r in hostile), hostile
     assert {r["reason"].split(":")[0] for r in hostile} == {EXPECTED[attack]}
+
+
+def test_harmful_is_absolute_and_judges_even_a_pair():
+    # a contribution that raises the scoring batch's loss by more than max_loss_rise of it is condemned whatever the
+    # others send (with two contributions, no relative rule may judge), one below the margin is not
+    rules = Rules()
+
+    def stats(node: str, rise: float) -> Stats:
+        return Stats(node, 1.0, 1.0, 0.5, 2.0 * rise, rise, 0.0, "", "")
+
+    for n in (2, 4):
+        got = judge([stats("bad", 1.5 * rules.max_loss_rise)] + [stats(f"h{i}", 0.5 * rules.max_loss_rise)
+                                                                    for i in range(n - 1)], rules)
+        assert [v.accepted for v in got] == [False] + [True] * (n - 1)
+        assert got[0].reason.startswith("harmful")
+    nan = Stats("nan", 1.0, 1.0, 0.5, float("nan"), float("nan"), 0.0, "", "")
+    assert judge([nan], rules)[0].reason.startswith("harmful")
 
 
 def test_fewer_than_three_contributions_condemn_nobody_by_a_relative_rule():

@@ -106,11 +106,11 @@ def test_flatten_unflatten_roundtrip():
 
 
 def test_peer_state_is_validated_before_use():
-    from swarmrl.diloco.worker import _validated_state
+    from swarmrl.diloco.peers import validated_state
 
     good = ({"round": 3, "outer_steps": 3}, [torch.zeros(4), torch.zeros(4)])
-    assert _validated_state(good, 4)[0] == 3
-    assert _validated_state(({"round": 0, "outer_steps": 0}, [torch.zeros(4), torch.zeros(0)]), 4)[3] is None
+    assert validated_state(good, 4)[0] == 3
+    assert validated_state(({"round": 0, "outer_steps": 0}, [torch.zeros(4), torch.zeros(0)]), 4)[3] is None
     bad = [
         ("not a dict", [torch.zeros(4), torch.zeros(4)]),
         ({"round": "3", "outer_steps": 3}, [torch.zeros(4), torch.zeros(4)]),
@@ -121,4 +121,4 @@ def test_peer_state_is_validated_before_use():
     ]
     for item in bad:
         with pytest.raises(ValueError):
-            _validated_state(item, 4)
+            validated_state(item, 4)

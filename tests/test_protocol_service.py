@@ -19,6 +19,7 @@ from swarmrl.protocol.orchestrator.errors import Principal, ProtocolError
 from swarmrl.protocol.orchestrator.service import Orchestrator
 from swarmrl.protocol.schemas import CheckResult, HeartbeatRequest, RegisterRequest, VerdictRequest
 from swarmrl.protocol.signing import body_sha256, generate_key, node_id_for, public_key_hex, sign_request
+from swarmrl.protocol.tables import Assignment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,6 +79,21 @@ def test_register_then_heartbeat_gets_seeded_assignment(service):
                                                             body_sha256(hb_body)), HeartbeatRequest())
     assert [x.assignment_id for x in again.assignments] == [a.assignment_id]
     assert orch.telemetry.counters["heartbeats"] == 2
+
+
+def test_an_orchestrator_without_rollouts_hands_out_no_work(tmp_path):
+    # a DiLoCo swarm's orchestrator (rollouts = False): members register and heartbeat, nobody is given rollouts
+    cfg, _ = make_cfg(tmp_path, database_url="", rollouts=False)
+    orch = Orchestrator(cfg)
+    try:
+        p = join(orch)
+        for _ in range(2):
+            hb = orch.assignments.heartbeat(p, HeartbeatRequest())
+            assert hb.node_id == p.node_id and hb.assignments == []
+        with orch.db.tx() as s:
+            assert s.query(Assignment).count() == 0
+    finally:
+        orch.db.dispose()
 
 
 def test_silent_node_is_swept_and_its_work_reassigned(service):

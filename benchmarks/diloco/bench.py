@@ -19,6 +19,7 @@ and on the first data set only, unless --no-extras:
                         worse than at the default inner lr 1e-3, outer lr 0.7); kept beside the default
   * W=4                 DDP and DiLoCo with 4 workers (the lone rows serve both); --no-w4 skips it
   * overlap             (--overlap) the default with the outer all-reduce overlapped with the next H inner steps
+                        from the first round (a fixed ``overlap_steps = H``: on loopback "auto" blocks)
 
 Data sets (``--data``; the config's ``data`` field, and ``task`` for the arithmetic ones, select them):
   * stdlib    the default: the running interpreter's standard library source, byte-level, split by file into

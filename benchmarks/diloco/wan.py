@@ -4,15 +4,19 @@
 Per profile (``datacenter``: 1 Gbit/s; ``wan100``: 100 Mbit/s, +50 ms; ``wan20lossy``: 20 Mbit/s, +150 ms, 0.5%
 loss each way; two workers talk through both of their links), in this order:
 
-  * diloco torch          ``DilocoConfig()`` over torch.distributed (gloo), blocking outer rounds. Its training
-                          loop's wall time is the profile's budget B
+  * diloco torch          ``DilocoConfig()`` over torch.distributed (gloo): ``overlap_steps = "auto"`` times the
+                          first round's all-reduce and overlaps the later ones with the next inner steps if the
+                          link calls for it (the tau it chose is in the row). Its training loop's wall time is the
+                          profile's budget B
+  * diloco torch blocking the same with ``overlap_steps = 0``: classic DiLoCo, every outer round waits
   * ddp                   gradients all-reduced (gloo, fp32) every step, time-limited to B (``max_wall_s``: it
                           stops at the first step after which one more step would end past B), or its
                           total_steps if those take less
-  * diloco hivemind       the same DiLoCo over hivemind's DHT averaging
-  * diloco torch overlap  the outer all-reduce overlapped with the next ``--overlap`` inner steps
-                          (``overlap_steps``; the worker moves to the new anchor plus its progress meanwhile)
-  * diloco hivemind overlap   the same over hivemind
+  * diloco hivemind       the default DiLoCo over hivemind's DHT averaging (``overlap_steps = "auto"``)
+  * diloco hivemind blocking   the same with ``overlap_steps = 0``
+  * diloco torch overlap  the outer all-reduce overlapped with the next ``--overlap`` inner steps from the first
+                          round (a fixed ``overlap_steps``; the worker moves to the new anchor plus its progress
+                          meanwhile); not in the default set
 
 Figures per run (rank 0 unless said):
   * ``util``: compute utilization = time in inner steps (forward, backward, clipping, AdamW; a DDP step's
@@ -27,7 +31,7 @@ Figures per run (rank 0 unless said):
     every run had at equal wall time); the whole curve (step, wall time, loss) is in the JSON line.
 
     python benchmarks/diloco/wan.py --lock /tmp/swarmrl-bench.lock [--profiles datacenter wan100 wan20lossy]
-        [--runs ddp torch hivemind torch-overlap hivemind-overlap] [--overlap TAU] [--steps N] [--json FILE]
+        [--runs torch ddp torch-blocking hivemind hivemind-blocking torch-overlap] [--overlap TAU] [--json FILE]
 
 (``--lock``: the benchmark lock is taken for each run, not for the sitting, so other measurements interleave; the
 DDP run's budget is the blocking run's loop time, a ratio within the sitting.)
@@ -53,9 +57,12 @@ from swarmrl.diloco.wan import run_wan  # noqa: E402
 
 PROFILES = ["datacenter", "wan100", "wan20lossy"]
 RUNS = {"torch": ("diloco torch", {}), "ddp": ("ddp", {"mode": "ddp"}),
+        "torch-blocking": ("diloco torch blocking", {"overlap_steps": 0}),
         "hivemind": ("diloco hivemind", {"backend": "hivemind"}),
+        "hivemind-blocking": ("diloco hivemind blocking", {"backend": "hivemind", "overlap_steps": 0}),
         "torch-overlap": ("diloco torch overlap", {"overlap": True}),
         "hivemind-overlap": ("diloco hivemind overlap", {"backend": "hivemind", "overlap": True})}
+DEFAULT_RUNS = ["torch", "ddp", "torch-blocking", "hivemind", "hivemind-blocking"]
 
 
 def config(key: str, args: argparse.Namespace, profile: str, budget: float | None) -> DilocoConfig:
@@ -86,12 +93,13 @@ def row(name: str, s: dict) -> dict:
             "sync_s": s["sync_s"], "eval_s": s["eval_s"], "solo_rounds": s["solo_rounds"],
             "stopped_at_budget": s["stopped_at_max_wall"], "tcp_peers": s["tcp_peers"],
             "rtt_ms": (s["wan"]["rtt_ms_w1_w0"] or {}).get("median"), "process_wall_s": s["wall_s"],
+            "overlap_steps": s.get("overlap_steps_per_worker"),
             "curve": [(e["step"], e.get("wall_s"), round(e["eval_loss"], 4)) for e in s["evals"]]}
 
 
 def bench_profile(profile: str, args: argparse.Namespace) -> list[dict]:
     rows, budget = [], None
-    keys = sorted(args.runs, key=lambda k: k != "torch")  # the blocking gloo run first: it sets the budget
+    keys = sorted(args.runs, key=lambda k: k != "torch")  # the default gloo run first: it sets the budget
     for key in keys:
         if key == "ddp" and budget is None:
             raise SystemExit("ddp needs the 'torch' run first (its wall time is the budget)")
@@ -124,7 +132,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profiles", nargs="+", default=PROFILES, choices=PROFILES)
-    ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS, choices=list(RUNS))
     ap.add_argument("--overlap", type=int, default=None, help="overlap_steps of the overlapped runs (default: H)")
     ap.add_argument("--steps", type=int, default=None, help="total_steps (default: the config's)")
     ap.add_argument("--workers", type=int, default=None)

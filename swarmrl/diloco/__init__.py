@@ -1,7 +1,12 @@
 """DiLoCo: low-communication data-parallel training (OpenDiLoCo), with a DDP baseline.
 
 * ``swarmrl.diloco.outer``: pure math (pseudo-gradient, outer Nesterov step, wire compression).
-* ``swarmrl.diloco.comm``: averaging backends (torch.distributed fixed group; hivemind DHT, elastic).
+* ``swarmrl.diloco.overlap``: ``overlap_steps = "auto"``: whether, and by how many inner steps, a round's averaging
+  runs behind (pure arithmetic on the times the worker measures).
+* ``swarmrl.diloco.comm``: averaging backends (torch.distributed fixed group; hivemind DHT, elastic);
+  ``swarmrl.diloco.peers``: hivemind's peers file and the outer state a joining worker downloads, checked.
+* ``swarmrl.diloco.corpus``: the default data (the interpreter's standard library source, split by file).
+* ``swarmrl.diloco.trust``: ``backend = "swarm"``: signed uploads to a judging aggregator, slashing via the ledger.
 * ``swarmrl.diloco.worker``: one worker process; ``swarmrl.diloco.launch``: W workers on loopback.
 * ``swarmrl.diloco.wan``: W workers, each in a network namespace of the WAN harness (``swarmrl.wan``).
 """

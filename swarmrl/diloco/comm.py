@@ -33,6 +33,7 @@ import datetime
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -129,6 +130,27 @@ class TorchDistributedAverager:
 
     def barrier(self) -> None:
         self._dist.barrier()
+
+    def probe(self, numel: int) -> float:
+        """Seconds one averaging's collectives take on zeros of a ``numel`` vector (the same dtypes and sizes as
+        ``average``: int8 codes and their fp32 chunk scales, or the cast vector), after a barrier so a slower peer
+        is not counted; the averaging's state and counters are left untouched."""
+        self._dist.barrier()
+        t = time.perf_counter()
+        if self.wire == "int8":
+            scales = self._int8.absmax(torch.zeros(numel)).to(self.device)
+            self._dist.all_reduce(scales, op=self._dist.ReduceOp.MAX)
+            codes = torch.zeros(numel, dtype=torch.int8, device=self.device)
+            self._dist.all_reduce(codes, op=self._dist.ReduceOp.SUM)
+        else:
+            self._dist.all_reduce(compress(torch.zeros(numel), self.wire).to(self.device), op=self._dist.ReduceOp.SUM)
+        return time.perf_counter() - t
+
+    def max_int(self, value: int) -> int:
+        """The largest of the workers' ``value`` (a group decision every worker takes the same way)."""
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)
+        return int(t.item())
 
     def close(self) -> None:
         if self._dist.is_initialized():

@@ -13,7 +13,7 @@ unchanged. Its fields are of three kinds:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,7 +30,8 @@ def _small_model() -> ModelInitConfig:
 
 
 METHOD_FIELDS = ("inner_lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio", "grad_clip", "inner_steps",
-                 "outer_lr", "outer_momentum", "wire", "int8_chunk", "error_feedback", "overlap_steps")
+                 "outer_lr", "outer_momentum", "wire", "int8_chunk", "error_feedback", "overlap_steps",
+                 "overlap_auto_share")
 SCENARIO_FIELDS = ("init", "data", "corpus", "task", "workers", "total_steps", "batch_size", "seq_len", "eval_every",
                    "eval_seqs", "seed")
 
@@ -90,11 +91,12 @@ class TrustConfig(StrictModel):
     replay_cosine: float = Field(0.95, gt=0, le=1)
     replay_gap: float = Field(0.1, gt=0, lt=1)
     norm_ratio: float = Field(5.0, gt=1)  # norm over the round's median norm above this: hostile
-    # the judge's other margins (swarmrl.diloco.trust.judge, calibrated in /work/coord/judge_calibration.md):
+    # the judge's other margins (swarmrl.diloco.trust.judge, calibrated by benchmarks/diloco/judge_calibration.py):
     # opposed: the ceil((n-1)/2)-th largest cosine to the round's other contributions below min_agreement;
-    # harmful: the loss at anchor - pg above the anchor's by more than max_loss_rise of it
+    # harmful: the loss at anchor - pg above the anchor's by more than max_loss_rise of it (0.15: ~3x the worst honest
+    # rise seen at the default, 0.052; at 0.05 an honest worker was slashed: benchmarks/diloco/ATTACK_RESULTS.md)
     min_agreement: float = Field(0.1, ge=-1, le=1)
-    max_loss_rise: float = Field(0.05, gt=0)
+    max_loss_rise: float = Field(0.15, gt=0)
     clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
     # an adversary (benchmarks and tests only): what the workers in adversary_ranks send instead of their own
     adversary: Literal["none", "sign_flip", "scale", "random", "stale", "replay"] = "none"
@@ -138,9 +140,16 @@ class DilocoConfig(StrictModel):
     wire: Literal["fp32", "fp16", "bf16", "int8"] = "int8"  # what is all-reduced (int8: chunk-scaled)
     int8_chunk: int = Field(4096, ge=64)  # elements per shared int8 scale (torch backend)
     error_feedback: bool = True  # int8 (torch backend): carry the rounding residual into the next round
-    # overlap: the outer all-reduce runs in the background during the next tau inner steps; then the
-    # worker moves to the new anchor plus its progress meanwhile (0: classic blocking DiLoCo)
-    overlap_steps: int = Field(0, ge=0)
+    # overlap: the outer all-reduce runs in the background during the next tau inner steps; then the worker moves to
+    # the new anchor plus its progress meanwhile. An int is tau from the start (0: classic blocking DiLoCo). "auto"
+    # (backends torch and hivemind; swarm blocks): at the first outer sync, if one averaging takes more than
+    # overlap_auto_share of a round's inner-step time, every round overlaps, with tau = the inner steps that cover
+    # it x1.25, at most H (torch: the group takes the largest); else every round blocks. What one averaging takes:
+    # torch times an all-reduce of the same size at set-up; hivemind overlaps by H at once if its matchmaking_time
+    # alone exceeds the share, else times its first (blocking) round. On loopback torch blocks; across a slow link
+    # it overlaps (benchmarks/diloco/WAN_RESULTS.md)
+    overlap_steps: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
+    overlap_auto_share: float = Field(0.05, gt=0, lt=1)
     # evaluation / logging
     eval_every: int | None = Field(None, ge=1)  # steps; None: at every outer sync (every H steps)
     eval_seqs: int = Field(64, ge=1)
@@ -179,7 +188,7 @@ class DilocoConfig(StrictModel):
         if self.max_wall_s is not None and self.mode != "ddp":
             raise ValueError("max_wall_s stops a DDP run (its workers agree through the gradient all-reduce); DiLoCo "
                              "runs its total_steps")
-        if self.overlap_steps > self.inner_steps:
+        if isinstance(self.overlap_steps, int) and self.overlap_steps > self.inner_steps:
             raise ValueError("overlap_steps must be <= inner_steps (one round of delay at most)")
         return self
 

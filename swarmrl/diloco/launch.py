@@ -124,6 +124,9 @@ def summarize(cfg: DilocoConfig, workers: list[dict], wall_s: float) -> dict:
         "sync_calls_per_worker": w0["sync_calls"],
         "bytes_per_sync": (w0["bytes_sent"] // w0["sync_calls"]) if w0["sync_calls"] else 0,
         "identical_params": len({w["digest"] for w in workers}) == 1,
+        # overlap_steps = "auto": the tau each worker settled on (0: blocking) and rank 0's timing behind it
+        "overlap_steps_per_worker": [w.get("overlap_steps", 0) for w in workers],
+        "overlap_decision": w0.get("overlap_decision"),
         "evals": w0["evals"], "wall_s": round(wall_s, 1), "train_s": w0["train_s"], "sync_s": w0["sync_s"],
         "out": cfg.out,
     }

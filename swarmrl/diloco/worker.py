@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from swarmrl.diloco.outer import (
     pseudo_gradient,
     unflatten_into,
 )
+from swarmrl.diloco.overlap import AutoOverlap
+from swarmrl.diloco.peers import catch_up, peers_file, validated_state, wait_for_peers
 from swarmrl.diloco.traffic import TcpCounts, TcpTraffic
 from swarmrl.models.io import save_model
 from swarmrl.training.model import build_model, prepare_model
@@ -45,60 +48,6 @@ from swarmrl.utils.procs import adopt_parent_death
 
 if TYPE_CHECKING:
     from swarmrl.diloco.trust.client import TamperHook
-
-
-def peers_file(out: Path) -> Path:
-    return out / "hivemind_peers.json"
-
-
-def _wait_for_peers(path: Path, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.is_file():
-            try:
-                peers = json.loads(path.read_text())
-                if isinstance(peers, list) and peers and all(isinstance(p, str) for p in peers):
-                    return peers
-            except (json.JSONDecodeError, OSError):
-                pass  # being written
-        time.sleep(0.2)
-    raise TimeoutError(f"no hivemind peers file at {path} after {timeout:.0f}s")
-
-
-def _validated_state(loaded, numel: int) -> tuple[int, int, torch.Tensor, torch.Tensor | None]:
-    """Check a state downloaded from a (possibly hostile) peer: (round, outer_steps, anchor, buf)."""
-    meta, tensors = loaded
-    if not isinstance(meta, dict) or not isinstance(meta.get("round"), int) or not isinstance(meta.get("outer_steps"), int):
-        raise ValueError("peer state metadata must be a dict with integer round and outer_steps")
-    if meta["round"] < 0 or meta["outer_steps"] < 0:
-        raise ValueError("peer state has a negative round")
-    if len(tensors) != 2:
-        raise ValueError(f"peer state must hold 2 tensors (anchor, momentum), got {len(tensors)}")
-    anchor, buf = tensors
-    if anchor.shape != (numel,) or buf.numel() not in (0, numel):
-        raise ValueError("peer state tensors do not match this model")
-    if not torch.isfinite(anchor).all() or not torch.isfinite(buf).all():
-        raise ValueError("peer state holds non-finite values")
-    return meta["round"], meta["outer_steps"], anchor.float(), (buf.float() if buf.numel() else None)
-
-
-def _catch_up(averager, outer: OuterNesterov, want_round: int, timeout: float) -> int | None:
-    """Download a peer's outer state once it has reached ``want_round``; returns the new round."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        loaded = averager.load_state_from_peers(timeout=timeout)
-        if loaded is not None:
-            try:
-                rnd, steps, anchor, buf = _validated_state(loaded, outer.anchor.numel())
-            except ValueError:
-                loaded = None  # a bad peer: ask again (hivemind picks peers by priority, then at random)
-            else:
-                if rnd >= want_round:
-                    with averager.lock:
-                        outer.load_state(anchor, buf, steps)
-                    return rnd
-        time.sleep(0.3)
-    return None
 
 
 @dataclass
@@ -148,6 +97,10 @@ class _Worker:
         self.evaluates = rank == 0 or cfg.backend == "hivemind"
         self.averager: TorchDistributedAverager | HivemindAverager | None = None
         self.executor: ThreadPoolExecutor | None = None
+        # overlap (tau inner steps): fixed by the config, or "auto" (swarmrl.diloco.overlap; _decide_overlap)
+        auto = cfg.overlap_steps == "auto" and cfg.mode == "diloco" and cfg.backend in ("torch", "hivemind")
+        self.auto = AutoOverlap(cfg) if auto else None
+        self.tau = cfg.overlap_steps if isinstance(cfg.overlap_steps, int) else 0
         self.start_step = 0
         self.step = 0
         self.rnd = 0
@@ -189,6 +142,8 @@ class _Worker:
             synced = self.averager.broadcast(self.outer.anchor, src=0)
             self.outer.anchor = synced
             unflatten_into(synced, self.params)
+            if self.auto is not None:  # "auto": what one outer all-reduce costs on this link, timed before training
+                self.auto.comm_s = self.averager.probe(self.numel)
             # every rank has all of the broadcast before anyone trains: what the kernel counts from here on
             # is training traffic (rank 0's broadcast may still be in its socket buffer when it returns)
             self.averager.barrier()
@@ -203,7 +158,7 @@ class _Worker:
         elif self.rank == 0 and not hm.join:
             initial = []
         else:
-            initial = _wait_for_peers(pfile, hm.peers_file_timeout)
+            initial = wait_for_peers(pfile, hm.peers_file_timeout)
         self.averager = HivemindAverager(self.numel, initial, prefix=hm.prefix, wire=cfg.wire,
                                          target_group_size=self.world if self.world > 1 else None,
                                          min_group_size=hm.min_group_size, matchmaking_time=hm.matchmaking_time,
@@ -248,7 +203,7 @@ class _Worker:
             loaded = self.averager.load_state_from_peers(timeout=self.cfg.hivemind.round_timeout)
             if loaded is not None:
                 try:
-                    got = _validated_state(loaded, self.numel)
+                    got = validated_state(loaded, self.numel)
                     break
                 except ValueError as e:
                     self.metrics.write(event="rejected_peer_state", reason=str(e))
@@ -261,8 +216,11 @@ class _Worker:
             self.state["round"] = self.rnd
         unflatten_into(self.outer.anchor, self.params)
         self.start_step = self.rnd * self.cfg.inner_steps
-        for _ in range(self.start_step):
-            self.sched.step()  # resume the schedule where the swarm is
+        with warnings.catch_warnings():  # resume the schedule where the swarm is: stepping it before any inner
+            # step is the point here, so torch's warning about the order of the two calls does not apply
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            for _ in range(self.start_step):
+                self.sched.step()
         self.joined_from = {"round": self.rnd, "digest": params_digest(self.outer.anchor)}
         self.metrics.write(event="joined", round=self.rnd, step=self.start_step, digest=self.joined_from["digest"])
 
@@ -280,7 +238,8 @@ class _Worker:
             self.eval_s += time.perf_counter() - self.t0
             self.metrics.write(step=0, eval_loss=ev)
         pending: _Pending | None = None
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if cfg.overlap_steps and self.averager else None
+        overlapping = self.tau > 0 or self.auto is not None
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if overlapping and self.averager else None
         hm_leave = cfg.backend == "hivemind" and cfg.hivemind.leave_after_rounds
         while self.step < cfg.total_steps and not self.out_of_time:
             ts = time.perf_counter()
@@ -348,14 +307,32 @@ class _Worker:
             pending = None
         if step % cfg.inner_steps == 0 or step == cfg.total_steps:
             ta = time.perf_counter()
+            auto = self.auto if self.averager is not None else None
+            if auto is not None and not auto.decided and auto.known_before_round_one(self._step_s()):
+                self._decide_overlap()  # the first round may overlap too
             current = flatten(self.params)
             pg = pseudo_gradient(self.outer.anchor, current)
-            pending = _Pending(self._submit_average(pg, self.rnd), current, step + cfg.overlap_steps)
+            timed = auto is not None and not auto.decided  # hivemind: time the first round, decide after it
+            pending = _Pending(self._submit_average(pg, self.rnd, timed), current, step + self.tau)
             self.sync_time += time.perf_counter() - ta
-            if cfg.overlap_steps == 0 or step == cfg.total_steps:
+            if self.tau == 0 or step == cfg.total_steps:
+                if row:  # the round in flight finished at this step too (the last step): its own metrics row
+                    self.metrics.write(step=step, **row)
                 row = self._finish_round(pending)
                 pending = None
+                if timed and step < cfg.total_steps:
+                    self._decide_overlap()
         return row, pending
+
+    def _step_s(self) -> float:
+        return self.inner_s / max(1, self.step - self.start_step)
+
+    def _decide_overlap(self) -> None:
+        """``overlap_steps = "auto"``: take tau (``swarmrl.diloco.overlap``; over torch.distributed the group's
+        largest) and log the decision."""
+        agree = self.averager.max_int if isinstance(self.averager, TorchDistributedAverager) else None
+        self.tau = self.auto.decide(self._step_s(), agree)
+        self.metrics.write(event="overlap", step=self.step, **self.auto.decision)
 
     def _evaluate_and_log(self, row: dict) -> None:
         cfg, step = self.cfg, self.step
@@ -377,12 +354,20 @@ class _Worker:
             return AverageResult(pg, 1)
         return averager.average(pg, round_no) if self.cfg.backend in ("hivemind", "swarm") else averager.average(pg)
 
-    def _submit_average(self, pg: torch.Tensor, round_no: int) -> Future[AverageResult]:
+    def _submit_average(self, pg: torch.Tensor, round_no: int, timed: bool = False) -> Future[AverageResult]:
+        run = self._timed_average if timed else self._average
         if self.executor is not None:
-            return self.executor.submit(self._average, pg, round_no)  # overlapped with the next inner steps
+            return self.executor.submit(run, pg, round_no)  # overlapped with the next inner steps
         done: Future[AverageResult] = Future()
-        done.set_result(self._average(pg, round_no))
+        done.set_result(run(pg, round_no))
         return done
+
+    def _timed_average(self, pg: torch.Tensor, round_no: int) -> AverageResult:
+        """The first round's averaging, timed (``overlap_steps = "auto"`` over hivemind: matchmaking included)."""
+        t = time.perf_counter()
+        res = self._average(pg, round_no)
+        self.auto.comm_s = time.perf_counter() - t
+        return res
 
     def _finish_round(self, p: _Pending) -> dict:
         """Wait for the averaged pseudo-gradient, take the outer step, move the worker's parameters."""
@@ -403,13 +388,13 @@ class _Worker:
         if self.cfg.backend == "swarm":
             averager.verify_anchor(outer.anchor)  # the aggregator's published anchor, or stop loudly
         if behind_of is not None:  # a peer is ahead: catch up from its state
-            caught = _catch_up(averager, outer, behind_of + 1, self.cfg.hivemind.round_timeout)
+            caught = catch_up(averager, outer, behind_of + 1, self.cfg.hivemind.round_timeout)
             if caught is not None:
                 with averager.lock:
                     self.rnd = caught
                     state["round"] = self.rnd
                 self.metrics.write(event="caught_up", round=self.rnd, step=self.step)
-        if self.cfg.overlap_steps:
+        if self.tau:
             unflatten_into(apply_delayed(outer.anchor, p.sent_from, flatten(self.params)), self.params)
         else:
             unflatten_into(outer.anchor, self.params)
@@ -454,6 +439,7 @@ class _Worker:
             "inner_s": round(self.inner_s, 3), "eval_s": round(self.eval_s, 3), "loop_s": round(self.loop_s, 3),
             "utilization": round(self.inner_s / max(1e-9, self.loop_s - self.eval_s), 4),
             "stopped_at_max_wall": self.out_of_time,
+            "overlap_steps": self.tau, "overlap_decision": self.auto.decision if self.auto else None,
             "tcp_peers": sorted(self.tcp.peers),  # remote addresses of its TCP connections (a WAN run: namespaces)
             "tokens": (step - self.start_step) * cfg.batch_size * cfg.seq_len,
             "evals": self.evals, "round_log": self.round_rows, "left": self.left, "joined_from": self.joined_from,

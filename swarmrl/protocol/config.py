@@ -90,6 +90,9 @@ class OrchestratorConfig(StrictModel):
     # assignments: the run's shared rules (task, group size, staleness window, tie rule, budget, proof geometry)
     contract: RLContract = Field(default_factory=RLContract)
     tasks_per_node: int = Field(8, ge=1)
+    # False: this orchestrator runs no RL and hands out no rollout work: its members heartbeat for liveness only
+    # (a DiLoCo swarm's orchestrator: swarmrl.diloco.trust.launch)
+    rollouts: bool = True
     # a node's budget tier (contract.budget, when enabled) is the largest whose completions fit
     # contract.budget.step_time_s at the node's announced throughput
     reassign_per_heartbeat: int = Field(1, ge=0)

@@ -80,7 +80,7 @@ def orchestrator_config(cfg: DilocoConfig, port: int, aggregator: _Key, authorit
     return OrchestratorConfig(host=HOST, port=port, data_dir=str(Path(cfg.out) / "orchestrator"),
                               validator_keys=[aggregator.public_key], stake_authority_keys=[authority.public_key],
                               min_stake=cfg.trust.stake, heartbeat_interval_s=5.0, dead_after_missed=6,
-                              metrics_interval_s=60.0)
+                              metrics_interval_s=60.0, rollouts=False)
 
 
 @dataclass

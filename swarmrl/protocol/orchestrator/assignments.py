@@ -142,7 +142,9 @@ class Assignments:
         lo = self._run.useful_from(step)
         mine = list(s.execute(select(Assignment).where(Assignment.node_id == node.id, Assignment.step >= lo)
                               .order_by(Assignment.id)).scalars().all())
-        if demand:
+        if not cfg.rollouts:
+            pass  # liveness only: no rollout work in this run
+        elif demand:
             self._demand_work(s, node, mine, step, pv, lo, now)
         else:
             if not any(a.step == step and a.origin_node_id == node.id for a in mine):
