@@ -8,7 +8,7 @@ import pytest
 import torch
 from diloco_trust_support import tiny_cfg
 
-from swarmrl.diloco.trust.calibration import ATTACKS, attack_vector, honest_rounds, int8_roundtrip
+from swarmrl.diloco.trust.calibration import ATTACKS, judged_rounds
 from swarmrl.diloco.trust.judge import (
     MIN_RELATIVE,
     CountSketch,
@@ -30,30 +30,13 @@ EXPECTED = {"sign_flip": "opposed", "scale": "scaled", "random": "opposed", "sta
 def judged() -> list[dict]:
     """Six rounds of 4 honest ranks (10 inner steps each); per round and case (honest, each attack in rank 0's
     place) the verdicts, with 4 contributions and with 3."""
-    t = CFG.trust
-    rules = Rules(norm_ratio=t.norm_ratio, replay_cosine=t.replay_cosine, replay_gap=t.replay_gap,
-                             min_agreement=t.min_agreement,
-                  max_loss_rise=t.max_loss_rise)
-    scorer = ScoringModel(CFG)
-    sketch, history, gen = CountSketch(scorer.numel, seed=5), History(t.history_rounds), torch.Generator().manual_seed(1)
-    ids = ["r0", "r1", "r2", "r3"]
     rows = []
-    for r in honest_rounds(CFG, 4, 6, steps=10):
-        loss_at = scorer.loss_fn(scorer.batch(999, r.round, t.score_seqs))
-        cases = {"honest": r.pgs}
-        for kind in ATTACKS:
-            v = attack_vector(kind, r, gen)
-            if v is not None:
-                cases[kind] = [int8_roundtrip(v, CFG.int8_chunk)] + r.pgs[1:]
-        for case, vecs in cases.items():
-            for n in (4, 3):
-                stats = contribution_stats(ids[:n], vecs[:n], loss_at, r.anchor, sketch, history, r.round)
-                for s, v in zip(stats, judge(stats, rules)):
-                    rows.append({"round": r.round, "case": case, "n": n, "node": s.node_id, "accepted": v.accepted,
-                                 "reason": v.reason, "hostile": case != "honest" and s.node_id == "r0"})
-        for i, v in zip(ids, r.pgs):
-            history.add(r.round, "contribution", i, sketch(v))
-        history.add(r.round, "update", "", sketch(r.update))
+    for r, judged in judged_rounds(CFG, ScoringModel(CFG), 4, 6, (4, 3), score_seed=lambda k: 999, steps=10,
+                                   sketch_seed=5, attack_seed=1):
+        for j in judged:
+            for s, v in zip(j.stats, j.verdicts):
+                rows.append({"round": r.round, "case": j.case, "n": j.n, "node": s.node_id, "accepted": v.accepted,
+                             "reason": v.reason, "hostile": j.case != "honest" and s.node_id == "rank0"})
     return rows
 
 

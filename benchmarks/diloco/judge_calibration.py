@@ -25,8 +25,7 @@ import torch
 
 from swarmrl.diloco.config import DilocoConfig
 from swarmrl.diloco.outer import OuterNesterov
-from swarmrl.diloco.trust.calibration import ATTACKS, attack_vector, honest_rounds, int8_roundtrip
-from swarmrl.diloco.trust.judge import CountSketch, History, Rules, contribution_stats, judge
+from swarmrl.diloco.trust.calibration import ATTACKS, judged_rounds
 from swarmrl.diloco.trust.scoring import ScoringModel
 
 
@@ -42,37 +41,21 @@ def main() -> None:
     cfg = DilocoConfig.model_validate_json(Path(args.config).read_text()) if args.config else DilocoConfig()
     cfg = cfg.model_copy(update={"seed": args.seed})
     torch.set_num_threads(cfg.threads)
-    t = cfg.trust
-    rules = Rules(norm_ratio=t.norm_ratio, replay_cosine=t.replay_cosine, replay_gap=t.replay_gap,
-                  min_agreement=t.min_agreement, max_loss_rise=t.max_loss_rise)
     scorer = ScoringModel(cfg)
-    sketch, history = CountSketch(scorer.numel, seed=1234), History(t.history_rounds)
-    gen = torch.Generator().manual_seed(7)
-    ids = [f"rank{r}" for r in range(args.workers)]
     rows, t0 = [], time.perf_counter()
     outer = OuterNesterov(scorer.initial(), lr=cfg.outer_lr, momentum=cfg.outer_momentum)
-    for r in honest_rounds(cfg, args.workers, args.rounds, steps=args.steps or None):
-        loss_at = scorer.loss_fn(scorer.batch(10_000 + r.round, r.round, t.score_seqs))
-        cases = {"honest": r.pgs}
-        for kind in ATTACKS:
-            v = attack_vector(kind, r, gen)
-            if v is not None:
-                cases[kind] = [int8_roundtrip(v, cfg.int8_chunk)] + r.pgs[1:]
-        for case, vecs in cases.items():
-            for n in sorted({args.workers, 3}):
-                stats = contribution_stats(ids[:n], vecs[:n], loss_at, r.anchor, sketch, history, r.round)
-                median_gap = 1.0 - statistics.median(s.history_cosine for s in stats)
-                for s, v in zip(stats, judge(stats, rules)):
-                    rows.append({"round": r.round, "case": case, "n": n,
-                                 "hostile": case != "honest" and s.node_id == "rank0", "node": s.node_id,
-                                 "norm_ratio": s.norm_ratio, "agreement": s.agreement, "loss_change": s.loss_change,
-                                 "loss_rise": s.loss_rise, "history_cosine": s.history_cosine,
-                                 "history_kind": s.history_kind,
-                                 "gap_ratio": (1.0 - s.history_cosine) / median_gap if median_gap > 0 else 1.0,
-                                 "accepted": v.accepted, "reason": v.reason})
-        for i, v in zip(ids, r.pgs):
-            history.add(r.round, "contribution", i, sketch(v))
-        history.add(r.round, "update", "", sketch(r.update))
+    for r, judged in judged_rounds(cfg, scorer, args.workers, args.rounds, sorted({args.workers, 3}),
+                                   score_seed=lambda k: 10_000 + k, steps=args.steps or None):
+        for j in judged:
+            median_gap = 1.0 - statistics.median(s.history_cosine for s in j.stats)
+            for s, v in zip(j.stats, j.verdicts):
+                rows.append({"round": r.round, "case": j.case, "n": j.n,
+                             "hostile": j.case != "honest" and s.node_id == "rank0", "node": s.node_id,
+                             "norm_ratio": s.norm_ratio, "agreement": s.agreement, "loss_change": s.loss_change,
+                             "loss_rise": s.loss_rise, "history_cosine": s.history_cosine,
+                             "history_kind": s.history_kind,
+                             "gap_ratio": (1.0 - s.history_cosine) / median_gap if median_gap > 0 else 1.0,
+                             "accepted": v.accepted, "reason": v.reason})
         outer.step(r.update)
         ev = scorer.loss_fn(scorer.eval_batch)(outer.anchor)
         print(f"round {r.round}: held-out loss {ev:.4f} ({time.perf_counter() - t0:.0f}s)", flush=True)

@@ -9,7 +9,7 @@ previous round's published update).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +17,8 @@ import torch
 from swarmrl.diloco.config import DilocoConfig
 from swarmrl.diloco.outer import OuterNesterov, flatten, pseudo_gradient, unflatten_into
 from swarmrl.diloco.trust import wire
-from swarmrl.diloco.trust.scoring import build_parts
+from swarmrl.diloco.trust.judge import CountSketch, History, Rules, Stats, Verdict, contribution_stats, judge
+from swarmrl.diloco.trust.scoring import ScoringModel, build_parts
 from swarmrl.training.optim import build_optimizer, clip_gradients
 from swarmrl.training.schedule import build_scheduler
 
@@ -97,3 +98,43 @@ def attack_vector(kind: str, r: HonestRound, gen: torch.Generator, scale: float 
     if kind == "replay":
         return r.updates[-1] if r.updates else None
     raise ValueError(f"unknown attack {kind!r}")
+
+
+@dataclass
+class JudgedCase:
+    """One case of a round judged: ``case`` is "honest" or the attack in rank 0's place; ``n`` contributions."""
+
+    case: str
+    n: int
+    stats: list[Stats]
+    verdicts: list[Verdict]
+
+
+def judged_rounds(cfg: DilocoConfig, scorer: ScoringModel, workers: int, rounds: int, counts: Sequence[int],
+                  score_seed: Callable[[int], int], steps: int | None = None, sketch_seed: int = 1234,
+                  attack_seed: int = 7) -> Iterator[tuple[HonestRound, list[JudgedCase]]]:
+    """Per honest round, the judge's statistics and verdicts for the honest uploads and for each attack in rank 0's
+    place, with the first ``n`` contributions for each ``n`` in ``counts``; the scoring batch of round ``k`` is drawn
+    with seed ``score_seed(k)``. Ranks are named ``rank0``...; the round's uploads and update are remembered (the
+    judge's history) once the caller asks for the next round."""
+    t = cfg.trust
+    rules = Rules.of(t)
+    sketch, history = CountSketch(scorer.numel, seed=sketch_seed), History(t.history_rounds)
+    gen = torch.Generator().manual_seed(attack_seed)
+    ids = [f"rank{r}" for r in range(workers)]
+    for r in honest_rounds(cfg, workers, rounds, steps=steps):
+        loss_at = scorer.loss_fn(scorer.batch(score_seed(r.round), r.round, t.score_seqs))
+        cases = {"honest": r.pgs}
+        for kind in ATTACKS:
+            v = attack_vector(kind, r, gen)
+            if v is not None:
+                cases[kind] = [int8_roundtrip(v, cfg.int8_chunk)] + r.pgs[1:]
+        judged = []
+        for case, vecs in cases.items():
+            for n in counts:
+                stats = contribution_stats(ids[:n], vecs[:n], loss_at, r.anchor, sketch, history, r.round)
+                judged.append(JudgedCase(case, n, stats, judge(stats, rules)))
+        yield r, judged
+        for i, v in zip(ids, r.pgs):
+            history.add(r.round, "contribution", i, sketch(v))
+        history.add(r.round, "update", "", sketch(r.update))

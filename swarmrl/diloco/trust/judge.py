@@ -61,7 +61,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -132,6 +132,11 @@ class Rules:
     min_agreement: float = 0.1  # opposed: cosine to the others' coordinate-wise median below this
     max_loss_rise: float = 0.15  # harmful: the loss at anchor - x rises by more than this fraction of the anchor's
     clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
+
+    @classmethod
+    def of(cls, trust: object) -> Rules:
+        """The rules a ``TrustConfig`` (or anything with fields of these names) sets."""
+        return cls(**{f.name: getattr(trust, f.name) for f in fields(cls)})
 
 
 @dataclass

@@ -80,9 +80,7 @@ class Rounds:
         self.cfg, self.trust, self.run_id = cfg, t, run_id
         self.numel, self.chunk = anchor.numel(), cfg.int8_chunk
         self.max_upload_bytes = wire.max_upload_bytes(self.numel, self.chunk)
-        self.rules = J.Rules(norm_ratio=t.norm_ratio, replay_cosine=t.replay_cosine, replay_gap=t.replay_gap,
-                             min_agreement=t.min_agreement,
-                             max_loss_rise=t.max_loss_rise, clip=t.clip)
+        self.rules = J.Rules.of(t)
         self.outer = OuterNesterov(anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum)
         self.sketch = J.CountSketch(self.numel, seed=secrets.randbits(31))
         self.history = J.History(t.history_rounds)
