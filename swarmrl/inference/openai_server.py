@@ -42,6 +42,7 @@ from swarmrl.inference.backend import InferenceBackend
 from swarmrl.inference.chat_tokens import SESSION_HEADER, ChatError, EpisodeTokens, parse_assistant
 from swarmrl.inference.params import SamplingParams, TokenLimits
 from swarmrl.inference.prompts import decode_completion
+from swarmrl.utils.serving import gather_capped
 
 
 @dataclass(frozen=True)
@@ -193,13 +194,10 @@ async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise _Reject(413, f"the body is over {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _Reject(413, f"the body is over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = await gather_capped(request.stream(), limit)
+    if body is None:
+        raise _Reject(413, f"the body is over {limit} bytes")
+    return body
 
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:

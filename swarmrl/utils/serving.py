@@ -1,4 +1,5 @@
-"""Connection limits shared by the public servers (the orchestrator under uvicorn, SHARDCAST under aiohttp).
+"""Connection limits shared by the public servers (the orchestrator under uvicorn, SHARDCAST under aiohttp), and
+``gather_capped``, the size-capped body read of the FastAPI ones (the DiLoCo aggregator, the inference server).
 
 Against slowloris (many connections that send half a request and wait) and plain connection hoarding:
 
@@ -25,6 +26,7 @@ import resource
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,18 @@ REFUSED_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/pla
                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSED_BODY), _REFUSED_BODY))
 LOG_EVERY_S = 10.0
 MAX_TRUSTED = 1 << 16  # addresses remembered at once (oldest forgotten first)
+
+
+async def gather_capped(chunks: AsyncIterable[bytes], limit: int) -> bytes | None:
+    """A request body streamed in ``chunks`` (e.g. Starlette's ``request.stream()``), joined; None as soon as more
+    than ``limit`` bytes came, whatever Content-Length said (the rest is not read)."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)

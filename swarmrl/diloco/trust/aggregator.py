@@ -40,6 +40,7 @@ from swarmrl.protocol.client import ApiError, ValidatorClient
 from swarmrl.protocol.orchestrator.auth import RateLimiter
 from swarmrl.protocol.schemas import DilocoRejection, DilocoRoundRequest
 from swarmrl.protocol.signing import SignatureError, check_timestamp, parse_headers, verify_signature
+from swarmrl.utils.serving import gather_capped
 
 log = logging.getLogger("swarmrl.diloco.trust")
 
@@ -90,13 +91,10 @@ def authenticate(request: Request, nonces: Nonces, skew_s: float = 60.0):  # noq
 
 async def read_capped(request: Request, limit: int) -> bytes:
     """The body, refused with 413 once more than ``limit`` bytes came (whatever Content-Length said)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Refused(413, f"upload over the {limit}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = await gather_capped(request.stream(), limit)
+    if body is None:
+        raise Refused(413, f"upload over the {limit}-byte limit")
+    return body
 
 
 class MemberCheck:
