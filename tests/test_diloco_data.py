@@ -56,3 +56,17 @@ def test_masked_eval_loss_over_every_target_equals_eval_loss():
     m = answer_mask(ev, sep, eol)
     assert 0 < int(m.sum()) < m.numel()
     assert masked_eval_loss(model, ev, m) != full
+
+
+def test_eval_seq_losses_are_each_sequences_loss_and_average_to_eval_loss():
+    from swarmrl.diloco.data import eval_seq_losses
+
+    model, tok = init_model(ModelInitConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    ev = PackedCorpus(TaskConfig(name="mul_add").build(), tok, seq_len=16).eval_batch(20)
+    model.train()
+    per = eval_seq_losses(model, ev, chunk=16)  # 20 sequences over two chunks: none lost, none twice
+    assert len(per) == 20 and model.training
+    assert abs(sum(per) / len(per) - eval_loss(model, ev)) < 1e-5
+    for i in (0, 15, 16, 19):
+        assert abs(per[i] - eval_loss(model, ev[i: i + 1])) < 1e-5
+    assert len(set(per)) > 1

@@ -71,6 +71,25 @@ def test_harmful_is_absolute_and_judges_even_a_pair():
     assert judge([nan], rules)[0].reason.startswith("harmful")
 
 
+def test_weakly_agreeing_honest_work_late_in_a_run_passes_while_random_and_flipped_do_not():
+    # late in the 1600-step default honest pseudo-gradients share a direction at a cosine of only ~0.1 (0.099 at
+    # worst: benchmarks/diloco/judge_calibration.py over 32 rounds); model it as a shared part plus each worker's
+    # own noise at a pairwise cosine of 0.08, beside one hostile contribution of the same norm
+    g = torch.Generator().manual_seed(4)
+    dim = 200_000
+    shared = torch.randn(dim, generator=g) * (0.08 / 0.92) ** 0.5
+    honest = [shared + torch.randn(dim, generator=g) for _ in range(3)]
+    assert all(0.06 < cosine(honest[0], h) < 0.1 for h in honest[1:])
+    sketch = CountSketch(dim, seed=2)
+    for hostile, reason in ((torch.randn(dim, generator=g) * honest[0].norm() / dim ** 0.5, "opposed"),
+                            (-honest[0], "opposed")):
+        stats = contribution_stats(["bad", "h0", "h1", "h2"], [hostile, *honest], None, torch.zeros(dim), sketch,
+                                   History(4), 0)
+        verdicts = judge(stats, Rules())
+        assert [v.accepted for v in verdicts] == [False, True, True, True], [(s.node_id, s.agreement) for s in stats]
+        assert verdicts[0].reason.startswith(reason)
+
+
 def test_fewer_than_three_contributions_condemn_nobody_by_a_relative_rule():
     g = torch.Generator().manual_seed(0)
     honest = torch.randn(5000, generator=g)

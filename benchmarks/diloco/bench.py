@@ -37,7 +37,10 @@ Bytes, per worker (the most any worker sent):
   * ``tcp``: what its TCP connections carried during training, counted by the kernel (``tcpi_bytes_sent`` of
     every socket of the worker and its child processes, p2pd included; headers of gloo and libp2p, matchmaking
     and the DHT included; the set-up before the first step, e.g. the initial broadcast, is reported apart).
-Each data set ends with one JSON line: bytes and TCP ratios, loss gaps, the hivemind figures, the lone worker.
+"se": the standard error of a row's loss ratio to its DDP run over the eval sequences, paired (each sequence's loss
+under both models; ``paired_gap``): it says how far a gap could move on another draw of held-out text, not on
+another seed. Each data set ends with one JSON line: bytes and TCP ratios, loss gaps (and their standard errors),
+the hivemind figures, the lone worker.
 
     flock /tmp/swarmrl-bench.lock python benchmarks/diloco/bench.py [--data stdlib,mul_add] [--no-extras] ...
 """
@@ -113,6 +116,25 @@ def _ratio(base: dict, s: dict, key: str = "bytes_sent_per_worker") -> float | N
     return round(base[key] / s[key], 2) if base.get(key) and s.get(key) else None
 
 
+def paired_gap(base: list[float], run: list[float]) -> tuple[float, float]:
+    """(mean(run) / mean(base) - 1, its standard error) over the same eval sequences (paired: each sequence's loss
+    under both models), by the delta method: se = sd(run_i - R * base_i) / (sqrt(n) * mean(base)), R the ratio."""
+    n = len(base)
+    if n != len(run) or n < 2:
+        raise ValueError(f"paired_gap needs two lists of the same length >= 2, got {n} and {len(run)}")
+    mb, mr = sum(base) / n, sum(run) / n
+    ratio = mr / mb
+    d = [r - ratio * b for r, b in zip(run, base)]
+    md = sum(d) / n
+    sd = math.sqrt(sum((x - md) ** 2 for x in d) / (n - 1))
+    return ratio - 1.0, sd / (math.sqrt(n) * mb)
+
+
+def _gap_se(base: dict, s: dict) -> float | None:
+    a, b = base.get("final_eval_seq_losses"), s.get("final_eval_seq_losses")
+    return round(paired_gap(a, b)[1], 5) if a and b else None
+
+
 def _gap(base: dict, s: dict, key: str = "final_eval_loss") -> float | None:
     if base.get(key) is None or s.get(key) is None:
         return None
@@ -155,13 +177,15 @@ def _table(data: str, results: dict[str, dict]) -> None:
     print(f"\n{data}: DiLoCo vs DDP, {base['workers']} workers x {base['total_steps']} inner steps, "
           f"{base['params']:,} params")
     second = "perplexity" if base.get("final_answer_loss") is None else "answer loss"
-    print(f"{'run':>22} | {'eval loss':>9} | {'/ DDP':>6} | {second:>11} | {'/ DDP':>6} | "
+    print(f"{'run':>22} | {'eval loss':>9} | {'/ DDP':>6} | {'se':>6} | {second:>11} | {'/ DDP':>6} | "
           f"{'bytes/worker':>12} | {'DDP / it':>8} | {'tcp/worker':>12} | {'DDP / it':>8} | {'wall s':>6}")
     for name, s in results.items():
         ref = _reference(name, results)
         r, rt = _ratio(ref, s), _ratio(ref, s, "tcp_bytes_sent_per_worker")
         tcp = s["tcp_bytes_sent_per_worker"]
+        se = _gap_se(ref, s) if s is not ref else None
         print(f"{name:>22} | {s['final_eval_loss']:9.4f} | {s['final_eval_loss'] / ref['final_eval_loss']:6.4f} | "
+              f"{'-' if se is None else f'{se:.4f}':>6} | "
               f"{_answer_cells(s, ref)} | "
               f"{s['bytes_sent_per_worker']:12,} | {'-' if r is None else f'{r:.1f}':>8} | "
               f"{'-' if tcp is None else f'{tcp:,}':>12} | {'-' if rt is None else f'{rt:.1f}':>8} | "
@@ -183,9 +207,10 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None, args_
         "data": data, "task": TASKS[data].model_dump() if data in TASKS else None,
         "corpus": base.get("data"),  # the stdlib corpus's digest and split sizes (its files, sizes and contents)
         "bytes_ratio": _ratio(base, ours), "tcp_bytes_ratio": _ratio(base, ours, "tcp_bytes_sent_per_worker"),
-        "loss_gap": _gap(base, ours),
+        "loss_gap": _gap(base, ours), "loss_gap_se": _gap_se(base, ours),
         "ddp_eval_loss": round(base["final_eval_loss"], 5), "diloco_eval_loss": round(ours["final_eval_loss"], 5),
-        "lone_worker_loss_gap": _gap(base, lone), "gap_closed": gap_closed(base, ours),
+        "lone_worker_loss_gap": _gap(base, lone), "lone_worker_loss_gap_se": _gap_se(base, lone),
+        "gap_closed": gap_closed(base, ours),
         # loss on the answer tokens only (determined by the prompt; the operands' entropy left out)
         "answer_loss_gap": _gap(base, ours, "final_answer_loss"),
         "lone_worker_answer_loss_gap": _gap(base, lone, "final_answer_loss"),
@@ -221,7 +246,8 @@ def summary_line(data: str, results: dict[str, dict], hm_skip: str | None, args_
     if "W=4 ddp fp32" in results:
         b4, o4 = results["W=4 ddp fp32"], results["W=4 diloco default"]
         line.update(w4_bytes_ratio=_ratio(b4, o4), w4_tcp_bytes_ratio=_ratio(b4, o4, "tcp_bytes_sent_per_worker"),
-                    w4_loss_gap=_gap(b4, o4), w4_lone_worker_loss_gap=_gap(b4, lone),
+                    w4_loss_gap=_gap(b4, o4), w4_loss_gap_se=_gap_se(b4, o4),
+                    w4_lone_worker_loss_gap=_gap(b4, lone), w4_lone_worker_loss_gap_se=_gap_se(b4, lone),
                     w4_gap_closed=gap_closed(b4, o4), w4_answer_loss_gap=_gap(b4, o4, "final_answer_loss"),
                     w4_lone_diloco_loss_gap=_gap(b4, lone_dl), w4_comm_gap_closed=gap_closed(b4, o4, alone=lone_dl),
                     w4_lone_worker_answer_loss_gap=_gap(b4, lone, "final_answer_loss"),

@@ -23,8 +23,8 @@ from swarmrl.models.config import ModelInitConfig
 
 
 def _small_model() -> ModelInitConfig:
-    # 558,976 parameters: on the stdlib corpus at 800 steps of 8 x 128 bytes it is far from saturated, so W workers'
-    # data matter (one worker alone ends 7% above DDP with 2 workers on the validation files)
+    # 558,976 parameters: on the stdlib corpus at 1600 steps of 8 x 128 bytes it is far from saturated, so W workers'
+    # data matter (one worker alone ends 6.8% above DDP with 2 workers on the validation files)
     return ModelInitConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=512,
                            max_position_embeddings=128)
 
@@ -95,7 +95,9 @@ class TrustConfig(StrictModel):
     # opposed: the ceil((n-1)/2)-th largest cosine to the round's other contributions below min_agreement;
     # harmful: the loss at anchor - pg above the anchor's by more than max_loss_rise of it (0.15: ~3x the worst honest
     # rise seen at the default, 0.052; at 0.05 an honest worker was slashed: benchmarks/diloco/ATTACK_RESULTS.md)
-    min_agreement: float = Field(0.1, ge=-1, le=1)
+    # 0.04: late in a 32-round run honest workers' pseudo-gradients agree at a cosine of only ~0.1 (0.099 at worst over
+    # the 1600-step default's calibration, which 0.1 condemned); a random vector sits at ~0.003, a sign flip below 0
+    min_agreement: float = Field(0.04, ge=-1, le=1)
     max_loss_rise: float = Field(0.15, gt=0)
     clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
     # an adversary (benchmarks and tests only): what the workers in adversary_ranks send instead of their own
@@ -118,7 +120,10 @@ class DilocoConfig(StrictModel):
     workers: int = Field(2, ge=1, le=64)
     device: str = "cpu"
     # scenario: the run the benchmark measures (benchmarks/diloco/RESULTS.md)
-    total_steps: int = Field(800, ge=1)  # inner steps per worker
+    # inner steps per worker. 1600 (32 rounds): DiLoCo's gap to DDP shrinks as the run lengthens (W = 2: validation
+    # files +4.0% at 800 steps, +1.9% at 1600; held-out +4.03% -> +2.51%, still above the 2% aimed at;
+    # benchmarks/diloco/RESULTS.md)
+    total_steps: int = Field(1600, ge=1)
     batch_size: int = Field(8, ge=1)  # sequences per worker per step
     seq_len: int = Field(128, ge=8)
     # inner optimisation (per worker; the DDP baseline uses the same). lr 1e-3 with a 20-step warmup: of the inner lrs
@@ -152,7 +157,9 @@ class DilocoConfig(StrictModel):
     overlap_auto_share: float = Field(0.05, gt=0, lt=1)
     # evaluation / logging
     eval_every: int | None = Field(None, ge=1)  # steps; None: at every outer sync (every H steps)
-    eval_seqs: int = Field(64, ge=1)
+    # held-out sequences of seq_len evaluated (evenly spaced over the split's files): 256 so that a loss ratio between
+    # runs carries a standard error over them (benchmarks/diloco/bench.py, paired_gap)
+    eval_seqs: int = Field(256, ge=1)
     log_every: int = Field(10, ge=1)
     save_final_params: bool = False  # write OUT/worker{R}.params.pt (flat fp32 vector), e.g. for tests
     threads: int = Field(1, ge=1)

@@ -103,3 +103,21 @@ def eval_loss(model, batch: torch.Tensor, chunk: int = 16) -> float:
     if was_training:
         model.train()
     return total / max(1, count)
+
+
+@torch.no_grad()
+def eval_seq_losses(model, batch: torch.Tensor, chunk: int = 16) -> list[float]:
+    """Each sequence's mean next-token cross-entropy (for a standard error over the eval sequences; ``eval_loss`` is
+    their mean when every sequence has the same length)."""
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    out: list[float] = []
+    for i in range(0, batch.shape[0], chunk):
+        x = batch[i: i + chunk].to(dev)
+        logits = model(input_ids=x).logits[:, :-1].float()
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        out += ce.mean(dim=1).tolist()
+    if was_training:
+        model.train()
+    return out

@@ -116,6 +116,7 @@ def summarize(cfg: DilocoConfig, workers: list[dict], wall_s: float) -> dict:
         "total_steps": cfg.total_steps, "inner_steps": cfg.inner_steps if cfg.mode == "diloco" else 1,
         "params": w0["params"], "tokens_per_worker": w0["tokens"], "data": w0.get("data"),
         "final_eval_loss": w0["final_eval_loss"], "final_answer_loss": w0.get("final_answer_loss"),
+        "final_eval_seq_losses": w0.get("final_eval_seq_losses"),
         "bytes_sent_per_worker": max(w["bytes_sent"] for w in workers),
         # measured by the kernel on each worker's TCP connections (None where it cannot be read)
         "tcp_bytes_sent_per_worker": _max_or_none(w.get("tcp_bytes_sent") for w in workers),

@@ -27,7 +27,7 @@ import torch
 from swarmrl.diloco.comm import AverageResult, HivemindAverager, TorchDistributedAverager
 from swarmrl.diloco.config import DilocoConfig
 from swarmrl.diloco.corpus import build_corpus, describe
-from swarmrl.diloco.data import answer_mask, eval_loss, masked_eval_loss
+from swarmrl.diloco.data import answer_mask, eval_loss, eval_seq_losses, masked_eval_loss
 from swarmrl.diloco.outer import (
     OuterNesterov,
     apply_delayed,
@@ -432,7 +432,10 @@ class _Worker:
             "sync_calls": averager.rounds if averager else 0,
             "solo_rounds": getattr(averager, "solo_rounds", 0),
             "refused_rounds": getattr(averager, "refused_rounds", 0),
-            "final_eval_loss": final_eval, "final_answer_loss": final_answer, "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+            "final_eval_loss": final_eval, "final_answer_loss": final_answer,
+            # per eval sequence (rank 0 and hivemind's evaluators): for paired standard errors between runs
+            "final_eval_seq_losses": ([round(x, 6) for x in eval_seq_losses(model, self.eval_batch)]
+                                      if self.evaluates else None), "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
             "digest": params_digest(flat), "train_s": round(self.train_s, 2), "sync_s": round(self.sync_time, 2),
             "wall_s": round(time.perf_counter() - self.t0, 2),
             # compute utilization: inner-step time over the loop's wall time less its evaluation and logging
@@ -449,7 +452,8 @@ class _Worker:
             save_model(model, tok, out / "model")  # loadable with swarmrl.models.load_model
         if cfg.save_final_params:
             torch.save(flat, out / f"worker{rank}.params.pt")
-        self.metrics.write(final=True, **{k: v for k, v in summary.items() if k not in ("evals", "round_log")})
+        self.metrics.write(final=True, **{k: v for k, v in summary.items()
+                                          if k not in ("evals", "round_log", "final_eval_seq_losses")})
         self.metrics.close()
         (out / f"worker{rank}.summary.json").write_text(json.dumps(summary, indent=2))
         if averager is not None:

@@ -19,40 +19,42 @@ Verdict rules (``Rules``; a contribution is condemned by the first that fires, i
   replay_cosine`` and either a copy (``1 - history_cosine <= COPY_GAP``: fires at any count) or, with 3+
   contributions, ``1 - history_cosine <= replay_gap * (1 - median_j history_cosine_j)``. A threshold on the
   cosine alone is not safe: consecutive honest pseudo-gradients of one worker point the same way more and more as
-  the learning rate decays (measured up to 0.996 on a tiny model, 0.59 at the default);
+  the learning rate decays (measured up to 0.996 on a tiny model, 0.59 at the 800-step default);
 * relative rules, only with at least ``MIN_RELATIVE`` (3) contributions, so that a median means something:
   ``scaled``: ``norm_ratio > norm_ratio`` (or a non-finite norm); ``opposed``: ``agreement < min_agreement``
   (sign-flipped, random);
 * ``harmful`` (absolute): ``loss_rise > max_loss_rise`` (or a non-finite loss). The loss change of one honest
   contribution on a 16-sequence batch is noisy once training slows, so no rule compares it with the round's
   median; the absolute margin (0.15 of the anchor's loss) only catches what wrecks the model. At 0.05 it slashed
-  an honest worker at the default (a 5.2% rise on one round's batch: benchmarks/diloco/ATTACK_RESULTS.md).
+  an honest worker at the 800-step default (a 5.2% rise on one round's batch: benchmarks/diloco/ATTACK_RESULTS.md).
 
 The aggregate is the mean of the accepted contributions (optionally each clipped to the median norm of the
 accepted); ``aggregate = "mean"`` (the unguarded baseline) averages every contribution and judges nobody.
 
-Calibration (``benchmarks/diloco/judge_calibration.py --rounds 16`` over ``calibration.honest_rounds``) at the
-default ``DilocoConfig()`` (558,976 parameters, stdlib corpus, inner lr 1e-3, H = 50, the whole 800-step schedule:
-16 rounds), W = 4, each attack in rank 0's place, judged with 4 and with 3 contributions, seeds 0 / 1. Honest
-worst vs hostile best:
+Calibration (``benchmarks/diloco/judge_calibration.py --rounds 32`` over ``calibration.honest_rounds``) at the
+default ``DilocoConfig()`` (558,976 parameters, stdlib corpus, inner lr 1e-3, H = 50, the whole 1600-step
+schedule: 32 rounds), W = 4, each attack in rank 0's place, judged with 4 and with 3 contributions, seed 0 (1,009
+honest rows). Honest worst vs hostile best:
 
 =================  ====================================  ===================================================
-statistic          honest worst (seed 0 / 1)             hostile best (seed 0 / 1)
+statistic          honest worst                          hostile best
 =================  ====================================  ===================================================
-norm_ratio         1.226 / 1.136  (rule: > 5)            scale x100: 84.4 / 91.5
-agreement          0.194 / 0.201  (rule: < 0.1)          sign flip: -0.221 / -0.216; random: 0.004 / 0.003
-loss_rise          0.018 / 0.021  (rule: > 0.15; 0.052   scale: 3.75 / 3.35 (sign flip from 0.011: "opposed")
-                   seen once in the attack sitting)
-history_cosine     0.556 / 0.589 (rule: >= 0.95 and a    stale, replay: 1.0000, gap ratio <= 2e-15
-                   copy or gap ratio <= 0.1); gap ratio
-                   min 0.754 / 0.810
+norm_ratio         1.165  (rule: > 5)                    scale x100: 87.2
+agreement          0.099 (round 28; rule: < 0.04)        sign flip: -0.087; random: 0.004
+loss_rise          0.047  (rule: > 0.15)                 scale: 3.76 (sign flip from 0.015: "opposed")
+history_cosine     0.540 (rule: >= 0.95 and a copy or    stale, replay: 1.0000, gap ratio <= 2e-15
+                   gap ratio <= 0.1); gap ratio min 0.833
 =================  ====================================  ===================================================
 
-0 of 497 honest rows condemned per seed; every attack caught in every round it could be made (stale from round 2,
-replay from round 1). The narrowest margin is agreement (honest 0.194 against the rule's 0.1). On the tiny model of
-the tests (hidden 32, H = 5 or 10) honest history cosines reach 0.996 and the rules still hold
-(tests/test_diloco_judge.py); on the 148k-parameter model of the previous scenario (12 rounds) the honest worst
-agreement was 0.362 / 0.398 and loss rise 0.0042.
+0 of 1,009 honest rows condemned; every attack caught in every round it could be made (stale from round 2, replay
+from round 1). **Agreement falls as the run goes on** (the honest minimum per round: 0.88 in round 0, 0.26 in
+round 9, 0.10-0.20 from round 11 on): late pseudo-gradients are mostly each worker's own batch noise. With the
+rule at 0.1, as it was, 6 honest rows of round 28 were condemned (0.0993): the rule now stands at 0.04, 2.5x below
+the honest worst and 10x above the random attack's best; a run much longer than 32 rounds of this scenario should
+calibrate it again. The 800-step default (16 rounds, seeds 0 / 1) had honest worst agreement 0.194 / 0.201, loss
+rise 0.018 / 0.021. On the tiny model of the tests (hidden 32, H = 5 or 10) honest history cosines reach 0.996 and
+the rules still hold (tests/test_diloco_judge.py); on the 148k-parameter model of the previous scenario (12
+rounds) the honest worst agreement was 0.362 / 0.398 and loss rise 0.0042.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class Rules:
     norm_ratio: float = 5.0  # scaled: norm above this times the round's median norm
     replay_cosine: float = 0.95  # replayed / stale: at least this similar to a remembered vector, and a copy
     replay_gap: float = 0.1  # or 10x closer to it (1 - cosine) than the round's median contribution
-    min_agreement: float = 0.1  # opposed: cosine to the others' coordinate-wise median below this
+    min_agreement: float = 0.04  # opposed: the agreement (``_agreements``) below this
     max_loss_rise: float = 0.15  # harmful: the loss at anchor - x rises by more than this fraction of the anchor's
     clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
 
