@@ -247,3 +247,24 @@ def test_a_replayed_or_stale_upload_is_caught_rounds_later(tmp_path, attack, at_
         # its earlier rounds' credits, still in their challenge window, are revoked with the slash
         assert b["status"] == "ejected" and kinds.count("slash") == 1 and kinds.count("revoke") == at_round
         assert b["credits_locked"] == 0 and b["stake"] == 50.0
+
+
+def test_an_upload_is_sent_again_after_a_reset_connection_and_signed_afresh():
+    from swarmrl.diloco.trust.client import post_retrying
+
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.headers["x-sig"])
+        if len(calls) < 3:
+            raise httpx.ReadError("[Errno 104] Connection reset by peer", request=request)
+        return httpx.Response(200, content=request.content)
+
+    signed = iter(f"s{i}" for i in range(10))
+    with httpx.Client(base_url="http://agg", transport=httpx.MockTransport(handler)) as http:
+        r = post_retrying(http, "/up", b"body", lambda: {"x-sig": next(signed)}, backoff_s=0.0)
+        assert r.status_code == 200 and r.content == b"body" and calls == ["s0", "s1", "s2"]
+        calls.clear()
+        with pytest.raises(httpx.ReadError):  # a peer that keeps resetting: the error after the last attempt
+            post_retrying(http, "/up", b"body", lambda: {"x-sig": "x"}, attempts=2, backoff_s=0.0)
+        assert len(calls) == 2

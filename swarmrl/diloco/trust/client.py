@@ -44,6 +44,24 @@ __all__ = ["EJECTED_EXIT", "Ejected", "AnchorMismatch", "SwarmAverager", "SwarmS
 
 log = logging.getLogger("swarmrl.diloco.trust.client")
 
+UPLOAD_ATTEMPTS = 4  # one upload, sent again after a transport error (a reset keep-alive connection, a refused connect)
+
+
+def post_retrying(http: httpx.Client, path: str, body: bytes, headers, attempts: int = UPLOAD_ATTEMPTS,
+                  backoff_s: float = 0.25) -> httpx.Response:
+    """POST ``body``, signed afresh by ``headers()`` for every attempt, again after a transport error: an idle
+    keep-alive connection the server closed as the request went out resets it, which must not end an honest worker's
+    run. A retry of an upload that did arrive is answered 409 (already uploaded), which the caller takes as sent."""
+    for attempt in range(attempts):
+        try:
+            return http.post(path, content=body, headers=headers())
+        except httpx.TransportError as e:
+            if attempt == attempts - 1:
+                raise
+            log.warning("POST %s: %s; sending it again (%d of %d)", path, e, attempt + 2, attempts)
+            time.sleep(backoff_s * (attempt + 1))
+    raise AssertionError("unreachable")
+
 EJECTED_EXIT = 3  # a worker's exit status once the orchestrator ejected it
 CONNECT_S = 120.0  # how long a worker waits for the aggregator to answer at all (it may be starting)
 
@@ -199,10 +217,12 @@ class SwarmAverager:
         up = self._payload(rnd, flat)
         body = wire.encode_upload(*up, run_id=self.run_info["run_id"], round_no=rnd, digest=self.anchor_digest)
         path = f"/v1/diloco/rounds/{rnd}/contributions"
-        headers = sign_request(self.node.key, "POST", path, body)
-        headers["Content-Type"] = "application/octet-stream"
-        self.bytes_sent += len(body)
-        r = self.agg.http.post(path, content=body, headers=headers)
+
+        def signed() -> dict[str, str]:
+            self.bytes_sent += len(body)
+            return {**sign_request(self.node.key, "POST", path, body), "Content-Type": "application/octet-stream"}
+
+        r = post_retrying(self.agg.http, path, body, signed)
         if r.status_code == 403:
             self._raise_if_ejected(ApiError(403, _detail(r)))
             raise ApiError(403, _detail(r))
@@ -230,7 +250,12 @@ class SwarmAverager:
         path = f"/v1/diloco/rounds/{rnd}/result"
         read = self.agg.http.timeout.read or 30.0
         while time.monotonic() < deadline:
-            r = self.agg.http.get(path, params={"wait": self.poll_s}, timeout=self.poll_s + read)
+            try:
+                r = self.agg.http.get(path, params={"wait": self.poll_s}, timeout=self.poll_s + read)
+            except httpx.TransportError as e:  # a reset connection: poll again until the deadline
+                log.warning("round %d: polling the result: %s; again", rnd, e)
+                time.sleep(0.25)
+                continue
             if r.status_code == 200:
                 res = wire.decode_result(r.content, self.numel, self.int8_chunk)
                 if res.round != rnd or res.anchor_digest != self.anchor_digest:
