@@ -435,7 +435,8 @@ class _Worker:
             "final_eval_loss": final_eval, "final_answer_loss": final_answer,
             # per eval sequence (rank 0 and hivemind's evaluators): for paired standard errors between runs
             "final_eval_seq_losses": ([round(x, 6) for x in eval_seq_losses(model, self.eval_batch)]
-                                      if self.evaluates else None), "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+                                      if self.evaluates else None),
+            "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
             "digest": params_digest(flat), "train_s": round(self.train_s, 2), "sync_s": round(self.sync_time, 2),
             "wall_s": round(time.perf_counter() - self.t0, 2),
             # compute utilization: inner-step time over the loop's wall time less its evaluation and logging

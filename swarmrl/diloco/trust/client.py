@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -47,7 +48,8 @@ log = logging.getLogger("swarmrl.diloco.trust.client")
 UPLOAD_ATTEMPTS = 4  # one upload, sent again after a transport error (a reset keep-alive connection, a refused connect)
 
 
-def post_retrying(http: httpx.Client, path: str, body: bytes, headers, attempts: int = UPLOAD_ATTEMPTS,
+def post_retrying(http: httpx.Client, path: str, body: bytes, headers: Callable[[], dict[str, str]],
+                  attempts: int = UPLOAD_ATTEMPTS,
                   backoff_s: float = 0.25) -> httpx.Response:
     """POST ``body``, signed afresh by ``headers()`` for every attempt, again after a transport error: an idle
     keep-alive connection the server closed as the request went out resets it, which must not end an honest worker's
