@@ -44,29 +44,36 @@ def test_answer_mask_marks_answers_and_their_newline():
     assert m[0].tolist() == [False, False, False, True, True, True, False, False, True, True, False]
 
 
-def test_masked_eval_loss_over_every_target_equals_eval_loss():
-    from swarmrl.diloco.data import answer_mask, masked_eval_loss
+def test_masked_mean_over_every_target_equals_the_mean_and_an_answer_mask_differs():
+    from swarmrl.diloco.data import answer_mask, masked_mean, mean_loss, token_losses
 
     model, tok = init_model(ModelInitConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
     c = PackedCorpus(TaskConfig(name="mul_add").build(), tok, seq_len=16)
     ev = c.eval_batch(4)
-    full = masked_eval_loss(model, ev, torch.ones_like(ev, dtype=torch.bool))
-    assert abs(full - eval_loss(model, ev)) < 1e-4
+    ce = token_losses(model, ev)
+    full = masked_mean(ce, torch.ones_like(ev, dtype=torch.bool))
+    assert abs(full - mean_loss(ce)) < 1e-9
     sep, eol = tok.encode("=", add_special_tokens=False)[0], tok.encode("\n", add_special_tokens=False)[0]
     m = answer_mask(ev, sep, eol)
     assert 0 < int(m.sum()) < m.numel()
-    assert masked_eval_loss(model, ev, m) != full
+    assert abs(masked_mean(ce, m) - float(ce[m[:, 1:]].double().mean())) < 1e-9
+    assert masked_mean(ce, m) != full
 
 
-def test_eval_seq_losses_are_each_sequences_loss_and_average_to_eval_loss():
-    from swarmrl.diloco.data import eval_seq_losses
+@torch.no_grad()
+def test_token_losses_reduce_to_the_models_own_loss_per_sequence_and_overall():
+    from swarmrl.diloco.data import mean_loss, seq_losses, token_losses
 
     model, tok = init_model(ModelInitConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
     ev = PackedCorpus(TaskConfig(name="mul_add").build(), tok, seq_len=16).eval_batch(20)
     model.train()
-    per = eval_seq_losses(model, ev, chunk=16)  # 20 sequences over two chunks: none lost, none twice
-    assert len(per) == 20 and model.training
-    assert abs(sum(per) / len(per) - eval_loss(model, ev)) < 1e-5
+    ce = token_losses(model, ev, chunk=16)  # 20 sequences over two chunks: none lost, none twice
+    assert ce.shape == (20, 15) and model.training
+    model.eval()  # the reference: the model's own (Hugging Face) loss, computed apart from token_losses
+    ref = float(model(input_ids=ev, labels=ev).loss)
+    assert abs(mean_loss(ce) - ref) < 1e-5 and abs(eval_loss(model, ev) - ref) < 1e-5
+    per = seq_losses(ce)
+    assert len(per) == 20 and abs(sum(per) / len(per) - ref) < 1e-5
     for i in (0, 15, 16, 19):
-        assert abs(per[i] - eval_loss(model, ev[i: i + 1])) < 1e-5
+        assert abs(per[i] - float(model(input_ids=ev[i: i + 1], labels=ev[i: i + 1]).loss)) < 1e-5
     assert len(set(per)) > 1

@@ -100,17 +100,17 @@ def test_the_second_data_set_is_other_text():
     assert any(len(n) == 5 for line in texts["add5"].split("\n") for n in line.replace("=", "+").split("+"))
 
 
-# The default itself (DilocoConfig(): the stdlib corpus, 2 workers x 1600 inner steps, 32 rounds, 256 held-out
+# The default itself (DilocoConfig(): the stdlib corpus, 2 workers x 3200 inner steps, 64 rounds, 256 held-out
 # windows), against DDP and one worker alone (AdamW only): the scenario of benchmarks/diloco/RESULTS.md, where
-# collaboration matters. Measured there (held-out, seed 0): DDP 1.3759, DiLoCo 1.4104 (+2.51%), one AdamW worker
-# 1.4728 (+7.04%; DiLoCo keeps 64% of what the second worker gives DDP), 199.8x fewer bytes. The bar
-# (DiLoCo within 2% of DDP) is NOT met at the default: this test guards what holds. It fails if DiLoCo drifts
-# back towards the 800-step default's gap (+4.03%: gap > GAP_BOUND), if it keeps less than MIN_CLOSED of the gap
-# between one worker alone and DDP (48% at 800 steps), if the bytes are not >= 100x fewer, or if the scenario stops
-# showing that the data of 2 workers matter (the lone worker within LONE_MARGIN of DDP). About 7 minutes here
-# (3 runs of 1600 steps).
-GAP_BOUND = 0.035
-MIN_CLOSED = 0.55
+# collaboration matters. Measured there (held-out, seed 0): DDP 1.2630, DiLoCo 1.2859 (+1.81%, se 0.26: the issue's
+# 2% bar), one AdamW worker 1.3390 (+6.01%; DiLoCo keeps 70% of what the second worker gives DDP), 199.8x fewer
+# bytes. It fails if DiLoCo drifts back towards the 1600-step default's gap (+2.51%: gap > GAP_BOUND; the bound
+# leaves 0.2 points above the 2% bar for another CPU's arithmetic), if it keeps less than MIN_CLOSED of the gap
+# between one worker alone and DDP (64% at 1600 steps, 48% at 800), if the bytes are not >= 100x fewer, or if the
+# scenario stops showing that the data of 2 workers matter (the lone worker within LONE_MARGIN of DDP). About 15
+# minutes here (3 runs of 3200 steps).
+GAP_BOUND = 0.022
+MIN_CLOSED = 0.65
 LONE_MARGIN = 0.05
 
 

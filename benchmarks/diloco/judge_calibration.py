@@ -51,7 +51,8 @@ def main() -> None:
             for s, v in zip(j.stats, j.verdicts):
                 rows.append({"round": r.round, "case": j.case, "n": j.n,
                              "hostile": j.case != "honest" and s.node_id == "rank0", "node": s.node_id,
-                             "norm_ratio": s.norm_ratio, "agreement": s.agreement, "loss_change": s.loss_change,
+                             "norm_ratio": s.norm_ratio, "agreement": s.agreement, "agreement_z": s.agreement_z,
+                             "loss_change": s.loss_change,
                              "loss_rise": s.loss_rise, "history_cosine": s.history_cosine,
                              "history_kind": s.history_kind,
                              "gap_ratio": (1.0 - s.history_cosine) / median_gap if median_gap > 0 else 1.0,
@@ -70,7 +71,7 @@ def report(rows: list[dict]) -> None:
         honest = [r for r in sub if not r["hostile"]]
         print(f"\n{n} contributions. honest worst over every round and case ({len(honest)} rows): "
               f"norm_ratio max {max(r['norm_ratio'] for r in honest):.3f}, agreement min "
-              f"{min(r['agreement'] for r in honest):.3f}, loss_rise max {max(r['loss_rise'] for r in honest):.4f}, "
+              f"{min(r['agreement'] for r in honest):.3f} (z {min(r['agreement_z'] for r in honest):.1f}), loss_rise max {max(r['loss_rise'] for r in honest):.4f}, "
               f"history_cosine max {max(r['history_cosine'] for r in honest):.4f}, gap ratio min "
               f"{min(r['gap_ratio'] for r in honest if r['history_cosine'] > -1):.3f}; condemned "
               f"{sum(not r['accepted'] for r in honest)}")
@@ -78,7 +79,8 @@ def report(rows: list[dict]) -> None:
             hs = [r for r in sub if r["hostile"] and r["case"] == kind]
             if hs:
                 print(f"  {kind:9s} ({len(hs):2d} rounds) best for it: norm_ratio min "
-                      f"{min(r['norm_ratio'] for r in hs):8.3f}, agreement max {max(r['agreement'] for r in hs):6.3f},"
+                      f"{min(r['norm_ratio'] for r in hs):8.3f}, agreement max {max(r['agreement'] for r in hs):6.3f} "
+                      f"(z {max(r['agreement_z'] for r in hs):.1f}),"
                       f" loss_rise min {min(r['loss_rise'] for r in hs):8.4f}, history_cosine min "
                       f"{min(r['history_cosine'] for r in hs):6.4f}, gap ratio max {max(r['gap_ratio'] for r in hs):.2e}; caught {sum(not r['accepted'] for r in hs)}/"
                       f"{len(hs)} by {sorted({r['reason'].split(':')[0] for r in hs})}")

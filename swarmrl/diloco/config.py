@@ -92,12 +92,14 @@ class TrustConfig(StrictModel):
     replay_gap: float = Field(0.1, gt=0, lt=1)
     norm_ratio: float = Field(5.0, gt=1)  # norm over the round's median norm above this: hostile
     # the judge's other margins (swarmrl.diloco.trust.judge, calibrated by benchmarks/diloco/judge_calibration.py):
-    # opposed: the ceil((n-1)/2)-th largest cosine to the round's other contributions below min_agreement;
-    # harmful: the loss at anchor - pg above the anchor's by more than max_loss_rise of it (0.15: ~3x the worst honest
-    # rise seen at the default, 0.052; at 0.05 an honest worker was slashed: benchmarks/diloco/ATTACK_RESULTS.md)
-    # 0.04: late in a 32-round run honest workers' pseudo-gradients agree at a cosine of only ~0.1 (0.099 at worst over
-    # the 1600-step default's calibration, which 0.1 condemned); a random vector sits at ~0.003, a sign flip below 0
-    min_agreement: float = Field(0.04, ge=-1, le=1)
+    # opposed: the ceil((n-1)/2)-th largest cosine to the round's other contributions (the agreement) times
+    # sqrt(elements) below min_agreement_z: no more related to the others than chance (two unrelated vectors' cosine
+    # has a standard deviation of 1 / sqrt(elements)). A fixed cosine does not hold: honest agreement falls as a run
+    # goes on, to 0.037 (z 27.7) in round 62 of the 3200-step default, which the 0.04 that stood here condemned; a
+    # random vector sits at z ~ N(0, 1) (2.45 at best), a sign flip below 0.
+    # harmful: the loss at anchor - pg above the anchor's by more than max_loss_rise of it (0.15: ~2x the worst honest
+    # rise seen at the default, 0.076; at 0.05 an honest worker was slashed: benchmarks/diloco/ATTACK_RESULTS.md)
+    min_agreement_z: float = Field(8.0, gt=0)
     max_loss_rise: float = Field(0.15, gt=0)
     clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
     # an adversary (benchmarks and tests only): what the workers in adversary_ranks send instead of their own

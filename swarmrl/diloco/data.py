@@ -68,56 +68,42 @@ def answer_mask(batch: torch.Tensor, sep_id: int, eol_id: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def masked_eval_loss(model, batch: torch.Tensor, mask: torch.Tensor, chunk: int = 16) -> float:
-    """Mean next-token cross-entropy over the target positions where ``mask`` is True."""
+def token_losses(model, batch: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """Next-token cross-entropy at every target position: ``[n_seq, seq_len - 1]`` float32 on the CPU, in ``chunk``
+    sequences a forward pass (the model put back in its previous mode). The evaluation functions below reduce it."""
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
-    total, count = 0.0, 0
-    for i in range(0, batch.shape[0], chunk):
-        x = batch[i: i + chunk].to(dev)
-        logits = model(input_ids=x).logits[:, :-1].float()
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
-                                               reduction="none")
-        m = mask[i: i + chunk, 1:].reshape(-1).to(dev)
-        total += float(ce[m].sum())
-        count += int(m.sum())
-    if was_training:
-        model.train()
-    return total / max(1, count)
+    out = []
+    try:
+        for i in range(0, batch.shape[0], chunk):
+            x = batch[i: i + chunk].to(dev)
+            logits = model(input_ids=x).logits[:, :-1].float()
+            out.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").cpu())
+    finally:
+        if was_training:
+            model.train()
+    return torch.cat(out) if out else torch.zeros(0, max(0, batch.shape[1] - 1))
 
 
-@torch.no_grad()
+def masked_mean(ce: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of ``token_losses`` over the target positions where ``mask`` (over the input, ``[n_seq, seq_len]``)
+    is True."""
+    m = mask[:, 1:].bool()
+    return float(ce[m].double().sum()) / max(1, int(m.sum()))
+
+
+def seq_losses(ce: torch.Tensor) -> list[float]:
+    """Each sequence's mean loss from ``token_losses``."""
+    return ce.double().mean(dim=1).tolist()
+
+
+def mean_loss(ce: torch.Tensor) -> float:
+    """The mean over every target position of ``token_losses`` (float64 accumulation)."""
+    return float(ce.double().mean()) if ce.numel() else 0.0
+
+
 def eval_loss(model, batch: torch.Tensor, chunk: int = 16) -> float:
-    """Mean next-token cross-entropy over ``batch`` (model put back in its previous mode)."""
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    total, count = 0.0, 0
-    for i in range(0, batch.shape[0], chunk):
-        x = batch[i: i + chunk].to(dev)
-        loss = model(input_ids=x, labels=x).loss
-        n = x.shape[0] * (x.shape[1] - 1)
-        total += float(loss) * n
-        count += n
-    if was_training:
-        model.train()
-    return total / max(1, count)
+    """Mean next-token cross-entropy over ``batch``."""
+    return mean_loss(token_losses(model, batch, chunk))
 
-
-@torch.no_grad()
-def eval_seq_losses(model, batch: torch.Tensor, chunk: int = 16) -> list[float]:
-    """Each sequence's mean next-token cross-entropy (for a standard error over the eval sequences; ``eval_loss`` is
-    their mean when every sequence has the same length)."""
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    out: list[float] = []
-    for i in range(0, batch.shape[0], chunk):
-        x = batch[i: i + chunk].to(dev)
-        logits = model(input_ids=x).logits[:, :-1].float()
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
-        out += ce.mean(dim=1).tolist()
-    if was_training:
-        model.train()
-    return out

@@ -27,7 +27,7 @@ import torch
 from swarmrl.diloco.comm import AverageResult, HivemindAverager, TorchDistributedAverager
 from swarmrl.diloco.config import DilocoConfig
 from swarmrl.diloco.corpus import build_corpus, describe
-from swarmrl.diloco.data import answer_mask, eval_loss, eval_seq_losses, masked_eval_loss
+from swarmrl.diloco.data import answer_mask, eval_loss, masked_mean, mean_loss, seq_losses, token_losses
 from swarmrl.diloco.outer import (
     OuterNesterov,
     apply_delayed,
@@ -418,9 +418,10 @@ class _Worker:
         """Final evaluation, the summary (metrics, ``worker{R}.summary.json``), the model (rank 0) and the final
         parameters (``save_final_params``); then leave the averaging."""
         cfg, rank, averager, model, tok, out = self.cfg, self.rank, self.averager, self.model, self.tok, self.out
-        final_eval = eval_loss(model, self.eval_batch)
+        ce = token_losses(model, self.eval_batch)  # one pass over the eval windows for every final figure
+        final_eval = mean_loss(ce)
         sep, eol = (tok.encode(c, add_special_tokens=False) for c in ("=", "\n"))
-        final_answer = (masked_eval_loss(model, self.eval_batch, answer_mask(self.eval_batch, sep[0], eol[0]))
+        final_answer = (masked_mean(ce, answer_mask(self.eval_batch, sep[0], eol[0]))
                         if cfg.data == "task" and len(sep) == 1 and len(eol) == 1 else None)
         flat = flatten(self.params)
         step, losses = self.step, self.losses
@@ -434,8 +435,7 @@ class _Worker:
             "refused_rounds": getattr(averager, "refused_rounds", 0),
             "final_eval_loss": final_eval, "final_answer_loss": final_answer,
             # per eval sequence (rank 0 and hivemind's evaluators): for paired standard errors between runs
-            "final_eval_seq_losses": ([round(x, 6) for x in eval_seq_losses(model, self.eval_batch)]
-                                      if self.evaluates else None),
+            "final_eval_seq_losses": [round(x, 6) for x in seq_losses(ce)] if self.evaluates else None,
             "final_train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
             "digest": params_digest(flat), "train_s": round(self.train_s, 2), "sync_s": round(self.sync_time, 2),
             "wall_s": round(time.perf_counter() - self.t0, 2),

@@ -5,7 +5,9 @@ Each contribution ``x_i`` is a worker's dequantized pseudo-gradient for the open
 * ``norm``: ``||x_i||`` and ``norm_ratio = ||x_i|| / median_j ||x_j||``;
 * ``agreement``: the ``ceil((n - 1) / 2)``-th largest cosine of ``x_i`` to the round's other contributions (the
   largest of two for n = 3, the median of three for n = 4): an honest contribution keeps an honest partner's
-  cosine while at most ``floor((n - 1) / 2)`` are hostile;
+  cosine while at most ``floor((n - 1) / 2)`` are hostile; ``agreement_z = agreement * sqrt(d)`` for ``d``
+  elements: the cosine of two unrelated vectors (one isotropic) has a standard deviation of ``1 / sqrt(d)``, so
+  ``agreement_z`` says how many of those the agreement stands above chance;
 * ``loss_change``: ``L(anchor - x_i) - L(anchor)`` on the aggregator's scoring batch (drawn from the training
   data with a seed the aggregator keeps secret until the round closes: no worker could choose or fit it), and
   ``loss_rise = loss_change / L(anchor)``;
@@ -21,8 +23,9 @@ Verdict rules (``Rules``; a contribution is condemned by the first that fires, i
   cosine alone is not safe: consecutive honest pseudo-gradients of one worker point the same way more and more as
   the learning rate decays (measured up to 0.996 on a tiny model, 0.59 at the 800-step default);
 * relative rules, only with at least ``MIN_RELATIVE`` (3) contributions, so that a median means something:
-  ``scaled``: ``norm_ratio > norm_ratio`` (or a non-finite norm); ``opposed``: ``agreement < min_agreement``
-  (sign-flipped, random);
+  ``scaled``: ``norm_ratio > norm_ratio`` (or a non-finite norm); ``opposed``: ``agreement_z < min_agreement_z``
+  (sign-flipped, random: no more related to the others than chance). A threshold on the cosine itself is not
+  safe: honest agreement falls as a run goes on (below), and what chance gives depends on ``d``;
 * ``harmful`` (absolute): ``loss_rise > max_loss_rise`` (or a non-finite loss). The loss change of one honest
   contribution on a 16-sequence batch is noisy once training slows, so no rule compares it with the round's
   median; the absolute margin (0.15 of the anchor's loss) only catches what wrecks the model. At 0.05 it slashed
@@ -31,30 +34,35 @@ Verdict rules (``Rules``; a contribution is condemned by the first that fires, i
 The aggregate is the mean of the accepted contributions (optionally each clipped to the median norm of the
 accepted); ``aggregate = "mean"`` (the unguarded baseline) averages every contribution and judges nobody.
 
-Calibration (``benchmarks/diloco/judge_calibration.py --rounds 32`` over ``calibration.honest_rounds``) at the
-default ``DilocoConfig()`` (558,976 parameters, stdlib corpus, inner lr 1e-3, H = 50, the whole 1600-step
-schedule: 32 rounds), W = 4, each attack in rank 0's place, judged with 4 and with 3 contributions, seed 0 (1,009
-honest rows). Honest worst vs hostile best:
+Calibration (``benchmarks/diloco/judge_calibration.py --rounds 64`` over ``calibration.judged_rounds``) at the
+default ``DilocoConfig()`` (558,976 parameters: ``sqrt(d)`` = 747.6; stdlib corpus, inner lr 1e-3, H = 50, the
+whole 3200-step schedule: 64 rounds), W = 4, each attack in rank 0's place, judged with 4 and with 3
+contributions, seed 0 (2,033 honest rows). Honest worst vs hostile best:
 
 =================  ====================================  ===================================================
 statistic          honest worst                          hostile best
 =================  ====================================  ===================================================
-norm_ratio         1.165  (rule: > 5)                    scale x100: 87.2
-agreement          0.099 (round 28; rule: < 0.04)        sign flip: -0.087; random: 0.004
-loss_rise          0.047  (rule: > 0.15)                 scale: 3.76 (sign flip from 0.015: "opposed")
-history_cosine     0.540 (rule: >= 0.95 and a copy or    stale, replay: 1.0000, gap ratio <= 2e-15
-                   gap ratio <= 0.1); gap ratio min 0.833
+norm_ratio         1.148  (rule: > 5)                    scale x100: 87.5
+agreement          0.037, z 27.7 (round 62; rule:        sign flip: -0.041 (z -30.4); random: 0.0033 (z 2.45)
+                   z < 8)
+loss_rise          0.076 (round 19; rule: > 0.15)        scale: 4.33 (sign flip from 0.009: "opposed")
+history_cosine     0.537 (rule: >= 0.95 and a copy or    stale, replay: 1.0000, gap ratio <= 2e-15
+                   gap ratio <= 0.1); gap ratio min 0.851
 =================  ====================================  ===================================================
 
-0 of 1,009 honest rows condemned; every attack caught in every round it could be made (stale from round 2, replay
-from round 1). **Agreement falls as the run goes on** (the honest minimum per round: 0.88 in round 0, 0.26 in
-round 9, 0.10-0.20 from round 11 on): late pseudo-gradients are mostly each worker's own batch noise. With the
-rule at 0.1, as it was, 6 honest rows of round 28 were condemned (0.0993): the rule now stands at 0.04, 2.5x below
-the honest worst and 10x above the random attack's best; a run much longer than 32 rounds of this scenario should
-calibrate it again. The 800-step default (16 rounds, seeds 0 / 1) had honest worst agreement 0.194 / 0.201, loss
-rise 0.018 / 0.021. On the tiny model of the tests (hidden 32, H = 5 or 10) honest history cosines reach 0.996 and
-the rules still hold (tests/test_diloco_judge.py); on the 148k-parameter model of the previous scenario (12
-rounds) the honest worst agreement was 0.362 / 0.398 and loss rise 0.0042.
+0 of 2,033 honest rows condemned; every attack caught in every round it could be made (stale from round 2,
+replay from round 1). **Agreement falls as the run goes on**: the honest minimum per round was 0.88 in round 0,
+0.25 in round 9, 0.10-0.20 in rounds 11-27, 0.06-0.11 from round 28 on and 0.037 in round 62 (late
+pseudo-gradients are mostly each worker's own batch noise). A fixed cosine threshold had to follow it down: 0.1
+condemned 6 honest rows in round 28 of the 1600-step default's calibration, and the 0.04 that replaced it
+condemned 8 in round 62 of this one. The rule is now relative to chance (``min_agreement_z = 8``): the honest
+worst stands 3.5x above it, the random attack's best 3.3x below it, and a random vector's ``agreement_z`` is
+about a standard normal, so the rule only needs calibrating again if honest work comes within 8 standard
+deviations of chance. The honest loss rise reached half the ``harmful`` margin (0.076 of 0.15) in one round. The
+800-step default (16 rounds, seeds 0 / 1) had honest worst agreement 0.194 / 0.201, loss rise 0.018 / 0.021. On
+the tiny model of the tests (hidden 32, H = 5 or 10) honest history cosines reach 0.996 and the rules still hold
+(tests/test_diloco_judge.py); on the 148k-parameter model of the previous scenario (12 rounds) the honest worst
+agreement was 0.362 / 0.398 and loss rise 0.0042.
 """
 
 from __future__ import annotations
@@ -131,7 +139,7 @@ class Rules:
     norm_ratio: float = 5.0  # scaled: norm above this times the round's median norm
     replay_cosine: float = 0.95  # replayed / stale: at least this similar to a remembered vector, and a copy
     replay_gap: float = 0.1  # or 10x closer to it (1 - cosine) than the round's median contribution
-    min_agreement: float = 0.04  # opposed: the agreement (``_agreements``) below this
+    min_agreement_z: float = 8.0  # opposed: the agreement (``_agreements``) times sqrt(elements) below this
     max_loss_rise: float = 0.15  # harmful: the loss at anchor - x rises by more than this fraction of the anchor's
     clip: bool = False  # clip each accepted contribution to the accepted median norm before averaging
 
@@ -147,6 +155,7 @@ class Stats:
     norm: float
     norm_ratio: float
     agreement: float
+    agreement_z: float  # agreement * sqrt(elements): standard deviations of chance
     loss_change: float
     loss_rise: float  # loss_change / loss at the anchor
     history_cosine: float
@@ -198,7 +207,7 @@ def contribution_stats(node_ids: Sequence[str], vectors: Sequence[torch.Tensor],
         hc, kind, of, _ = history.closest(sketch(stacked[i]), round_no)
         rise = changes[i] / abs(base) if base else 0.0
         out.append(Stats(node_ids[i], norms[i], norms[i] / med_norm if med_norm > 0 else 0.0, agreement[i],
-                         changes[i], rise, hc, kind, of))
+                         agreement[i] * math.sqrt(stacked.shape[1]), changes[i], rise, hc, kind, of))
     return out
 
 
@@ -217,8 +226,9 @@ def _reason(s: Stats, rules: Rules, relative: bool, median_gap: float) -> str:
         return f"{what}: cosine {s.history_cosine:.3f} to a remembered {s.history_kind}"
     if relative and (not math.isfinite(s.norm) or s.norm_ratio > rules.norm_ratio):
         return f"scaled: norm {s.norm:.4g} is {s.norm_ratio:.1f}x the round's median"
-    if relative and s.agreement < rules.min_agreement:
-        return f"opposed: cosine {s.agreement:.3f} to the other contributions"
+    if relative and s.agreement_z < rules.min_agreement_z:
+        return (f"opposed: cosine {s.agreement:.4f} to the other contributions ({s.agreement_z:.1f} standard "
+                f"deviations of chance)")
     if not math.isfinite(s.loss_change) or s.loss_rise > rules.max_loss_rise:
         return f"harmful: the loss rises by {s.loss_change:+.4f} ({100 * s.loss_rise:.1f}% of the anchor's)"
     return ""
