@@ -71,7 +71,8 @@ def report(rows: list[dict]) -> None:
         honest = [r for r in sub if not r["hostile"]]
         print(f"\n{n} contributions. honest worst over every round and case ({len(honest)} rows): "
               f"norm_ratio max {max(r['norm_ratio'] for r in honest):.3f}, agreement min "
-              f"{min(r['agreement'] for r in honest):.3f} (z {min(r['agreement_z'] for r in honest):.1f}), loss_rise max {max(r['loss_rise'] for r in honest):.4f}, "
+              f"{min(r['agreement'] for r in honest):.3f} (z {min(r['agreement_z'] for r in honest):.1f}), "
+              f"loss_rise max {max(r['loss_rise'] for r in honest):.4f}, "
               f"history_cosine max {max(r['history_cosine'] for r in honest):.4f}, gap ratio min "
               f"{min(r['gap_ratio'] for r in honest if r['history_cosine'] > -1):.3f}; condemned "
               f"{sum(not r['accepted'] for r in honest)}")

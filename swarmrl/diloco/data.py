@@ -106,4 +106,3 @@ def mean_loss(ce: torch.Tensor) -> float:
 def eval_loss(model, batch: torch.Tensor, chunk: int = 16) -> float:
     """Mean next-token cross-entropy over ``batch``."""
     return mean_loss(token_losses(model, batch, chunk))
-
