@@ -123,8 +123,8 @@ class DilocoConfig(StrictModel):
     device: str = "cpu"
     # scenario: the run the benchmark measures (benchmarks/diloco/RESULTS.md)
     # inner steps per worker. 3200 (64 rounds): DiLoCo's gap to DDP shrinks as the run lengthens (W = 2, validation
-    # files: +4.0% at 800 steps, +1.9% at 1600, +0.8% at 3200; held-out +4.03% -> +2.51% -> +1.81%, and +2.20% with
-    # seed 1: at 3200 steps it sits at the 2% aimed at; benchmarks/diloco/RESULTS.md)
+    # files: +4.0% at 800 steps, +1.9% at 1600, +0.8% at 3200; held-out +4.03% -> +2.51% -> +1.81%, and +2.20% /
+    # +2.26% with seeds 1 / 2: at 3200 steps it sits at the 2% aimed at; benchmarks/diloco/RESULTS.md)
     total_steps: int = Field(3200, ge=1)
     batch_size: int = Field(8, ge=1)  # sequences per worker per step
     seq_len: int = Field(128, ge=8)
