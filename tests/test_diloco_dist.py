@@ -120,20 +120,25 @@ def test_auto_overlap_blocks_when_the_all_reduce_is_cheap(tmp_path):
 
 def test_auto_overlap_turns_on_when_the_all_reduce_is_slow_and_the_group_agrees(tmp_path):
     # with a share no all-reduce stays under, the first outer sync decides to overlap: every worker takes the
-    # group's largest tau (>= 1, at most H), and each round lands tau steps after it was sent
+    # group's largest tau (>= 1) and rounds of max(H, tau) steps, and each round lands tau steps after it was sent
     s = run(_tiny(tmp_path, overlap_steps="auto", overlap_auto_share=1e-9, total_steps=16, inner_steps=4))
     taus = s["overlap_steps_per_worker"]
-    assert len(set(taus)) == 1 and 1 <= taus[0] <= 4, taus
+    assert len(set(taus)) == 1 and taus[0] >= 1, taus
     tau = taus[0]
     out = tmp_path / "run"
+    w = [json.loads((out / f"worker{k}.summary.json").read_text()) for k in (0, 1)]
+    h = w[0]["round_steps"]
+    assert h == w[1]["round_steps"] == max(4, tau)
     for k in (0, 1):
         ev = [r for r in read_metrics(out / f"worker{k}.jsonl") if r.get("event") == "overlap"]
         assert len(ev) == 1 and ev[0]["overlap_steps"] == tau and ev[0]["own_choice"] <= tau and ev[0]["step"] == 4
+        assert ev[0]["round_steps"] == h
     logs = [[r for r in read_metrics(out / f"worker{k}.jsonl") if "round" in r and "final" not in r and "event" not in r]
             for k in (0, 1)]
-    assert [r["round"] for r in logs[0]] == [1, 2, 3, 4] == [r["round"] for r in logs[1]]
-    # rounds sent at 4, 8 and 12 landed tau steps later; the last one (step 16) is waited for at the end
-    assert [r["step"] for r in logs[0]] == [4 + tau, 8 + tau, 12 + tau, 16]
+    sent = list(range(4, 16, h)) + [16]  # the first round at H, then every h steps, the last one at the end
+    assert [r["round"] for r in logs[0]] == list(range(1, len(sent) + 1)) == [r["round"] for r in logs[1]]
+    # each landed tau steps after it was sent, or at the end (the last one is waited for there)
+    assert [r["step"] for r in logs[0]] == [min(t + tau, 16) for t in sent[:-1]] + [16]
     assert all(a["digest"] == b["digest"] for a, b in zip(*logs))  # identical anchors every round
     assert s["identical_params"] and s["final_eval_loss"] < s["evals"][0]["eval_loss"]
 

@@ -33,8 +33,26 @@ def test_hivemind_overlaps_by_h_from_the_matchmaking_bound_alone_else_times_roun
 
 
 def test_torch_takes_the_groups_choice():
-    auto = AutoOverlap(DilocoConfig())
+    auto = AutoOverlap(DilocoConfig(inner_steps=50))  # share = 1 s over 50 steps of 0.1 s
     auto.comm_s = 1.0
     assert auto.known_before_round_one(0.1)  # probed at set-up
     assert auto.decide(0.1, agree=lambda mine: max(mine, 20)) == 20
-    assert auto.decision == {"overlap_steps": 20, "own_choice": 13, "comm_s": 1.0, "inner_step_s": 0.1, "share": 0.2}
+    assert auto.decision == {"overlap_steps": 20, "own_choice": 13, "round_steps": 50, "comm_s": 1.0,
+                             "inner_step_s": 0.1, "share": 0.2}
+
+
+def test_torch_lengthens_the_rounds_when_one_averaging_outlasts_h_steps_and_hivemind_does_not():
+    # wan20lossy at H = 32: one int8 all-reduce took 3.5 s, a round of 32 steps of 63 ms 2 s. Capped at H, the
+    # overlap could not cover it and the workers waited (76% utilization); the rounds now last the steps that cover it
+    assert choose_tau(3.5, 0.063, 32, 0.05) == 32
+    assert choose_tau(3.5, 0.063, 32, 0.05, stretch=True) == 70 == math.ceil(MARGIN * 3.5 / 0.063)
+    assert choose_tau(0.012, 0.063, 32, 0.05, stretch=True) == 0  # a cheap averaging still blocks, rounds of H
+    auto = AutoOverlap(DilocoConfig(inner_steps=32))
+    auto.comm_s = 3.5
+    assert auto.decide(0.063, agree=lambda mine: max(mine, 75)) == 75 and auto.round_steps == 75  # the group's
+    covered = AutoOverlap(DilocoConfig(inner_steps=32))
+    covered.comm_s = 1.0
+    assert covered.decide(0.063) == 20 and covered.round_steps == 32  # covered within H: rounds stay H
+    hm = AutoOverlap(DilocoConfig(inner_steps=32, backend="hivemind"))
+    hm.comm_s = 3.5
+    assert hm.decide(0.063) == 32 and hm.round_steps == 32

@@ -122,9 +122,9 @@ class DilocoConfig(StrictModel):
     workers: int = Field(2, ge=1, le=64)
     device: str = "cpu"
     # scenario: the run the benchmark measures (benchmarks/diloco/RESULTS.md)
-    # inner steps per worker. 3200 (64 rounds): DiLoCo's gap to DDP shrinks as the run lengthens (W = 2, validation
-    # files: +4.0% at 800 steps, +1.9% at 1600, +0.8% at 3200; held-out +4.03% -> +2.51% -> +1.81%, and +2.20% /
-    # +2.26% with seeds 1 / 2: at 3200 steps it sits at the 2% aimed at; benchmarks/diloco/RESULTS.md)
+    # inner steps per worker. 3200 (100 rounds of H = 32): DiLoCo's gap to DDP shrinks as the run lengthens (W = 2,
+    # H = 50, held-out: +4.03% at 800 steps, +2.51% at 1600, +1.81% at 3200, and +2.20% / +2.26% with seeds 1 / 2;
+    # benchmarks/diloco/RESULTS.md)
     total_steps: int = Field(3200, ge=1)
     batch_size: int = Field(8, ge=1)  # sequences per worker per step
     seq_len: int = Field(128, ge=8)
@@ -139,7 +139,10 @@ class DilocoConfig(StrictModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     grad_clip: float = Field(1.0, gt=0)
     # outer optimisation
-    inner_steps: int = Field(50, ge=1)  # H: inner steps between outer syncs
+    # H: inner steps between outer syncs. 32: 127.9x fewer bytes than DDP (int8), over the 100x aimed at (H = 25 would
+    # fall under it). Chosen on the validation files: best of H = 50 / 40 / 32 / 25 at 800 steps, and at 3200 steps
+    # 0.36% (seed 0) and 0.75% (seed 1) below H = 50's loss (benchmarks/diloco/RESULTS.md, "Third round")
+    inner_steps: int = Field(32, ge=1)
     # lr 0.7 with Nesterov momentum 0.5 (tuned on mul_add; on the corpus's validation files at inner lr 1e-3 it beats
     # outer lr 1.0: 1.510 vs 1.521): OpenDiLoCo's momentum 0.9 overshoots in runs of tens of outer steps
     outer_lr: float = Field(0.7, gt=0)
@@ -151,10 +154,12 @@ class DilocoConfig(StrictModel):
     # the new anchor plus its progress meanwhile. An int is tau from the start (0: classic blocking DiLoCo). "auto"
     # (backends torch and hivemind; swarm blocks): at the first outer sync, if one averaging takes more than
     # overlap_auto_share of a round's inner-step time, every round overlaps, with tau = the inner steps that cover
-    # it x1.25, at most H (torch: the group takes the largest); else every round blocks. What one averaging takes:
-    # torch times an all-reduce of the same size at set-up; hivemind overlaps by H at once if its matchmaking_time
-    # alone exceeds the share, else times its first (blocking) round. On loopback torch blocks; across a slow link
-    # it overlaps (benchmarks/diloco/WAN_RESULTS.md)
+    # it x1.25; else every round blocks. hivemind: tau at most H. torch: the group takes the largest tau, and if it
+    # exceeds H the rounds last tau steps instead of H (an averaging that outlasts a round is not waited for: 94.5%
+    # utilization on wan20lossy where tau <= H gave 76%). What one averaging takes: torch times an all-reduce of the
+    # same size at set-up; hivemind overlaps by H at once if its matchmaking_time alone exceeds the share, else times
+    # its first (blocking) round. On loopback torch blocks, rounds of H; across a slow link it overlaps
+    # (benchmarks/diloco/WAN_RESULTS.md)
     overlap_steps: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     overlap_auto_share: float = Field(0.05, gt=0, lt=1)
     # evaluation / logging

@@ -101,6 +101,10 @@ class _Worker:
         auto = cfg.overlap_steps == "auto" and cfg.mode == "diloco" and cfg.backend in ("torch", "hivemind")
         self.auto = AutoOverlap(cfg) if auto else None
         self.tau = cfg.overlap_steps if isinstance(cfg.overlap_steps, int) else 0
+        # inner steps a round: H, lengthened by "auto" over torch.distributed when one averaging outlasts H steps
+        self.h = cfg.inner_steps
+        self.next_sync = cfg.inner_steps  # the step of the next outer sync (set from start_step when training starts)
+        self.synced = False  # an outer round was sent at this step (default evaluation: then)
         self.start_step = 0
         self.step = 0
         self.rnd = 0
@@ -228,7 +232,7 @@ class _Worker:
 
     def train(self) -> None:
         """Inner steps until ``total_steps`` (or until a hivemind worker leaves), an outer round every
-        ``inner_steps`` (diloco), evaluation and metrics as configured."""
+        round (diloco: ``inner_steps``, or the longer rounds "auto" chose), evaluation and metrics as configured."""
         cfg = self.cfg
         self.t0 = time.perf_counter()
         self.step = self.start_step
@@ -238,6 +242,7 @@ class _Worker:
             self.eval_s += time.perf_counter() - self.t0
             self.metrics.write(step=0, eval_loss=ev)
         pending: _Pending | None = None
+        self.next_sync = (self.start_step // self.h + 1) * self.h
         overlapping = self.tau > 0 or self.auto is not None
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="outer") if overlapping and self.averager else None
         hm_leave = cfg.backend == "hivemind" and cfg.hivemind.leave_after_rounds
@@ -298,14 +303,15 @@ class _Worker:
         self.inner_s += self.last_step_s - comm_s
 
     def _outer_round(self, pending: _Pending | None) -> tuple[dict, _Pending | None]:
-        """DiLoCo after an inner step: finish the round in flight once it is due; every ``inner_steps`` send
+        """DiLoCo after an inner step: finish the round in flight once it is due; every round (``self.h`` steps) send
         the pseudo-gradient (finished at once unless overlapped). Returns the metrics row and what is in flight."""
         cfg, step = self.cfg, self.step
         row: dict = {}
         if pending is not None and (step >= pending.due_step or step == cfg.total_steps):
             row = self._finish_round(pending)
             pending = None
-        if step % cfg.inner_steps == 0 or step == cfg.total_steps:
+        self.synced = step >= self.next_sync or step == cfg.total_steps
+        if self.synced:
             ta = time.perf_counter()
             auto = self.auto if self.averager is not None else None
             if auto is not None and not auto.decided and auto.known_before_round_one(self._step_s()):
@@ -314,6 +320,7 @@ class _Worker:
             pg = pseudo_gradient(self.outer.anchor, current)
             timed = auto is not None and not auto.decided  # hivemind: time the first round, decide after it
             pending = _Pending(self._submit_average(pg, self.rnd, timed), current, step + self.tau)
+            self.next_sync = step + self.h
             self.sync_time += time.perf_counter() - ta
             if self.tau == 0 or step == cfg.total_steps:
                 if row:  # the round in flight finished at this step too (the last step): its own metrics row
@@ -332,12 +339,15 @@ class _Worker:
         largest) and log the decision."""
         agree = self.averager.max_int if isinstance(self.averager, TorchDistributedAverager) else None
         self.tau = self.auto.decide(self._step_s(), agree)
+        self.h = self.auto.round_steps
         self.metrics.write(event="overlap", step=self.step, **self.auto.decision)
 
     def _evaluate_and_log(self, row: dict) -> None:
         cfg, step = self.cfg, self.step
         te = time.perf_counter()
-        if step % cfg.eval_interval == 0 or step == cfg.total_steps or self.out_of_time:
+        # DiLoCo's default (eval_every None): at every outer sync, however long its rounds
+        due = self.synced if cfg.mode == "diloco" and cfg.eval_every is None else step % cfg.eval_interval == 0
+        if due or step == cfg.total_steps or self.out_of_time:
             if self.evaluates:
                 row["eval_loss"] = eval_loss(self.model, self.eval_batch)
                 self.evals.append({"step": step, "eval_loss": row["eval_loss"], "wall_s": round(te - self.t0, 3)})
@@ -428,6 +438,7 @@ class _Worker:
         summary = {
             "rank": rank, "world": self.world, "mode": cfg.mode, "backend": cfg.backend, "wire": cfg.wire,
             "steps": step, "start_step": self.start_step, "rounds": self.rnd, "inner_steps": cfg.inner_steps,
+            "round_steps": self.h,
             "params": self.numel, "data": describe(self.corpus, cfg), "bytes_sent": averager.bytes_sent if averager else 0,
             **self._tcp_summary(),
             "sync_calls": averager.rounds if averager else 0,

@@ -35,9 +35,9 @@ The aggregate is the mean of the accepted contributions (optionally each clipped
 accepted); ``aggregate = "mean"`` (the unguarded baseline) averages every contribution and judges nobody.
 
 Calibration (``benchmarks/diloco/judge_calibration.py --rounds 64`` over ``calibration.judged_rounds``) at the
-default ``DilocoConfig()`` (558,976 parameters: ``sqrt(d)`` = 747.6; stdlib corpus, inner lr 1e-3, H = 50, the
-whole 3200-step schedule: 64 rounds), W = 4, each attack in rank 0's place, judged with 4 and with 3
-contributions, seed 0 (2,033 honest rows). Honest worst vs hostile best:
+previous default, ``DilocoConfig(inner_steps=50)`` (558,976 parameters: ``sqrt(d)`` = 747.6; stdlib corpus,
+inner lr 1e-3, H = 50, the whole 3200-step schedule: 64 rounds), W = 4, each attack in rank 0's place, judged
+with 4 and with 3 contributions, seed 0 (2,033 honest rows). Honest worst vs hostile best:
 
 =================  ====================================  ===================================================
 statistic          honest worst                          hostile best
@@ -59,6 +59,9 @@ condemned 8 in round 62 of this one. The rule is now relative to chance (``min_a
 worst stands 3.5x above it, the random attack's best 3.3x below it, and a random vector's ``agreement_z`` is
 about a standard normal, so the rule only needs calibrating again if honest work comes within 8 standard
 deviations of chance. The honest loss rise reached half the ``harmful`` margin (0.076 of 0.15) in one round. The
+H = 32 default (100 rounds; the table above was taken at H = 50) was checked on its honest swarm run (W = 4, 400
+judged rows, ``benchmarks/diloco/ATTACK_RESULTS.md``): worst agreement 0.0369, z 27.6 (round 85), loss rise 0.070,
+norm ratio 1.10, history cosine 0.50, nothing rejected: the margins above hold. The
 800-step default (16 rounds, seeds 0 / 1) had honest worst agreement 0.194 / 0.201, loss rise 0.018 / 0.021. On
 the tiny model of the tests (hidden 32, H = 5 or 10) honest history cosines reach 0.996 and the rules still hold
 (tests/test_diloco_judge.py); on the 148k-parameter model of the previous scenario (12 rounds) the honest worst
