@@ -57,6 +57,19 @@ def test_swarm_backend_two_honest_workers_two_rounds(tmp_path: Path) -> None:
         assert len(m["node_id"]) == 32 and m["rounds_rejected"] == []
 
 
+@pytest.mark.slow
+def test_the_run_summary_counts_every_round_past_what_the_aggregator_serves(tmp_path: Path) -> None:
+    # 70 rounds of one step: more than the KEEP_RESULTS (64) results the aggregator serves over HTTP. The summary
+    # reads the aggregator's own round log, so every round is counted (read over HTTP, 64 of them were)
+    from swarmrl.diloco.trust.rounds import KEEP_RESULTS
+
+    steps = KEEP_RESULTS + 6
+    s = run(_cfg(tmp_path, workers=2, steps=steps).model_copy(update={"inner_steps": 1}))
+    assert s["finished"] == [0, 1] and s["sync_calls_per_worker"] == steps
+    for m in _by_rank(s).values():
+        assert m["rounds_accepted"] == steps and m["rounds_rejected"] == [] and m["first_rejected_round"] is None
+
+
 @pytest.fixture(scope="module")
 def honest(tmp_path_factory: pytest.TempPathFactory) -> dict:
     s = run(_cfg(tmp_path_factory.mktemp("honest")))

@@ -216,7 +216,7 @@ def run_swarm(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = No
             raise SwarmFailed(f"{e}:\n{procs.tail('aggregator')}") from None
         codes = _wait_workers(procs, wprocs, out, deadline, [("orchestrator", orch), ("aggregator", agg)],
                               on_progress)
-        members = _members(cfg, ourl, aurl, workers, codes)
+        members = _members(cfg, ourl, aurl, workers, codes, out / "aggregator.rounds.jsonl")
     finally:
         procs.stop()
     summary = summarize_swarm(cfg, out, members, time.perf_counter() - t0)
@@ -224,11 +224,17 @@ def run_swarm(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = No
     return summary
 
 
-def _members(cfg: DilocoConfig, ourl: str, aurl: str, keys: dict[int, _Key], codes: dict[int, int]) -> list[dict]:
-    """Per worker: node id, exit, ledger status and slashes, and the rounds the aggregator accepted or rejected."""
+def _members(cfg: DilocoConfig, ourl: str, aurl: str, keys: dict[int, _Key], codes: dict[int, int],
+             round_log: Path) -> list[dict]:
+    """Per worker: node id, exit, ledger status and slashes, and the rounds the aggregator accepted or rejected:
+    from the aggregator's own log of every round (``round_log``, which this launcher's aggregator writes), else from
+    the results it still serves over HTTP (the last ``KEEP_RESULTS``: a 100-round run lost its first rejections)."""
     from swarmrl.diloco.trust.client import read_round_log  # noqa: PLC0415  # one module, imported once here
 
-    rounds = read_round_log(aurl, timeout=30.0)
+    if round_log.exists():
+        rounds = [json.loads(line) for line in round_log.read_text().splitlines() if line.strip()]
+    else:
+        rounds = read_round_log(aurl, timeout=30.0)
     members = []
     with httpx.Client(base_url=ourl, timeout=30.0) as http:
         for r, k in keys.items():
