@@ -167,8 +167,8 @@ def run_swarm(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = No
                          "(hostile_entry: swarmrl diloco and the attack benchmark pass it)")
     out = Path(cfg.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("worker*.jsonl"), *out.glob("worker*.summary.json"), out / "aggregator.rounds.jsonl",
-                out / "summary.json"]:
+    round_log = out / "aggregator.rounds.jsonl"  # the aggregator's own log of every round
+    for old in [*out.glob("worker*.jsonl"), *out.glob("worker*.summary.json"), round_log, out / "summary.json"]:
         old.unlink(missing_ok=True)
     orch_dir = out / "orchestrator"
     for old in orch_dir.glob("orchestrator.db*") if orch_dir.exists() else []:
@@ -200,7 +200,7 @@ def run_swarm(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = No
         acfg_path.write_text(cfg.model_copy(update={"trust": trust}).model_dump_json(indent=2))
         agg = procs.start("aggregator", ["-m", "swarmrl.diloco.trust.aggregator", "--config", str(acfg_path),
                                          "--key", str(aggregator.path), "--orchestrator", ourl,
-                                         "--port", str(aport), "--log", str(out / "aggregator.rounds.jsonl")],
+                                         "--port", str(aport), "--log", str(round_log)],
                           env)
         wprocs: dict[int, subprocess.Popen] = {}
         for r, k in workers.items():  # they start while the aggregator does (each waits for it to answer)
@@ -216,7 +216,7 @@ def run_swarm(cfg: DilocoConfig, on_progress: Callable[[dict], None] | None = No
             raise SwarmFailed(f"{e}:\n{procs.tail('aggregator')}") from None
         codes = _wait_workers(procs, wprocs, out, deadline, [("orchestrator", orch), ("aggregator", agg)],
                               on_progress)
-        members = _members(cfg, ourl, aurl, workers, codes, out / "aggregator.rounds.jsonl")
+        members = _members(cfg, ourl, aurl, workers, codes, round_log)
     finally:
         procs.stop()
     summary = summarize_swarm(cfg, out, members, time.perf_counter() - t0)
@@ -231,10 +231,7 @@ def _members(cfg: DilocoConfig, ourl: str, aurl: str, keys: dict[int, _Key], cod
     the results it still serves over HTTP (the last ``KEEP_RESULTS``: a 100-round run lost its first rejections)."""
     from swarmrl.diloco.trust.client import read_round_log  # noqa: PLC0415  # one module, imported once here
 
-    if round_log.exists():
-        rounds = [json.loads(line) for line in round_log.read_text().splitlines() if line.strip()]
-    else:
-        rounds = read_round_log(aurl, timeout=30.0)
+    rounds = read_metrics(round_log) if round_log.exists() else read_round_log(aurl, timeout=30.0)
     members = []
     with httpx.Client(base_url=ourl, timeout=30.0) as http:
         for r, k in keys.items():
