@@ -75,7 +75,7 @@ def config(key: str, args: argparse.Namespace, profile: str, budget: float | Non
     if args.workers is not None:
         kw["workers"] = args.workers
     if args.evals:  # evaluation is a scenario field, not the method: a few points on the curve, not one per round,
-        # each at the end of a round (the averaged model)
+        # at multiples of H (round ends, unless "auto" lengthened the rounds: then rank 0's model within a round)
         d = DilocoConfig()
         h = d.inner_steps
         kw["eval_every"] = max(h, kw.get("total_steps", d.total_steps) // args.evals // h * h)
