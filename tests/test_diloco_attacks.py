@@ -63,3 +63,34 @@ def test_replay_resends_the_previous_published_update() -> None:
         assert got is not None and torch.equal(got[0], _q(100 + r - 1)[0])
         adv.sent(r, got)
         adv.published(r, _q(100 + r))
+
+
+def test_the_attack_bench_reports_the_judges_margins_from_the_round_log(tmp_path) -> None:
+    # benchmarks/diloco/attacks.py prints, per run, the accepted contributions' worst against each rule and the
+    # rejected ones' best agreement z (the figures ATTACK_RESULTS.md and the judge's docstring quote)
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "diloco" / "attacks.py"
+    spec = importlib.util.spec_from_file_location("diloco_attacks_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+
+    def st(node: str, z: float, rise: float) -> dict:
+        return {"node_id": node, "agreement": z / 100, "agreement_z": z, "loss_rise": rise, "norm_ratio": 1.0,
+                "history_cosine": 0.2}
+
+    rows = [{"round": 0, "accepted": ["a", "b"], "rejected": [{"node_id": "c"}],
+             "stats": [st("a", 30.0, 0.01), st("b", 40.0, 0.07), st("c", -2.5, 0.5)]},
+            {"round": 1, "accepted": ["a", "b"], "rejected": [],
+             "stats": [st("a", 27.0, 0.02), st("b", 35.0, 0.03)]}]
+    (tmp_path / "aggregator.rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"round": 2, "acc')
+    m = mod._margins(str(tmp_path))
+    assert m["accepted_min_agreement_z"] == 27.0 and m["accepted_min_agreement"] == 0.27
+    assert m["accepted_max_loss_rise"] == 0.07  # the rejected contribution's 0.5 is not an honest margin
+    assert m["rejected_max_agreement_z"] == -2.5 and m["accepted_max_history_cosine"] == 0.2
+    empty = mod._margins(str(tmp_path / "nothing"))
+    assert set(empty.values()) == {None}

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from swarmrl.attacks.diloco import HOSTILE_ENTRY  # noqa: E402
 from swarmrl.diloco.config import DilocoConfig, TrustConfig  # noqa: E402
 from swarmrl.diloco.launch import run  # noqa: E402
+from swarmrl.utils.metrics import read_metrics  # noqa: E402
 
 KINDS = ("sign_flip", "scale", "random", "stale", "replay")
 
@@ -47,6 +48,27 @@ def _cfg(args: argparse.Namespace, slug: str, **trust) -> DilocoConfig:
                                         "trust": TrustConfig(**trust).model_dump()})
 
 
+def _margins(out: str) -> dict:
+    """The judge's statistics over the run (the aggregator's log of every round): the accepted contributions' worst
+    against each rule (agreement and its z, loss rise, norm ratio, history cosine) and the rejected ones' best
+    agreement z; None where nothing was accepted or rejected, or the rule was not scored (plain mean)."""
+    acc, rej = [], []
+    for r in read_metrics(Path(out) / "aggregator.rounds.jsonl"):
+        for st in r.get("stats", []):
+            (acc if st["node_id"] in r["accepted"] else rej).append(st)
+
+    def pick(rows: list[dict], key: str, f) -> float | None:  # noqa: ANN001
+        vals = [st[key] for st in rows if st.get(key) is not None]
+        return round(f(vals), 4) if vals else None
+
+    return {"accepted_min_agreement": pick(acc, "agreement", min),
+            "accepted_min_agreement_z": pick(acc, "agreement_z", min),
+            "accepted_max_loss_rise": pick(acc, "loss_rise", max),
+            "accepted_max_norm_ratio": pick(acc, "norm_ratio", max),
+            "accepted_max_history_cosine": pick(acc, "history_cosine", max),
+            "rejected_max_agreement_z": pick(rej, "agreement_z", max)}
+
+
 def _row(name: str, kind: str, aggregate: str, s: dict, honest_loss: float | None) -> dict:
     bad = [m for m in s["members"] if m["slashed"] > 0 or m["status"] == "ejected"]
     return {
@@ -58,7 +80,7 @@ def _row(name: str, kind: str, aggregate: str, s: dict, honest_loss: float | Non
         "hostile_caught": any(m["adversary"] != "none" and m["status"] == "ejected" and m["slashed"] > 0
                               for m in s["members"]),
         "bytes_per_worker": s["bytes_sent_per_worker"], "rounds": s["sync_calls_per_worker"],
-        "honest_identical_params": s["honest_identical_params"], "wall_s": s["wall_s"],
+        "honest_identical_params": s["honest_identical_params"], "wall_s": s["wall_s"], **_margins(s["out"]),
     }
 
 
