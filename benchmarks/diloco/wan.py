@@ -153,6 +153,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write every row (curves included) here")
     ap.add_argument("--lock", type=Path, default=None, help="flock this file around each run")
     args = ap.parse_args()
+    if args.evals < 0:
+        ap.error(f"--evals must be >= 0 (0: one evaluation a round), got {args.evals}")
     if args.overlap is None:
         args.overlap = DilocoConfig().inner_steps
     d = DilocoConfig()
